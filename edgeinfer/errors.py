@@ -1,0 +1,137 @@
+"""The one exception tree of edgeinfer.
+
+Library code raises these; only ``edgeinfer.cli`` turns them into messages and exit codes.
+Third-party errors (onnxruntime, LiteRT, msgspec, YAML) are converted once, where they are
+caught, with ``raise X from exc`` so the original stays in the chain::
+
+    EdgeInferError                      exit 1
+    ├── ConfigError                     exit 78  (EX_CONFIG) bad config file or option
+    ├── ModelError                      exit 65  (EX_DATAERR)
+    │   ├── ModelNotFoundError          exit 66  (EX_NOINPUT) no such file
+    │   ├── ModelFormatError                     not a model, truncated, corrupt, unsupported
+    │   ├── UnsafeModelError                     external data outside the model's folder
+    │   ├── ModelTooLargeError                   over max_model_mb
+    │   ├── ModelLoadError                       the runtime refused the model
+    │   └── ModelFetchError                      an example model could not be fetched/verified
+    ├── ModelMemoryError                exit 71  the model would break its limit or the budget
+    ├── InvalidInputError               exit 65  run() got a wrong name, shape or dtype (also ValueError)
+    ├── InferenceError                  exit 70  (EX_SOFTWARE) the runtime failed during run()
+    │   └── WorkerCrashedError          exit 70  an isolated worker process died
+    ├── ProviderError                   exit 69  (EX_UNAVAILABLE)
+    │   ├── BackendUnavailableError              onnxruntime / LiteRT not installed
+    │   └── ProviderFallbackError                strict_providers and the runtime fell back
+    └── StateError                      exit 70  a closed model used, a resource misused
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BackendUnavailableError",
+    "ConfigError",
+    "EdgeInferError",
+    "InferenceError",
+    "InvalidInputError",
+    "ModelError",
+    "ModelFetchError",
+    "ModelFormatError",
+    "ModelLoadError",
+    "ModelMemoryError",
+    "ModelNotFoundError",
+    "ModelTooLargeError",
+    "ProviderError",
+    "ProviderFallbackError",
+    "StateError",
+    "UnsafeModelError",
+    "WorkerCrashed",
+    "WorkerCrashedError",
+]
+
+
+class EdgeInferError(Exception):
+    """Base of every error edgeinfer raises on purpose."""
+
+    exit_code: int = 1
+
+
+class ConfigError(EdgeInferError):
+    """A config file or option is wrong; the message names the path (``$.pipelines[0]...``)."""
+
+    exit_code = 78
+
+
+class ModelError(EdgeInferError):
+    """A model file cannot be used."""
+
+    exit_code = 65
+
+
+class ModelNotFoundError(ModelError):
+    """The model file does not exist or cannot be read."""
+
+    exit_code = 66
+
+
+class ModelFormatError(ModelError):
+    """The file is not a model edgeinfer can read: unknown format, truncated or corrupt."""
+
+
+class UnsafeModelError(ModelError):
+    """The model refers to files outside its own folder (ONNX external data)."""
+
+
+class ModelTooLargeError(ModelError):
+    """The model is larger than ``max_model_mb``."""
+
+
+class ModelLoadError(ModelError):
+    """The runtime refused to build a session from the model."""
+
+
+class ModelFetchError(ModelError):
+    """An example model could not be downloaded, extracted or verified."""
+
+
+class ModelMemoryError(EdgeInferError):
+    """Loading or running the model would break its ``memory_limit_mb`` or the process budget."""
+
+    exit_code = 71
+
+
+class InvalidInputError(EdgeInferError, ValueError):
+    """``Model.run`` got inputs of the wrong name, shape or dtype."""
+
+    exit_code = 65
+
+
+class InferenceError(EdgeInferError):
+    """The runtime failed while running a model."""
+
+    exit_code = 70
+
+
+class WorkerCrashedError(InferenceError):
+    """The worker process of an ``isolation: process`` session died; ``Model.restart()`` revives it."""
+
+
+# The name the issue tracker and ARCHITECTURE.md use.
+WorkerCrashed = WorkerCrashedError
+
+
+class ProviderError(EdgeInferError):
+    """No usable execution provider, or the one required is not the one running."""
+
+    exit_code = 69
+
+
+class BackendUnavailableError(ProviderError):
+    """The runtime package a model needs (onnxruntime, ai-edge-litert) is not installed."""
+
+
+class ProviderFallbackError(ProviderError):
+    """``strict_providers`` is on and the runtime fell back from the provider asked for."""
+
+
+class StateError(EdgeInferError):
+    """An object was used in a state that does not allow it (a closed model, a dead worker)."""
+
+    exit_code = 70

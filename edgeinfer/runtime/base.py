@@ -1,0 +1,251 @@
+"""What every runtime backend provides: the ``Session`` protocol and the values around it.
+
+A backend (``runtime/onnx.py``, ``runtime/tflite.py``, ``runtime/worker.py`` for an isolated
+process) turns a model file and ``SessionSpec`` into a ``Session``. ``edgeinfer.model.Model`` is the
+public face over any of them; it never knows which backend it holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..errors import InvalidInputError
+
+Dim = int | str | None
+"""A tensor dimension: an int when fixed, a symbolic name or None when dynamic."""
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """Name, shape and dtype of one model input or output.
+
+    ``quantization`` is ``(scale, zero_point)`` for a quantized TFLite tensor whose values the
+    session converts to and from float for the caller; ``None`` otherwise.
+    """
+
+    name: str
+    shape: tuple[Dim, ...]
+    dtype: str
+    quantization: tuple[float, int] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+        if self.quantization is not None:
+            d["quantization"] = {"scale": self.quantization[0], "zero_point": self.quantization[1]}
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class DelegateSpec:
+    """A TFLite external delegate: a shared library and its options."""
+
+    library: str
+    options: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSpec:
+    """Everything a backend needs to build a session, resolved by ``load_model``.
+
+    Attributes:
+        path: the model file (already checked to exist, be of ``format`` and be safe).
+        format: ``"onnx"`` or ``"tflite"``, detected from the file's bytes.
+        sha256: hex digest of the model file, the key of every cache.
+        threads: intra-op threads (ONNX) or ``num_threads`` (TFLite).
+        providers: ``("auto",)`` or the provider names/aliases wanted, best first.
+        strict_providers: a fallback away from the first wanted provider is an error.
+        probe: time and cross-check every working candidate at load, keep the fastest.
+        input_shapes: fixed shapes for inputs with dynamic dimensions (also used for warm-up).
+        arena: ``"bounded"``, ``"off"`` or ``"default"`` (onnxruntime's growing arena).
+        memory_limit_mb: the per-model limit (``None``: none); the bounded arena is capped by it.
+        cache_dir: where the optimized-model cache lives; ``None`` turns it off.
+        state_dir: TensorRT engine/timing caches and provider-probe decisions.
+        delegates: TFLite external delegates to try, in order.
+        dequantize_outputs: return float outputs for quantized TFLite output tensors.
+        warmup: run one inference before the session is handed out.
+    """
+
+    path: Path
+    format: str
+    sha256: str
+    threads: int
+    providers: tuple[str, ...] = ("auto",)
+    strict_providers: bool = False
+    probe: bool = False
+    input_shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    arena: str = "bounded"
+    memory_limit_mb: float | None = None
+    cache_dir: Path | None = None
+    state_dir: Path | None = None
+    delegates: tuple[DelegateSpec, ...] = ()
+    dequantize_outputs: bool = True
+    warmup: bool = True
+
+    def replace(self, **changes: Any) -> SessionSpec:
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True, slots=True)
+class Fallback:
+    """A provider (or delegate) that was asked for and is not the one running, and why."""
+
+    provider: str
+    reason: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"provider": self.provider, "reason": self.reason}
+
+
+@dataclass(slots=True)
+class LoadReport:
+    """How a session came to be: filled in by the backend while loading, read by ``Model``."""
+
+    backend: str = ""
+    provider: str = ""
+    requested: tuple[str, ...] = ()
+    fallbacks: list[Fallback] = field(default_factory=list)
+    cache: str = "off"  # "hit" | "miss" | "off" | "error"
+    probe: dict[str, Any] | None = None
+    warmed_up: bool = False
+    warmup_note: str = ""
+    load_ms: float = 0.0
+    warmup_ms: float = 0.0
+    rss_load_mb: float = 0.0
+    rss_first_run_mb: float = 0.0
+    isolation: str = "none"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["requested"] = list(self.requested)
+        return d
+
+
+class Session(Protocol):
+    """A loaded model that can run. Backends implement this; ``Model`` wraps it.
+
+    ``run`` takes feeds already checked by :func:`check_feeds` and returns every output by name.
+    ``close`` is idempotent.
+    """
+
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    report: LoadReport
+
+    @property
+    def provider(self) -> str: ...
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+    def close(self) -> None: ...
+
+
+def check_feeds(
+    specs: tuple[TensorSpec, ...],
+    feeds: Mapping[str, Any] | np.ndarray,
+    *,
+    accept_float_for_quantized: bool = False,
+) -> dict[str, np.ndarray]:
+    """Check ``feeds`` against the model's inputs and return them as a dict of arrays.
+
+    A bare ndarray is accepted for a single-input model. Names must match exactly; rank and fixed
+    dimensions must match; dtypes must match (no silent per-frame conversion), except that float
+    input is accepted for a quantized input when the backend converts it itself.
+
+    Raises:
+        InvalidInputError: with what was expected and what was given.
+    """
+    if isinstance(feeds, np.ndarray):
+        if len(specs) != 1:
+            names = ", ".join(s.name for s in specs)
+            raise InvalidInputError(
+                f"a bare array was given but the model has {len(specs)} inputs ({names}); "
+                "pass a dict of name -> array"
+            )
+        feeds = {specs[0].name: feeds}
+    elif not isinstance(feeds, Mapping):
+        raise InvalidInputError(
+            f"inputs must be a dict of name -> numpy array, got {type(feeds).__name__}"
+        )
+    expected = {s.name for s in specs}
+    given = set(feeds)
+    if given != expected:
+        missing = sorted(expected - given)
+        unknown = sorted(given - expected)
+        parts = []
+        if missing:
+            parts.append(f"missing {missing}")
+        if unknown:
+            parts.append(f"unknown {unknown}")
+        raise InvalidInputError(
+            f"wrong input names: {', '.join(parts)}; the model takes {sorted(expected)}"
+        )
+    out: dict[str, np.ndarray] = {}
+    for spec in specs:
+        value = feeds[spec.name]
+        if not isinstance(value, np.ndarray):
+            if isinstance(value, (int, float, bool, list, tuple, np.generic)):
+                value = np.asarray(value, dtype=spec.dtype)
+            else:
+                raise InvalidInputError(
+                    f"input {spec.name!r}: expected a numpy array, got {type(value).__name__}"
+                )
+        _check_one(spec, value, accept_float_for_quantized)
+        out[spec.name] = value
+    return out
+
+
+def _check_one(spec: TensorSpec, value: np.ndarray, accept_float: bool) -> None:
+    want = np.dtype(spec.dtype)
+    if value.dtype != want and not (
+        accept_float and spec.quantization is not None and value.dtype.kind == "f"
+    ):
+        raise InvalidInputError(
+            f"input {spec.name!r}: expected dtype {want.name}, got {value.dtype.name}"
+            f" (convert with .astype(np.{want.name}))"
+        )
+    if len(spec.shape) != value.ndim:
+        raise InvalidInputError(
+            f"input {spec.name!r}: expected shape {format_shape(spec.shape)} "
+            f"({len(spec.shape)} dims), got {tuple(value.shape)} ({value.ndim} dims)"
+        )
+    for want_dim, got in zip(spec.shape, value.shape):
+        if isinstance(want_dim, int) and want_dim >= 0 and want_dim != got:
+            raise InvalidInputError(
+                f"input {spec.name!r}: expected shape {format_shape(spec.shape)}, "
+                f"got {tuple(value.shape)}"
+            )
+
+
+def format_shape(shape: tuple[Dim, ...]) -> str:
+    """``(1, 'batch', None)`` -> ``[1, batch, ?]``."""
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+def warmup_feeds(
+    specs: tuple[TensorSpec, ...], fixed: Mapping[str, tuple[int, ...]]
+) -> tuple[dict[str, np.ndarray], bool]:
+    """Zero inputs for a warm-up run, and whether any dynamic dimension had to be guessed.
+
+    A dynamic dimension is taken from ``fixed`` when given; otherwise it is guessed as 1.
+    """
+    feeds: dict[str, np.ndarray] = {}
+    guessed = False
+    for spec in specs:
+        shape = fixed.get(spec.name)
+        if shape is None:
+            dims = []
+            for d in spec.shape:
+                if isinstance(d, int) and d >= 0:
+                    dims.append(d)
+                else:
+                    dims.append(1)
+                    guessed = True
+            shape = tuple(dims)
+        feeds[spec.name] = np.zeros(shape, dtype=spec.dtype)
+    return feeds, guessed

@@ -1,0 +1,168 @@
+"""Resident memory: measuring it, and the process-wide budget models are admitted against.
+
+Measurements read ``/proc/self/status`` (Linux, what a device runs) and fall back to
+``resource.getrusage`` (peak, not current) elsewhere.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import os
+import resource
+import threading
+from dataclasses import dataclass
+
+from ..errors import ModelMemoryError
+
+logger = logging.getLogger(__name__)
+
+_STATUS = "/proc/self/status"
+
+
+def _status_kb(field: str, pid: int | None = None) -> int | None:
+    path = _STATUS if pid is None else f"/proc/{pid}/status"
+    try:
+        with open(path, "rb") as f:
+            for line in f:
+                if line.startswith(field.encode() + b":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def rss_mb(pid: int | None = None) -> float:
+    """Current resident set size of this process (or ``pid``) in MiB."""
+    kb = _status_kb("VmRSS", pid)
+    if kb is None:
+        # getrusage reports the peak in KiB on Linux; the best available elsewhere.
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    return kb / 1024.0
+
+
+def peak_rss_mb(pid: int | None = None) -> float:
+    """Peak resident set size (``VmHWM``) of this process (or ``pid``) in MiB."""
+    kb = _status_kb("VmHWM", pid)
+    if kb is None:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    return kb / 1024.0
+
+
+def vm_size_mb(pid: int | None = None) -> float:
+    """Virtual address space in use (``VmSize``) in MiB; what ``RLIMIT_AS`` counts."""
+    kb = _status_kb("VmSize", pid)
+    return 0.0 if kb is None else kb / 1024.0
+
+
+def trim_heap() -> None:
+    """Give freed heap pages back to the OS (glibc ``malloc_trim``) after a model is dropped."""
+    name = ctypes.util.find_library("c")
+    if not name:
+        return
+    try:
+        libc = ctypes.CDLL(name)
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+@dataclass(slots=True)
+class _Charge:
+    name: str
+    mb: float
+
+
+class MemoryBudget:
+    """A process-wide memory budget that models are admitted against.
+
+    ``load_model`` measures what a model really costs (resident memory after load and after the
+    first run) and charges it here; a model that would go over is refused and nothing already
+    admitted is disturbed. Thread-safe.
+    """
+
+    def __init__(self, limit_mb: float | None = None) -> None:
+        self._lock = threading.Lock()
+        self._limit_mb = limit_mb
+        self._charges: dict[int, _Charge] = {}
+
+    @property
+    def limit_mb(self) -> float | None:
+        return self._limit_mb
+
+    def set_limit(self, limit_mb: float | None) -> None:
+        """Set (or with ``None`` lift) the budget; models already admitted stay admitted."""
+        with self._lock:
+            self._limit_mb = limit_mb
+
+    @property
+    def used_mb(self) -> float:
+        with self._lock:
+            return sum(c.mb for c in self._charges.values())
+
+    def available_mb(self) -> float | None:
+        """What is left, or ``None`` when there is no budget."""
+        with self._lock:
+            if self._limit_mb is None:
+                return None
+            return self._limit_mb - sum(c.mb for c in self._charges.values())
+
+    def check(self, name: str, mb: float) -> None:
+        """Raise ``ModelMemoryError`` if charging ``mb`` more would break the budget."""
+        with self._lock:
+            self._check_locked(name, mb)
+
+    def _check_locked(self, name: str, mb: float) -> None:
+        if self._limit_mb is None:
+            return
+        used = sum(c.mb for c in self._charges.values())
+        if used + mb > self._limit_mb:
+            raise ModelMemoryError(
+                f"model {name!r} needs {mb:.1f} MiB but the process budget "
+                f"(memory_budget_mb={self._limit_mb:g}) has {self._limit_mb - used:.1f} MiB left "
+                f"({used:.1f} MiB used by {len(self._charges)} loaded model(s))"
+            )
+
+    def charge(self, key: int, name: str, mb: float) -> None:
+        """Admit a model costing ``mb``; raises ``ModelMemoryError`` if it does not fit."""
+        with self._lock:
+            self._check_locked(name, mb)
+            self._charges[key] = _Charge(name, mb)
+
+    def release(self, key: int) -> None:
+        with self._lock:
+            self._charges.pop(key, None)
+
+
+_BUDGET = MemoryBudget()
+
+
+def process_budget() -> MemoryBudget:
+    """The budget every ``load_model`` in this process charges."""
+    return _BUDGET
+
+
+def physical_cores() -> int:
+    """Physical CPU cores (not SMT siblings) available to this process, at least 1."""
+    try:
+        allowed = os.sched_getaffinity(0)
+    except AttributeError:
+        allowed = set(range(os.cpu_count() or 1))
+    cores: set[tuple[str, str]] = set()
+    for cpu in allowed:
+        base = f"/sys/devices/system/cpu/cpu{cpu}/topology/"
+        try:
+            with open(base + "physical_package_id") as f:
+                pkg = f.read().strip()
+            with open(base + "core_id") as f:
+                core = f.read().strip()
+        except OSError:
+            return max(1, len(allowed))
+        cores.add((pkg, core))
+    return max(1, len(cores))
+
+
+def default_threads() -> int:
+    """Intra-op threads for a small device: the physical cores, at most 4."""
+    return min(4, physical_cores())
