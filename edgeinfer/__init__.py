@@ -1,0 +1,49 @@
+"""edgeinfer: on-device inference for embedded Linux.
+
+    import edgeinfer
+    with edgeinfer.load_model("model.onnx", providers="auto", threads=2) as m:
+        outputs = m.run({"images": x})
+
+The public names are imported lazily so that ``import edgeinfer`` (and ``edgeinfer --help``)
+costs nothing on a small board: no numpy, onnxruntime or LiteRT until a model is loaded.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .errors import *  # noqa: F403  (the error tree is part of the public API and light)
+from .errors import __all__ as _error_names
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "load_model": "edgeinfer.model:load_model",
+    "Model": "edgeinfer.model:Model",
+    "TensorSpec": "edgeinfer.runtime.base:TensorSpec",
+    "set_memory_budget": "edgeinfer.runtime.memory:set_memory_budget",
+    "load_config": "edgeinfer.config:load_config",
+}
+
+__all__ = ["__version__", *_LAZY, *_error_names]
+
+if TYPE_CHECKING:
+    from .config import load_config
+    from .model import Model, load_model
+    from .runtime.base import TensorSpec
+    from .runtime.memory import set_memory_budget
+
+
+def __getattr__(name: str) -> Any:
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'edgeinfer' has no attribute {name!r}")
+    from ._importer import import_from_string
+
+    value = import_from_string(target)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

