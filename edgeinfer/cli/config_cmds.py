@@ -1,0 +1,21 @@
+"""``edgeinfer validate-config``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import msgspec
+
+from ..config import load_config
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    if args.json:
+        sys.stdout.write(msgspec.json.format(msgspec.json.encode(config)).decode() + "\n")
+        return 0
+    names = ", ".join(p.name for p in config.pipelines) or "none"
+    print(f"{args.config}: OK (device {config.resolved_device_id()}, "
+          f"{len(config.pipelines)} pipeline(s): {names})")
+    return 0

@@ -1,0 +1,167 @@
+"""``edgeinfer info``, ``edgeinfer providers``, ``edgeinfer models``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+
+
+def _print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def _resolve_model(ref: str) -> Path:
+    """A path, or the name of an example model (pulled into the cache if missing)."""
+    from .. import catalog
+
+    path = Path(ref)
+    if path.exists() or ref not in catalog.CATALOG:
+        return path
+    return catalog.pull(ref)
+
+
+def _input_shapes(items: list[str]) -> dict[str, list[int]]:
+    shapes: dict[str, list[int]] = {}
+    for item in items:
+        name, sep, dims = item.partition("=")
+        try:
+            if not sep or not name:
+                raise ValueError
+            shapes[name] = [int(d) for d in dims.replace("x", ",").split(",")]
+        except ValueError:
+            raise ConfigError(f"--input-shape {item!r}: expected NAME=D1,D2,... such as "
+                              "images=1,3,320,320") from None
+    return shapes
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from ..model import load_model
+
+    with load_model(
+        _resolve_model(args.model),
+        providers=args.providers,
+        threads=args.threads,
+        memory_limit_mb=args.memory_limit_mb,
+        isolation=args.isolation,
+        strict_providers=args.strict_providers,
+        probe=args.probe,
+        input_shapes=_input_shapes(args.input_shape),
+        max_model_mb=args.max_model_mb,
+    ) as model:
+        info = model.info()
+    if args.json:
+        _print_json(info)
+        return 0
+    session = info["session"]
+    rows = [
+        ("model", f"{info['name']}  ({info['path']})"),
+        ("format", info["format"] + (f", opset {info['opset']}" if info.get("opset") else "")),
+        ("quantization", info["quantization"]),
+        ("size", f"{info['size_bytes'] / 1048576:.2f} MiB"),
+        ("sha256", info["sha256"]),
+        ("provider", f"{info['provider']} ({session['backend']}, isolation {session['isolation']})"),
+        ("load", f"{session['load_ms']:.0f} ms, optimized-model cache: {session['cache']}"),
+        ("warm-up", f"{session['warmup_ms']:.1f} ms" if session["warmed_up"]
+         else session["warmup_note"] or "off"),
+        ("memory", f"{session['rss_load_mb']:.1f} MiB after load, "
+                   f"{session['rss_first_run_mb']:.1f} MiB after first run"),
+    ]
+    for label, value in rows:
+        print(f"{label:<13} {value}")
+    for kind in ("inputs", "outputs"):
+        print(f"{kind}:")
+        for t in info[kind]:
+            dims = "x".join("?" if d is None else str(d) for d in t["shape"]) or "scalar"
+            q = t.get("quantization")
+            extra = f"  scale {q['scale']:.6g} zero point {q['zero_point']}" if q else ""
+            print(f"  {t['name']:<20} {t['dtype']:<8} {dims}{extra}")
+    for f in info["fallbacks"]:
+        print(f"fallback      {f['provider']}: {f['reason']}")
+    return 0
+
+
+def cmd_providers(args: argparse.Namespace) -> int:
+    from ..runtime import providers as prov
+
+    platform = prov.detect_platform()
+    data: dict[str, Any] = {
+        "platform": {"machine": platform.machine, "board": platform.board,
+                     "cpu": platform.cpu_model, "jetson": platform.is_jetson},
+        "onnxruntime": _onnxruntime_facts(platform),
+        "litert": _litert_facts(),
+    }
+    if args.json:
+        _print_json(data)
+        return 0
+    p = data["platform"]
+    print(f"platform     {p['machine']}  {p['board'] or p['cpu']}{'  (Jetson)' if p['jetson'] else ''}")
+    o = data["onnxruntime"]
+    if not o["installed"]:
+        print(f"onnxruntime  not installed ({o['error']})")
+    else:
+        print(f"onnxruntime  {o['version']}; auto order: {' > '.join(o['auto_order'])}")
+        for row in o["providers"]:
+            mark = "yes" if row["available"] else "no "
+            order = f"#{row['order']}" if row["order"] else "  "
+            print(f"  {mark} {order:>3} {row['name']:<28} {row['note']}")
+    t = data["litert"]
+    if not t["installed"]:
+        print(f"litert       not installed ({t['error']})")
+    else:
+        print(f"litert       {t['module']} {t['version']}; XNNPACK built in")
+        for d in t["delegates"]:
+            print(f"  delegate   {d}")
+        if not t["delegates"]:
+            print("  delegates  none found (Edge TPU libedgetpu.so.1, ARM NN libarmnnDelegate.so)")
+    return 0
+
+
+def _onnxruntime_facts(platform: Any) -> dict[str, Any]:
+    from ..runtime import providers as prov
+
+    try:
+        import onnxruntime as ort
+    except ImportError as exc:
+        return {"installed": False, "error": str(exc)}
+    available = ort.get_available_providers()
+    return {
+        "installed": True,
+        "version": ort.__version__,
+        "available": available,
+        "auto_order": [c.name for c in prov.rank_providers(available, "auto", platform)],
+        "providers": prov.explain(available, platform),
+    }
+
+
+def _litert_facts() -> dict[str, Any]:
+    from ..runtime import tflite
+
+    try:
+        module, version = tflite.runtime_version()
+    except Exception as exc:  # an ImportError or the backend's own BackendUnavailableError
+        return {"installed": False, "error": str(exc)}
+    return {"installed": True, "module": module, "version": version,
+            "delegates": [str(d.library) for d in tflite.find_delegates()]}
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from .. import catalog
+
+    if args.models_verb == "pull":
+        names = args.names or sorted(catalog.CATALOG)
+        dest = Path(args.dest) if args.dest else None
+        for name in names:
+            path = catalog.pull(name, dest, force=args.force)
+            print(f"{name:<12} {path}")
+        return 0
+    for entry in catalog.CATALOG.values():
+        path = catalog.cached_path(entry.name)
+        state = str(path) if path.is_file() else "not fetched"
+        print(f"{entry.name:<12} {entry.package:<28} {state}")
+        print(f"{'':<12} {entry.description}")
+    return 0

@@ -1,0 +1,224 @@
+"""The typed config tree: msgspec Structs that a YAML file is validated into.
+
+Field names are a public contract (users' config files depend on them). Every struct rejects
+unknown keys and takes keyword arguments only; constraints are ``msgspec.Meta`` annotations so
+that msgspec reports a violation together with its path (``$.pipelines[0].model.threads``).
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+from ..paths import cache_dir, state_dir
+
+__all__ = [
+    "Config",
+    "DelegateConfig",
+    "LoggingConfig",
+    "ModelConfig",
+    "PipelineConfig",
+    "RuntimeConfig",
+]
+
+_PIPELINE_NAME = r"^[A-Za-z0-9_-]{1,64}$"
+_DEVICE_ID = r"^[A-Za-z0-9_.-]+$"
+
+PositiveMB = Annotated[float, Meta(gt=0)]
+Threads = Annotated[int, Meta(ge=1, le=64)]
+Dim = Annotated[int, Meta(ge=1)]
+PipelineName = Annotated[str, Meta(pattern=_PIPELINE_NAME)]
+DeviceId = Annotated[str, Meta(pattern=_DEVICE_ID)]
+NonEmptyStr = Annotated[str, Meta(min_length=1)]
+
+
+def _check_topic_level(value: str, what: str) -> None:
+    # msgspec matches patterns with re.search, where `$` also matches before a final newline;
+    # a name ending in "\n" would pass the pattern and then break its MQTT topic.
+    if "\n" in value:
+        raise ValueError(f"{what} must not contain a newline (it becomes an MQTT topic level)")
+
+
+class _Struct(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """Shared options; msgspec subclasses inherit them."""
+
+
+class LoggingConfig(_Struct):
+    """Logging of the daemon.
+
+    Attributes:
+        level: The root log level.
+    """
+
+    level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class RuntimeConfig(_Struct):
+    """Process-wide runtime settings.
+
+    Attributes:
+        memory_budget_mb: Budget (MiB) every model is admitted against; ``None`` for no budget.
+        max_model_mb: Model files larger than this (MiB) are refused.
+        state_dir: Durable state (provider decisions, TensorRT engines, model store, outbox);
+            ``None`` for ``edgeinfer.paths.state_dir()``.
+        cache_dir: Rebuildable caches; ``None`` for ``edgeinfer.paths.cache_dir()``.
+        optimized_model_cache: Keep optimized ONNX graphs in the cache directory.
+    """
+
+    memory_budget_mb: PositiveMB | None = None
+    max_model_mb: PositiveMB = 512.0
+    state_dir: NonEmptyStr | None = None
+    cache_dir: NonEmptyStr | None = None
+    optimized_model_cache: bool = True
+
+    def resolved_state_dir(self) -> Path:
+        """The state directory: ``state_dir`` or the platform default."""
+        return Path(self.state_dir) if self.state_dir else state_dir()
+
+    def resolved_cache_dir(self) -> Path:
+        """The cache directory: ``cache_dir`` or the platform default."""
+        return Path(self.cache_dir) if self.cache_dir else cache_dir()
+
+
+class DelegateConfig(_Struct):
+    """A TFLite delegate library and its options.
+
+    Attributes:
+        library: Shared library name or path (``libedgetpu.so.1``), found as ``dlopen`` would.
+        options: String options passed to the delegate.
+    """
+
+    library: NonEmptyStr
+    options: dict[str, str] = {}
+
+
+class ModelConfig(_Struct):
+    """One model; mirrors the keyword arguments of ``edgeinfer.load_model``.
+
+    Attributes:
+        path: Model file. The loader stores it absolute, relative paths taken from the config
+            file's folder.
+        name: Name reported in results and stats; ``None`` for the file's stem.
+        version: Version reported in results and stats.
+        providers: ``"auto"``, ``"cpu"``, or provider names/aliases in order of preference.
+        threads: Intra-op threads; ``None`` lets the runtime choose.
+        memory_limit_mb: Memory this model may use (MiB).
+        isolation: ``"process"`` runs the session in a worker process.
+        strict_providers: Fail instead of falling back from the first provider asked for.
+        probe: Probe providers in a subprocess before trusting them.
+        input_shapes: Fixed shapes for dynamic inputs, by input name.
+        arena: Memory arena policy of the runtime.
+        delegates: TFLite delegates, tried in order.
+        warmup: Run one inference before the model counts as ready.
+        max_model_mb: Overrides ``runtime.max_model_mb`` for this model.
+    """
+
+    path: NonEmptyStr
+    name: str | None = None
+    version: str | None = None
+    providers: str | list[str] = "auto"
+    threads: Threads | None = None
+    memory_limit_mb: PositiveMB | None = None
+    isolation: Literal["none", "process"] = "none"
+    strict_providers: bool = False
+    probe: bool = False
+    input_shapes: dict[str, list[Dim]] = {}
+    arena: Literal["bounded", "off", "default"] = "bounded"
+    delegates: list[DelegateConfig] = []
+    warmup: bool = True
+    max_model_mb: PositiveMB | None = None
+
+    def load_kwargs(self, *, default_max_model_mb: float | None = None) -> dict[str, Any]:
+        """Keyword arguments for ``edgeinfer.load_model(self.path, **kwargs)``.
+
+        Every keyword is present (``None`` where unset, which is ``load_model``'s own default);
+        ``input_shapes`` is ``None`` when empty and ``delegates`` is a list of
+        ``{"library", "options"}`` dicts. Containers are fresh copies.
+
+        Args:
+            default_max_model_mb: Used when this model sets no ``max_model_mb``; pass
+                ``config.runtime.max_model_mb``.
+
+        Returns:
+            The keyword arguments, without ``path``.
+        """
+        providers = self.providers if isinstance(self.providers, str) else list(self.providers)
+        max_mb = self.max_model_mb if self.max_model_mb is not None else default_max_model_mb
+        return {
+            "providers": providers,
+            "threads": self.threads,
+            "memory_limit_mb": self.memory_limit_mb,
+            "isolation": self.isolation,
+            "strict_providers": self.strict_providers,
+            "probe": self.probe,
+            "input_shapes": {k: list(v) for k, v in self.input_shapes.items()} or None,
+            "arena": self.arena,
+            "delegates": [
+                {"library": d.library, "options": dict(d.options)} for d in self.delegates
+            ],
+            "warmup": self.warmup,
+            "max_model_mb": max_mb,
+            "name": self.name,
+            "version": self.version,
+        }
+
+
+class PipelineConfig(_Struct):
+    """One pipeline: a source, a model, a task and its sinks.
+
+    Attributes:
+        name: Unique name; becomes an MQTT topic level, so ``[A-Za-z0-9_-]``, 1 to 64 long.
+        model: The model this pipeline runs.
+        source: Where frames come from (typed by the pipeline module; a mapping for now).
+        task: Pre/post-processing (likewise).
+        sinks: Where results go (likewise).
+    """
+
+    name: PipelineName
+    model: ModelConfig
+    source: dict[str, Any] | None = None
+    task: dict[str, Any] | None = None
+    sinks: list[dict[str, Any]] = []
+
+    def __post_init__(self) -> None:
+        _check_topic_level(self.name, "name")
+
+
+class Config(_Struct):
+    """The whole config file.
+
+    Attributes:
+        device_id: This device's MQTT topic level; ``None`` for the hostname (see
+            `resolved_device_id`).
+        runtime: Process-wide runtime settings.
+        pipelines: The pipelines to run; names are unique.
+        logging: Logging settings.
+    """
+
+    device_id: DeviceId | None = None
+    runtime: RuntimeConfig = msgspec.field(default_factory=RuntimeConfig)
+    pipelines: list[PipelineConfig] = []
+    logging: LoggingConfig = msgspec.field(default_factory=LoggingConfig)
+
+    def __post_init__(self) -> None:
+        if self.device_id is not None:
+            _check_topic_level(self.device_id, "device_id")
+        first: dict[str, int] = {}
+        for i, pipeline in enumerate(self.pipelines):
+            j = first.setdefault(pipeline.name, i)
+            if j != i:
+                raise ValueError(
+                    f"duplicate pipeline name {pipeline.name!r}: pipelines[{j}] and pipelines[{i}]"
+                )
+
+    def resolved_device_id(self) -> str:
+        """``device_id``, or the hostname made into a valid MQTT topic level."""
+        if self.device_id is not None:
+            return self.device_id
+        # Hostnames are normally [A-Za-z0-9.-] already; anything else would break the topic.
+        return re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname()) or "edgeinfer"

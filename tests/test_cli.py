@@ -1,0 +1,116 @@
+"""The command line as a user runs it: real subprocesses, exit codes per error class."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from edgeinfer.testing import onnx_models as om
+
+
+def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "edgeinfer", *args], capture_output=True,
+                          text=True, timeout=timeout, env=os.environ.copy())
+
+
+@pytest.mark.arm64
+def test_help_imports_no_runtime() -> None:
+    code = ("import sys\nfrom edgeinfer.cli import main\n"
+            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "heavy = [m for m in ('onnxruntime', 'cv2', 'ai_edge_litert', 'tflite_runtime', "
+            "'numpy', 'msgspec') if m in sys.modules]\nprint('HEAVY', heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "usage: edgeinfer" in out.stdout
+    assert "HEAVY []" in out.stdout
+
+
+def test_no_verb_prints_help_and_exits_2() -> None:
+    r = cli()
+    assert r.returncode == 2 and "COMMAND" in r.stdout
+
+
+def test_info_json_on_a_real_model(yolo_path: Path) -> None:
+    r = cli("info", str(yolo_path), "--json", "--threads", "1",
+            "--input-shape", "images=1,3,320,320")
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    assert info["provider"] == "CPUExecutionProvider" and info["fallbacks"] == []
+    assert info["inputs"][0] == {"name": "images", "shape": [1, 3, 320, 320], "dtype": "float32"}
+    assert info["outputs"][0]["shape"] == [1, 22, 2100]
+    assert info["opset"] == 17 and info["quantization"] == "float"
+    assert info["sha256"] == "c15d8273adad2d0a92f014cc69ab2d6c311a06777a55545f2c4eb46f51911f0f"
+    assert info["session"]["warmed_up"] is True
+
+
+def test_info_human_output_names_fallbacks(tmp_path: Path) -> None:
+    r = cli("info", str(om.qdq_matmul_model(tmp_path / "q.onnx")), "--providers", "cuda,cpu")
+    assert r.returncode == 0, r.stderr
+    assert "int8-qdq" in r.stdout
+    assert "fallback      CUDAExecutionProvider: not available" in r.stdout
+
+
+@pytest.mark.parametrize(
+    ("setup", "code", "phrase"),
+    [
+        (lambda d: d / "absent.onnx", 66, "model file not found"),
+        (lambda d: (d / "t.onnx").write_text("hello") and d / "t.onnx", 65, "text file"),
+        (lambda d: d, 66, "not a file"),
+    ],
+)
+def test_bad_models_exit_with_their_code_and_one_line(tmp_path: Path, setup, code, phrase) -> None:
+    r = cli("info", str(setup(tmp_path)))
+    assert r.returncode == code
+    assert phrase in r.stderr and "Traceback" not in r.stderr
+    assert r.stderr.startswith("edgeinfer: error: ")
+
+
+def test_strict_provider_fallback_exit_code(tmp_path: Path) -> None:
+    r = cli("info", str(om.add_model(tmp_path / "a.onnx")), "--providers", "tensorrt",
+            "--strict-providers")
+    assert r.returncode == 69 and "strict_providers" in r.stderr
+
+
+def test_bad_input_shape_option(tmp_path: Path) -> None:
+    r = cli("info", str(om.add_model(tmp_path / "a.onnx")), "--input-shape", "x:1,4")
+    assert r.returncode == 78 and "NAME=D1,D2" in r.stderr
+
+
+def test_memory_limit_exit_code(yolo_path: Path) -> None:
+    r = cli("info", str(yolo_path), "--memory-limit-mb", "1", "--input-shape",
+            "images=1,3,320,320")
+    assert r.returncode == 71 and "memory_limit_mb=1" in r.stderr
+
+
+def test_providers_json_and_table() -> None:
+    r = cli("providers", "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert "CPUExecutionProvider" in data["onnxruntime"]["available"]
+    assert data["onnxruntime"]["auto_order"][-1] == "CPUExecutionProvider"
+    assert data["platform"]["machine"]
+    assert data["litert"]["installed"] is True
+    table = cli("providers")
+    assert table.returncode == 0 and "auto order" in table.stdout
+
+
+def test_models_list_names_every_example() -> None:
+    r = cli("models", "list")
+    assert r.returncode == 0
+    for name in ("yolov8n-320", "blazeface", "silero-vad"):
+        assert name in r.stdout
+
+
+def test_validate_config_ok_and_error_with_path_and_line(tmp_path: Path) -> None:
+    ok = cli("validate-config", "configs/example.yaml")
+    assert ok.returncode == 0 and "OK" in ok.stdout
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("pipelines:\n  - name: cam\n    model:\n      path: m.onnx\n      threads: two\n")
+    r = cli("validate-config", str(bad))
+    assert r.returncode == 78
+    assert "bad.yaml:5: $.pipelines[0].model.threads: expected int, got str" in r.stderr
+    assert "Traceback" not in r.stderr
