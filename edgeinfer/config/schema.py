@@ -107,10 +107,10 @@ class ModelConfig(_Struct):
         version: Version reported in results and stats.
         providers: ``"auto"``, ``"cpu"``, or provider names/aliases in order of preference.
         threads: Intra-op threads; ``None`` lets the runtime choose.
-        memory_limit_mb: Memory this model may use (MiB).
+        memory_limit_mb: Resident memory (MiB) load + first run may cost; over it, refused.
         isolation: ``"process"`` runs the session in a worker process.
         strict_providers: Fail instead of falling back from the first provider asked for.
-        probe: Probe providers in a subprocess before trusting them.
+        probe: At load, time and cross-check every working provider, keep the fastest (cached).
         input_shapes: Fixed shapes for dynamic inputs, by input name.
         arena: Memory arena policy of the runtime.
         delegates: TFLite delegates, tried in order.

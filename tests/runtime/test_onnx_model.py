@@ -224,3 +224,17 @@ def test_info_describes_model_and_session(tmp_path: Path) -> None:
     assert len(info["sha256"]) == 64 and info["size_bytes"] > 0
     assert info["session"]["warmed_up"] is True
     assert info["graph"]["op_types"]["QuantizeLinear"] == 1
+
+
+def test_a_config_model_section_loads_as_configured(tmp_path: Path, yolo_path: Path) -> None:
+    from edgeinfer.config import parse_config
+
+    cfg = parse_config(
+        f"pipelines:\n  - name: det\n    model:\n      path: {yolo_path}\n      threads: 1\n"
+        "      version: '2.0'\n      providers: [cuda, cpu]\n"
+        "      input_shapes: {images: [1, 3, 320, 320]}\n", base_dir=tmp_path)
+    mc = cfg.pipelines[0].model
+    kwargs = mc.load_kwargs(default_max_model_mb=cfg.runtime.max_model_mb)
+    with edgeinfer.load_model(mc.path, **kwargs) as m:
+        assert m.version == "2.0" and m.inputs[0].shape == (1, 3, 320, 320)
+        assert m.report.warmed_up and m.report.fallbacks[0].provider == "CUDAExecutionProvider"
