@@ -56,6 +56,60 @@ def vm_size_mb(pid: int | None = None) -> float:
     return 0.0 if kb is None else kb / 1024.0
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+def _load_mallinfo2() -> object | None:
+    name = ctypes.util.find_library("c")
+    try:
+        fn = ctypes.CDLL(name).mallinfo2 if name else None
+    except (OSError, AttributeError):  # not glibc, or glibc < 2.33
+        return None
+    if fn is not None:
+        fn.restype = _MallInfo2
+    return fn
+
+
+_mallinfo2 = _load_mallinfo2()
+
+
+def heap_in_use_mb() -> float | None:
+    """Bytes the C heap has handed out and not taken back (all malloc arenas), in MiB.
+
+    Unlike RSS this is not fooled by a new model reusing pages an earlier one freed.
+    ``None`` where glibc's ``mallinfo2`` is unavailable.
+    """
+    if _mallinfo2 is None:
+        return None
+    info = _mallinfo2()  # type: ignore[operator]
+    return (info.uordblks + info.hblkhd) / (1024.0 * 1024.0)
+
+
+class MemoryMeter:
+    """What a piece of work added to this process's memory: the larger of the resident-set
+    growth and the heap-in-use growth since the meter was made.
+
+    RSS alone undercounts a model loaded after another was freed (its pages are reused); heap
+    in use alone misses file mappings. Taking the larger is the honest lower bound of both.
+    """
+
+    __slots__ = ("_rss0", "_heap0")
+
+    def __init__(self) -> None:
+        self._rss0 = rss_mb()
+        self._heap0 = heap_in_use_mb()
+
+    def added_mb(self) -> float:
+        rss = rss_mb() - self._rss0
+        heap = heap_in_use_mb()
+        if heap is None or self._heap0 is None:
+            return rss
+        return max(rss, heap - self._heap0)
+
+
 def trim_heap() -> None:
     """Give freed heap pages back to the OS (glibc ``malloc_trim``) after a model is dropped."""
     name = ctypes.util.find_library("c")

@@ -36,7 +36,7 @@ from ..errors import (
 )
 from . import probe as _probe
 from .base import Fallback, LoadReport, SessionSpec, TensorSpec, format_shape, warmup_feeds
-from .memory import process_budget, rss_mb
+from .memory import MemoryMeter, process_budget
 from .providers import CPU, Candidate, ProviderContext, detect_platform, rank_providers
 from .providers import skipped_providers
 
@@ -102,7 +102,7 @@ def open_session(spec: SessionSpec) -> OnnxSession:
         ProviderFallbackError: ``strict_providers`` and the first choice did not run.
     """
     ort = import_ort()
-    baseline = rss_mb()
+    meter = MemoryMeter()
     t0 = time.perf_counter()
     platform = detect_platform()
     available = ort.get_available_providers()
@@ -141,11 +141,11 @@ def open_session(spec: SessionSpec) -> OnnxSession:
     if spec.strict_providers and report.fallbacks:
         raise ProviderFallbackError(_fallback_message(report.fallbacks))
     report.load_ms = (time.perf_counter() - t0) * 1000
-    report.rss_load_mb = rss_mb() - baseline
+    report.rss_load_mb = meter.added_mb()
     session = OnnxSession(sess, spec, report)
     if spec.warmup:
         _warm_up(session, spec, report)
-    report.rss_first_run_mb = rss_mb() - baseline
+    report.rss_first_run_mb = meter.added_mb()
     return session
 
 
