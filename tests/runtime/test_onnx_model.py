@@ -238,3 +238,27 @@ def test_a_config_model_section_loads_as_configured(tmp_path: Path, yolo_path: P
     with edgeinfer.load_model(mc.path, **kwargs) as m:
         assert m.version == "2.0" and m.inputs[0].shape == (1, 3, 320, 320)
         assert m.report.warmed_up and m.report.fallbacks[0].provider == "CUDAExecutionProvider"
+
+
+def test_process_isolation_through_load_model(yolo_path: Path, image: np.ndarray) -> None:
+    import os
+    import signal
+
+    from edgeinfer.errors import WorkerCrashed
+
+    with edgeinfer.load_model(yolo_path, isolation="process", memory_limit_mb=256,
+                              input_shapes=YOLO_SHAPE, threads=1) as m:
+        assert m.report.isolation == "process" and m.report.warmed_up
+        assert m.provider == "CPUExecutionProvider" and m.quantization == "float"
+        assert process_budget().used_mb >= m.report.rss_first_run_mb > 5  # the worker's cost
+        out = m.run(image)["output0"]
+        np.testing.assert_allclose(out, raw_run(yolo_path, {"images": image})[0],
+                                   rtol=1e-4, atol=1e-3)
+        os.kill(m._session.pid, signal.SIGKILL)  # noqa: SLF001
+        with pytest.raises(WorkerCrashed, match="SIGKILL"):
+            m.run(image)
+        m.restart()
+        np.testing.assert_array_equal(m.run(image)["output0"], out)
+    with edgeinfer.load_model(yolo_path, input_shapes=YOLO_SHAPE) as in_process:
+        with pytest.raises(StateError, match="isolation='process'"):
+            in_process.restart()
