@@ -41,7 +41,7 @@ def write_section(doc: Path, key: str, title: str, body: str, command: str) -> N
     section = (f"{start}\n## {title}\n\nRegenerate: `{command}` (last run {stamp}).\n\n"
                f"{body}\n{end}")
     text = doc.read_text() if doc.exists() else _HEADER
-    pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.S)
+    pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.DOTALL)
     text = pattern.sub(lambda _: section, text) if pattern.search(text) else \
         text.rstrip("\n") + "\n\n" + section + "\n"
     doc.parent.mkdir(parents=True, exist_ok=True)

@@ -38,6 +38,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_MODEL_MB = 512.0
 ISOLATIONS = ("none", "process")
 ARENAS = ("bounded", "off", "default")
+# The arena that measured lowest in resident memory with no large slowdown (docs/benchmarks.md).
+DEFAULT_ARENA = "bounded"
 
 _load_lock = threading.Lock()  # loads are serialized so resident-memory deltas are this model's
 _ids = itertools.count(1)
@@ -186,7 +188,7 @@ def load_model(
     strict_providers: bool = False,
     probe: bool = False,
     input_shapes: Mapping[str, Iterable[int]] | None = None,
-    arena: str = "bounded",
+    arena: str = DEFAULT_ARENA,
     delegates: Iterable[DelegateSpec | Mapping[str, Any] | str] = (),
     warmup: bool = True,
     max_model_mb: float | None = None,

@@ -250,7 +250,7 @@ def _quantization_of(interp: Any, inputs: list[Any], outputs: list[Any]) -> str:
     try:
         # Op details are private API; without them the activation test uses the model's I/O only.
         ops = interp._get_ops_details()
-    except Exception:  # noqa: BLE001 - an optional refinement, never a reason to fail a load
+    except Exception:
         ops = None
     return tflite_quantization(interp.get_tensor_details(), inputs, outputs, ops)
 

@@ -118,14 +118,14 @@ def _serve(sock_fd: int) -> int:
     child = _Child(fds[0])
     try:
         conn.send(("ok", child.load(*conn.recv()[1:])))
-    except Exception as exc:  # noqa: BLE001 - every failure goes back to the parent
+    except Exception as exc:
         conn.send(_error_reply(exc))
         return 1
     try:
         while (msg := conn.recv())[0] == "run":
             try:
                 reply = child.run(*msg[1:])
-            except Exception as exc:  # noqa: BLE001 - the worker keeps serving
+            except Exception as exc:
                 reply = _error_reply(exc)
             conn.send(reply)
     except EOFError:  # the parent is gone

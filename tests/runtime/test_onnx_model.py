@@ -52,7 +52,7 @@ def test_yolo_matches_raw_onnxruntime(yolo_path: Path, image: np.ndarray) -> Non
 
 def test_threads_and_small_device_session_options(yolo_path: Path) -> None:
     with edgeinfer.load_model(yolo_path, threads=1, input_shapes=YOLO_SHAPE) as m:
-        so = m._session._sess.get_session_options()  # noqa: SLF001 (checking what was set)
+        so = m._session._sess.get_session_options()
         assert so.intra_op_num_threads == 1 and so.inter_op_num_threads == 1
         assert so.execution_mode == ort.ExecutionMode.ORT_SEQUENTIAL
         assert so.get_session_config_entry("session.intra_op.allow_spinning") == "0"
@@ -254,7 +254,7 @@ def test_process_isolation_through_load_model(yolo_path: Path, image: np.ndarray
         out = m.run(image)["output0"]
         np.testing.assert_allclose(out, raw_run(yolo_path, {"images": image})[0],
                                    rtol=1e-4, atol=1e-3)
-        os.kill(m._session.pid, signal.SIGKILL)  # noqa: SLF001
+        os.kill(m._session.pid, signal.SIGKILL)
         with pytest.raises(WorkerCrashed, match="SIGKILL"):
             m.run(image)
         m.restart()
