@@ -139,14 +139,14 @@ def _onnxruntime_facts(platform: Any) -> dict[str, Any]:
 
 
 def _litert_facts() -> dict[str, Any]:
-    from ..runtime import tflite
+    from ..runtime import delegates, tflite
 
     try:
         module, version = tflite.runtime_version()
     except Exception as exc:  # an ImportError or the backend's own BackendUnavailableError
         return {"installed": False, "error": str(exc)}
     return {"installed": True, "module": module, "version": version,
-            "delegates": [str(d.library) for d in tflite.find_delegates()]}
+            "delegates": [str(d.library) for d in delegates.find_delegates()]}
 
 
 def cmd_models(args: argparse.Namespace) -> int:

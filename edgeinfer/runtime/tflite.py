@@ -16,13 +16,10 @@ models and duplicate the native verifier); only a cheap header check for a clear
 
 from __future__ import annotations
 
-import ctypes.util
-import functools
 import logging
-import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -38,52 +35,15 @@ from ..errors import (
     StateError,
 )
 from . import memory
-from .base import DelegateSpec, Fallback, LoadReport, SessionSpec, TensorSpec, warmup_feeds
+from .base import Fallback, LoadReport, SessionSpec, TensorSpec, warmup_feeds
+from .delegates import check_plugin, delegate_name, find_delegates
 
 logger = logging.getLogger(__name__)
 
-# (file name, name for ctypes.util.find_library, short name, default options)
-KNOWN_DELEGATES: tuple[tuple[str, str, str, Mapping[str, str]], ...] = (
-    ("libedgetpu.so.1", "edgetpu", "edgetpu", {}),
-    ("libarmnnDelegate.so", "armnnDelegate", "armnn", {"backends": "CpuAcc,CpuRef"}),
-)
-LIBRARY_DIRS: tuple[str, ...] = (
-    "/usr/lib",
-    "/usr/lib/aarch64-linux-gnu",
-    "/usr/lib/arm-linux-gnueabihf",
-    "/usr/local/lib",
-)
 # The default op resolver applies XNNPACK; with BUILTIN_WITHOUT_DEFAULT_DELEGATES (never used here)
 # the plain kernels would run and the provider would be "litert-cpu".
 CPU_PROVIDER = "xnnpack"
 _QUANTIZED_KINDS = ("int8", "uint8")
-
-
-def discover_delegates(
-    dirs: Iterable[str] = LIBRARY_DIRS,
-    find_library: Callable[[str], str | None] = ctypes.util.find_library,
-) -> tuple[DelegateSpec, ...]:
-    """The well-known delegate libraries (``KNOWN_DELEGATES``) on this device, best first.
-
-    Args:
-        dirs: folders to look in, in order, before asking ``find_library``.
-        find_library: ``ctypes.util.find_library`` or a stand-in for tests.
-    """
-    dirs = tuple(dirs)
-    found: list[DelegateSpec] = []
-    for filename, libname, _, options in KNOWN_DELEGATES:
-        path = next((p for d in dirs if os.path.isfile(p := os.path.join(d, filename))), None)
-        path = path or find_library(libname)
-        if path:
-            found.append(DelegateSpec(path, dict(options)))
-    return tuple(found)
-
-
-@functools.cache
-def find_delegates() -> tuple[DelegateSpec, ...]:
-    """:func:`discover_delegates` with the defaults, looked up once per process."""
-    # find_library runs ldconfig; the libraries do not come and go while we run.
-    return discover_delegates()
 
 
 def runtime_version() -> tuple[str, str]:
@@ -94,18 +54,6 @@ def runtime_version() -> tuple[str, str]:
     """
     _, package = _import_interpreter()
     return package, str(getattr(sys.modules.get(package), "__version__", "unknown"))
-
-
-def delegate_name(library: str) -> str:
-    """Short provider name of a delegate library: ``/usr/lib/libedgetpu.so.1`` -> ``edgetpu``."""
-    base = os.path.basename(library)
-    for filename, _, short, _ in KNOWN_DELEGATES:
-        if base == filename or base.startswith(filename.split(".so")[0] + ".so"):
-            return short
-    base = base.split(".so")[0].removeprefix("lib")
-    for suffix in ("_delegate", "Delegate", "delegate"):
-        base = base.removesuffix(suffix)
-    return base.lower() or library
 
 
 def tflite_quantization(
@@ -337,15 +285,6 @@ def _fallback(report: LoadReport, spec: SessionSpec, library: str, exc: Exceptio
     )
 
 
-def _check_plugin(library: str) -> None:
-    # LiteRT's Delegate.__del__ raises (printed as "Exception ignored") when the library does not
-    # load or lacks the plugin entry points, so those cases are caught here first.
-    lib = ctypes.CDLL(library)
-    for symbol in ("tflite_plugin_create_delegate", "tflite_plugin_destroy_delegate"):
-        if not hasattr(lib, symbol):
-            raise OSError(f"{library} is not a TFLite external delegate (no {symbol})")
-
-
 def _open_interpreter(mod: Any, spec: SessionSpec, threads: int, report: LoadReport) -> Any:
     if spec.delegates:
         candidates = spec.delegates
@@ -356,7 +295,7 @@ def _open_interpreter(mod: Any, spec: SessionSpec, threads: int, report: LoadRep
     report.requested = (*(delegate_name(d.library) for d in candidates), CPU_PROVIDER)
     for d in candidates:
         try:
-            _check_plugin(d.library)
+            check_plugin(d.library)
             delegate = mod.load_delegate(d.library, dict(d.options) or None)
         except (ValueError, RuntimeError, OSError, AttributeError) as exc:
             _fallback(report, spec, d.library, exc)

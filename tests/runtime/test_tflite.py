@@ -30,10 +30,9 @@ from edgeinfer.errors import (
 )
 from edgeinfer.runtime import open_session as open_any
 from edgeinfer.runtime.base import DelegateSpec, SessionSpec, check_feeds
+from edgeinfer.runtime.delegates import delegate_name, discover_delegates
 from edgeinfer.runtime.tflite import (
     TFLiteSession,
-    delegate_name,
-    discover_delegates,
     open_session,
     runtime_version,
     tflite_quantization,
