@@ -191,6 +191,7 @@ def load_model(
     arena: str = DEFAULT_ARENA,
     delegates: Iterable[DelegateSpec | Mapping[str, Any] | str] = (),
     warmup: bool = True,
+    warmup_inputs: Mapping[str, Any] | None = None,
     max_model_mb: float | None = None,
     name: str | None = None,
     version: str | None = None,
@@ -214,6 +215,8 @@ def load_model(
         arena: ``"bounded"``, ``"off"`` or ``"default"`` (ONNX only).
         delegates: TFLite external delegates: library paths or ``{library, options}``.
         warmup: run one inference before returning.
+        warmup_inputs: values for the warm-up by input name (scalars broadcast), for models
+            where zeros are not valid input (e.g. ``{"sr": 16000}``); other inputs get zeros.
         max_model_mb: refuse larger files (default 512).
         name, version: identity reported in results (default name: the file's stem).
         state_dir, cache_dir: override the state and cache directories.
@@ -253,7 +256,9 @@ def load_model(
         state_dir=Path(state_dir) if state_dir else paths.state_dir(),
         delegates=tuple(_delegate(d) for d in delegates),
         warmup=warmup,
+        warmup_inputs=dict(warmup_inputs or {}),
         graph_inputs=dict(info.onnx.inputs) if info.onnx is not None else {},
+        external_data=bool(info.onnx is not None and info.onnx.external_data),
     )
     with _load_lock:
         session = _open(spec, isolation, memory_limit_mb)

@@ -115,6 +115,8 @@ class ModelConfig(_Struct):
         arena: Memory arena policy of the runtime.
         delegates: TFLite delegates, tried in order.
         warmup: Run one inference before the model counts as ready.
+        warmup_inputs: Values for the warm-up by input name (scalars broadcast), where zeros
+            are not valid input for the model, e.g. ``{sr: 16000}``.
         max_model_mb: Overrides ``runtime.max_model_mb`` for this model.
     """
 
@@ -131,6 +133,7 @@ class ModelConfig(_Struct):
     arena: Literal["bounded", "off", "default"] = "bounded"
     delegates: list[DelegateConfig] = []
     warmup: bool = True
+    warmup_inputs: dict[str, Any] = {}
     max_model_mb: PositiveMB | None = None
 
     def load_kwargs(self, *, default_max_model_mb: float | None = None) -> dict[str, Any]:
@@ -162,6 +165,7 @@ class ModelConfig(_Struct):
                 {"library": d.library, "options": dict(d.options)} for d in self.delegates
             ],
             "warmup": self.warmup,
+            "warmup_inputs": dict(self.warmup_inputs) or None,
             "max_model_mb": max_mb,
             "name": self.name,
             "version": self.version,

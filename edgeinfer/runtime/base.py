@@ -71,6 +71,10 @@ class SessionSpec:
         warmup: run one inference before the session is handed out.
         graph_inputs: input name -> dims as the model file declares them (symbolic names kept),
             from the file inspection; lets a backend fix named dynamic dimensions.
+        external_data: the ONNX model keeps weights in files beside it (not cached: the
+            optimized copy would duplicate them on the device's storage).
+        warmup_inputs: values for the warm-up run by input name (scalars are broadcast);
+            inputs not named get zeros. For models where zeros are not a valid input.
     """
 
     path: Path
@@ -89,6 +93,8 @@ class SessionSpec:
     dequantize_outputs: bool = True
     warmup: bool = True
     graph_inputs: Mapping[str, tuple[Dim, ...]] = field(default_factory=dict)
+    external_data: bool = False
+    warmup_inputs: Mapping[str, Any] = field(default_factory=dict)
 
     def replace(self, **changes: Any) -> SessionSpec:
         return dataclasses.replace(self, **changes)
@@ -231,12 +237,16 @@ def format_shape(shape: tuple[Dim, ...]) -> str:
 
 
 def warmup_feeds(
-    specs: tuple[TensorSpec, ...], fixed: Mapping[str, tuple[int, ...]]
+    specs: tuple[TensorSpec, ...],
+    fixed: Mapping[str, tuple[int, ...]],
+    values: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, np.ndarray], bool]:
-    """Zero inputs for a warm-up run, and whether any dynamic dimension had to be guessed.
+    """Inputs for a warm-up run, and whether any dynamic dimension had to be guessed.
 
-    A dynamic dimension is taken from ``fixed`` when given; otherwise it is guessed as 1.
+    A dynamic dimension is taken from ``fixed`` when given, else guessed as 1. An input named
+    in ``values`` takes that value (a scalar is broadcast to the shape); the others are zeros.
     """
+    values = values or {}
     feeds: dict[str, np.ndarray] = {}
     guessed = False
     for spec in specs:
@@ -250,5 +260,10 @@ def warmup_feeds(
                     dims.append(1)
                     guessed = True
             shape = tuple(dims)
-        feeds[spec.name] = np.zeros(shape, dtype=spec.dtype)
+        if spec.name in values:
+            given = np.asarray(values[spec.name], dtype=spec.dtype)
+            feeds[spec.name] = given if given.shape == tuple(shape) else np.broadcast_to(
+                given, shape).copy()
+        else:
+            feeds[spec.name] = np.zeros(shape, dtype=spec.dtype)
     return feeds, guessed

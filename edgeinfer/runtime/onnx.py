@@ -155,13 +155,16 @@ def _fallback_message(fallbacks: list[Fallback]) -> str:
 
 
 def _warm_up(session: OnnxSession, spec: SessionSpec, report: LoadReport) -> None:
-    feeds, guessed = warmup_feeds(session.inputs, spec.input_shapes)
+    feeds, guessed = warmup_feeds(session.inputs, spec.input_shapes, spec.warmup_inputs)
     t = time.perf_counter()
     try:
         session.run(feeds)
     except InferenceError as exc:
         if not guessed:
-            raise ModelLoadError(f"{spec.path.name}: warm-up run failed: {exc}") from exc
+            raise ModelLoadError(
+                f"{spec.path.name}: warm-up run failed: {exc} (if zeros are not a valid input "
+                "for this model, give warmup_inputs, e.g. {'sr': 16000})"
+            ) from exc
         report.warmup_note = (
             f"warm-up skipped: dynamic input shapes were guessed and the model refused them "
             f"({exc}); pass input_shapes to warm it up"
@@ -278,7 +281,7 @@ def _apply_shape_overrides(so: Any, spec: SessionSpec) -> None:
 
 
 def _cache_path(ort: Any, spec: SessionSpec, provider: str) -> Path | None:
-    if spec.cache_dir is None or provider not in _CACHEABLE:
+    if spec.cache_dir is None or provider not in _CACHEABLE or spec.external_data:
         return None
     shapes = ";".join(f"{k}={list(v)}" for k, v in sorted(spec.input_shapes.items()))
     key = "|".join([spec.sha256, ort.__version__, provider, os.uname().machine, "extended", shapes])

@@ -346,7 +346,7 @@ def open_session(spec: SessionSpec) -> TFLiteSession:
 
 
 def _warm_up(session: TFLiteSession, spec: SessionSpec) -> None:
-    feeds, guessed = warmup_feeds(session.inputs, spec.input_shapes)
+    feeds, guessed = warmup_feeds(session.inputs, spec.input_shapes, spec.warmup_inputs)
     start = time.perf_counter()
     try:
         session.run(feeds)

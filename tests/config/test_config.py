@@ -138,6 +138,7 @@ def test_full_config_round_trips_into_typed_structs(tmp_path: Path) -> None:
         "arena": "off",
         "delegates": [{"library": "libedgetpu.so.1", "options": {"device": "usb"}}],
         "warmup": False,
+        "warmup_inputs": None,
         "max_model_mb": 32.0,
         "name": "det",
         "version": "2.1",

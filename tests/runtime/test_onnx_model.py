@@ -262,3 +262,31 @@ def test_process_isolation_through_load_model(yolo_path: Path, image: np.ndarray
     with edgeinfer.load_model(yolo_path, input_shapes=YOLO_SHAPE) as in_process:
         with pytest.raises(StateError, match="isolation='process'"):
             in_process.restart()
+
+
+def test_external_data_model_loads_and_is_not_cached(tmp_path: Path) -> None:
+    path = om.external_data_model(tmp_path / "ext.onnx", k=64, n=64)
+    x = np.random.default_rng(5).uniform(-1, 1, (1, 64)).astype(np.float32)
+    for _ in range(2):  # an optimized copy would duplicate the weights on the device's storage
+        with edgeinfer.load_model(path, cache_dir=tmp_path / "c") as m:
+            assert m.report.cache == "off"
+            np.testing.assert_allclose(m.run(x)["y"], x @ om.matmul_weights(64, 64), atol=1e-5)
+
+
+def test_silero_vad_stateful_model_matches_raw(silero_path: Path) -> None:
+    rng = np.random.default_rng(6)
+    state = np.zeros((2, 1, 128), np.float32)
+    raw_state = state
+    sr = np.array(16000, np.int64)
+    shapes = {"input": (1, 512), "state": (2, 1, 128)}
+    with pytest.raises(ModelLoadError, match="give warmup_inputs"):
+        edgeinfer.load_model(silero_path, input_shapes=shapes)  # sr=0 is no valid rate
+    with edgeinfer.load_model(silero_path, input_shapes=shapes, warmup_inputs={"sr": 16000}) as m:
+        assert m.report.warmed_up
+        for _ in range(3):  # state carried between windows, as the VAD task will
+            audio = rng.uniform(-0.5, 0.5, (1, 512)).astype(np.float32)
+            out = m.run({"input": audio, "state": state, "sr": sr})
+            ref = raw_run(silero_path, {"input": audio, "state": raw_state, "sr": sr})
+            np.testing.assert_allclose(out["output"], ref[0], atol=1e-5)
+            np.testing.assert_allclose(out["stateN"], ref[1], atol=1e-5)
+            state, raw_state = out["stateN"], ref[1]
