@@ -48,3 +48,18 @@ def blazeface_path() -> Path:
 @pytest.fixture(scope="session")
 def silero_path() -> Path:
     return _example("silero-vad")
+
+
+@pytest.fixture(scope="session")
+def mqtt_broker():  # type: ignore[no-untyped-def]
+    """(host, port) of a real mosquitto on loopback: ``EDGEINFER_TEST_BROKER`` when set (the
+    arm64 emulation run points it at a broker on the host), else one started for the session."""
+    given = os.environ.get("EDGEINFER_TEST_BROKER")
+    if given:
+        host, _, port = given.rpartition(":")
+        yield host, int(port)
+        return
+    from edgeinfer.testing.mosquitto import Mosquitto
+
+    with Mosquitto() as broker:
+        yield broker.host, broker.port

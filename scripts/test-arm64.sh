@@ -1,0 +1,416 @@
+#!/usr/bin/env bash
+# Run the arm64-marked tests inside an arm64 Debian bookworm root filesystem under qemu
+# user-mode emulation: an x86_64 host standing in for a Raspberry Pi 4 (or 5).
+#
+#   scripts/test-arm64.sh                   # build the root filesystem once, then run the subset
+#   scripts/test-arm64.sh -k tflite -x      # further arguments go to pytest
+#   scripts/test-arm64.sh --cpu cortex-a76  # a Raspberry Pi 5 instead of a Pi 4
+#   scripts/test-arm64.sh --shell           # a shell inside instead of the tests (debugging)
+#   scripts/test-arm64.sh --rebuild         # throw the cached root filesystem away first
+#
+# Environment:
+#   EDGEINFER_ARM64_ROOT    where the root filesystem is cached
+#                           (default ${XDG_CACHE_HOME:-$HOME/.cache}/edgeinfer/arm64-rootfs)
+#   EDGEINFER_ARM64_CPU     qemu CPU: cortex-a72 (Pi 4, default) or cortex-a76 (Pi 5)
+#   EDGEINFER_ARM64_MIRROR  Debian mirror (default: the one this host's apt uses)
+#
+# Needs root (apt-get, debootstrap, a private mount namespace, chroot). Everything mounted for
+# the run lives in that namespace and disappears with it. Exits with pytest's exit code.
+set -euo pipefail
+
+SUITE=bookworm
+INCLUDE=python3,python3-venv,python3-pip,ca-certificates
+# Bump the number to rebuild every cached root filesystem when the recipe below changes.
+ROOTFS_ID="2 $SUITE $INCLUDE"
+VENV=/opt/venv
+SELF=$(readlink -f "${BASH_SOURCE[0]}")
+SRC=$(cd "$(dirname "$SELF")/.." && pwd)
+
+log() { printf '== arm64: %s\n' "$*"; }
+die() { printf 'test-arm64.sh: %s\n' "$*" >&2; exit 1; }
+
+usage() { sed -n '2,/^set -euo/{/^#/s/^# \{0,1\}//p}' "$SELF"; }
+
+# --- host side ---------------------------------------------------------------------------------
+
+ensure_host_tools() {
+    local need=()
+    if [[ $(uname -m) != aarch64 ]]; then
+        command -v qemu-aarch64-static >/dev/null || need+=(qemu-user-static)
+        command -v update-binfmts >/dev/null || need+=(binfmt-support)
+    fi
+    command -v debootstrap >/dev/null || need+=(debootstrap)
+    [[ -e /usr/share/keyrings/debian-archive-keyring.gpg ]] || need+=(debian-archive-keyring)
+    ((${#need[@]})) || return 0
+    command -v apt-get >/dev/null || die "please install: ${need[*]}"
+    log "installing host packages: ${need[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" \
+        >/dev/null
+}
+
+ensure_binfmt() {
+    local entry=/proc/sys/fs/binfmt_misc/qemu-aarch64
+    [[ -e /proc/sys/fs/binfmt_misc/status ]] ||
+        mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc 2>/dev/null || true
+    if ! grep -qx enabled "$entry" 2>/dev/null; then
+        # The package's start script registers nothing without systemd.
+        log "registering qemu-aarch64 with binfmt_misc"
+        update-binfmts --enable qemu-aarch64
+    fi
+    grep -qx enabled "$entry" 2>/dev/null || die "binfmt_misc has no enabled qemu-aarch64 handler"
+}
+
+# The first mirror this host's apt uses for the bare suite (deb822 .sources, then .list files).
+detect_mirror() {
+    if [[ -n ${EDGEINFER_ARM64_MIRROR:-} ]]; then echo "$EDGEINFER_ARM64_MIRROR"; return; fi
+    local f uri
+    for f in /etc/apt/sources.list.d/*.sources; do
+        [[ -r $f ]] || continue
+        uri=$(awk -v suite="$SUITE" '
+            function flush() {
+                if (!found && ok && !off && uris != "" && types ~ /(^|[ \t])deb([ \t]|$)/) {
+                    split(uris, u, /[ \t]+/); print u[1]; found = 1
+                }
+                ok = 0; off = 0; uris = ""; types = ""
+            }
+            /^[ \t]*#/ { next }
+            /^[ \t]*$/ { flush(); next }
+            { key = tolower($1); val = $0; sub(/^[^:]*:[ \t]*/, "", val) }
+            key == "types:" { types = val }
+            key == "uris:" { uris = val }
+            key == "enabled:" && tolower(val) == "no" { off = 1 }
+            key == "suites:" { for (i = 2; i <= NF; i++) if ($i == suite) ok = 1 }
+            END { flush() }' "$f")
+        if [[ -n $uri ]]; then echo "$uri"; return; fi
+    done
+    for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+        [[ -r $f ]] || continue
+        uri=$(awk -v suite="$SUITE" '
+            $1 == "deb" {
+                i = 2
+                if ($i ~ /^\[/) { while (i < NF && $i !~ /\]$/) i++; i++ }
+                if ($(i + 1) == suite) { print $i; exit }
+            }' "$f")
+        if [[ -n $uri ]]; then echo "$uri"; return; fi
+    done
+    echo http://deb.debian.org/debian
+}
+
+# Refuse to delete anything that is not one of our root filesystems.
+remove_root() {
+    local dir=$1
+    [[ -e $dir ]] || return 0
+    [[ -f $dir/.edgeinfer-rootfs || -f $dir/.edgeinfer-partial || -z $(ls -A "$dir") ]] ||
+        die "$dir exists and is not an edgeinfer root filesystem; refusing to delete it"
+    rm -rf --one-file-system "$dir"
+}
+
+build_rootfs() {
+    if [[ -f $ROOT/.edgeinfer-rootfs && $(<"$ROOT/.edgeinfer-rootfs") == "$ROOTFS_ID" ]]; then
+        log "reusing the root filesystem in $ROOT"
+        return
+    fi
+    local tmp=$ROOT.partial t0=$SECONDS mirror deb
+    mirror=$(detect_mirror)
+    log "building an arm64 $SUITE root filesystem in $ROOT (mirror $mirror)"
+    remove_root "$ROOT"
+    remove_root "$tmp"
+    mkdir -p "$tmp"
+    touch "$tmp/.edgeinfer-partial"
+    if ! debootstrap --arch=arm64 --foreign --variant=minbase --include="$INCLUDE" \
+        "$SUITE" "$tmp" "$mirror" >"$tmp.log" 2>&1; then
+        tail -n 25 "$tmp.log" >&2
+        die "debootstrap failed (full log: $tmp.log)"
+    fi
+    rm -f "$tmp.log"
+    # Unpack natively instead of running the emulated second stage (3 s instead of 200 s).
+    # No maintainer scripts run: what they would have made is made here by hand.
+    for deb in "$tmp"/var/cache/apt/archives/*.deb; do dpkg -x "$deb" "$tmp"; done
+    cp "$tmp/usr/share/base-passwd/passwd.master" "$tmp/etc/passwd"
+    cp "$tmp/usr/share/base-passwd/group.master" "$tmp/etc/group"
+    rm -rf "$tmp/debootstrap" "$tmp"/var/cache/apt/archives/*.deb
+    mkdir -p "$tmp/src" "$tmp/tmp" "$tmp/root" "$tmp/etc/ssl/certs"
+    touch "$tmp/etc/resolv.conf" "$tmp/etc/hosts"
+    # A handler registered without the F flag is looked up inside the chroot: put it there.
+    local entry=/proc/sys/fs/binfmt_misc/qemu-aarch64 interp
+    interp=$(sed -n 's/^interpreter //p' "$entry" 2>/dev/null || true)
+    if [[ -n $interp ]] && ! grep -q '^flags:.*F' "$entry"; then
+        mkdir -p "$tmp$(dirname "$interp")"
+        cp -L "$interp" "$tmp$interp"
+    fi
+    chroot "$tmp" /sbin/ldconfig
+    echo "$ROOTFS_ID" >"$tmp/.edgeinfer-rootfs"
+    rm "$tmp/.edgeinfer-partial"
+    mv "$tmp" "$ROOT"
+    log "root filesystem ready in $((SECONDS - t0)) s"
+}
+
+# A hash of what the venv is built from: pyproject's dependencies and this script's recipe.
+deps_hash() {
+    local py=${PYTHON:-python3}
+    {
+        echo "venv-recipe 1"
+        "$py" - "$SRC/pyproject.toml" <<'EOF' 2>/dev/null || cat "$SRC/pyproject.toml"
+import json, sys, tomllib
+with open(sys.argv[1], "rb") as f:
+    doc = tomllib.load(f)
+project = doc.get("project", {})
+print(json.dumps({
+    "build": doc.get("build-system", {}).get("requires", []),
+    "python": project.get("requires-python"),
+    "dependencies": project.get("dependencies", []),
+    "dev": project.get("optional-dependencies", {}).get("dev", []),
+}, sort_keys=True))
+EOF
+    } | sha256sum | cut -c1-16
+}
+
+ca_bundle() {
+    local f
+    for f in "${PIP_CERT:-}" "${SSL_CERT_FILE:-}" "${REQUESTS_CA_BUNDLE:-}" \
+        /etc/ssl/certs/ca-certificates.crt /etc/pki/tls/certs/ca-bundle.crt /etc/ssl/cert.pem; do
+        if [[ -n $f && -f $f ]]; then echo "$f"; return; fi
+    done
+}
+
+# The host's pip configuration files, copied where pip inside looks for them (same precedence).
+copy_pip_config() {
+    local user_conf=${XDG_CONFIG_HOME:-$HOME/.config}/pip/pip.conf f
+    rm -f "$ROOT/etc/pip.conf" "$ROOT/etc/xdg/pip/pip.conf" "$ROOT/root/.config/pip/pip.conf" \
+        "$ROOT/root/.pip/pip.conf" "$ROOT/etc/edgeinfer-pip-config-file.conf"
+    for f in /etc/pip.conf /etc/xdg/pip/pip.conf; do
+        if [[ -f $f ]]; then install -D -m 644 "$f" "$ROOT$f"; fi
+    done
+    if [[ -f $user_conf ]]; then
+        install -D -m 644 "$user_conf" "$ROOT/root/.config/pip/pip.conf"
+    fi
+    if [[ -f $HOME/.pip/pip.conf ]]; then
+        install -D -m 644 "$HOME/.pip/pip.conf" "$ROOT/root/.pip/pip.conf"
+    fi
+    if [[ -n ${PIP_CONFIG_FILE:-} && -f $PIP_CONFIG_FILE ]]; then
+        install -D -m 644 "$PIP_CONFIG_FILE" "$ROOT/etc/edgeinfer-pip-config-file.conf"
+    fi
+}
+
+# Local folders the host's pip reads packages from (find-links, file:// indexes): these are
+# bind-mounted read-only at the same paths inside so pip there sees the same index. A local
+# PEP 503 index links to files beside it (ROOT/simple -> ../../files), so its parent is shared.
+pip_local_paths() {
+    local py=${PYTHON:-python3} conf
+    conf=$("$py" -m pip config list 2>/dev/null) || return 0
+    local_paths() {
+        sed -n "s/^[^=]*\.$1='\(.*\)'$/\1/p" <<<"$conf" | tr -s ' \t' '\n' |
+            sed -n 's,^file://,,p; \,^/,p'
+    }
+    {
+        local_paths find-links
+        local_paths '[a-z-]*index-url' | while IFS= read -r p; do
+            dirname "${p%/}"
+        done
+    } | sort -u
+}
+
+snapshot_source() {
+    local dest=$1
+    mkdir -p "$dest"
+    if git -C "$SRC" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+        # Tracked and untracked-but-not-ignored files: what a commit of this tree would hold.
+        git -C "$SRC" ls-files -z --cached --others --exclude-standard |
+            tar -C "$SRC" --null -T - --ignore-failed-read -cf - 2>/dev/null |
+            tar -C "$dest" -xf -
+    else
+        tar -C "$SRC" --exclude-vcs --exclude=__pycache__ --exclude='*.egg-info' \
+            --exclude=./build --exclude=./dist --exclude=./.venv --exclude='./.*_cache' -cf - . |
+            tar -C "$dest" -xf -
+    fi
+}
+
+cpuinfo() {
+    local features variant part revision board hardware="" i
+    case $1 in
+        cortex-a72)
+            features="fp asimd evtstrm crc32 cpuid" variant=0x0 part="0xd08 3"
+            revision=c03114 board="Raspberry Pi 4 Model B Rev 1.4"
+            hardware=$'Hardware\t: BCM2835\n' ;;
+        cortex-a76)
+            features="fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid"
+            features+=" asimdrdm lrcpc dcpop asimddp" variant=0x4 part="0xd0b 1"
+            revision=d04170 board="Raspberry Pi 5 Model B Rev 1.0" ;;
+    esac
+    for i in 0 1 2 3; do
+        printf 'processor\t: %d\nBogoMIPS\t: 108.00\nFeatures\t: %s\nCPU implementer\t: 0x41\n' \
+            "$i" "$features"
+        printf 'CPU architecture: 8\nCPU variant\t: %s\nCPU part\t: %s\nCPU revision\t: %s\n\n' \
+            "$variant" "${part% *}" "${part#* }"
+    done
+    printf '%sRevision\t: %s\nSerial\t\t: 10000000a1b2c3d4\nModel\t\t: %s\n' \
+        "$hardware" "$revision" "$board"
+}
+
+# --- inside the private mount namespace (still host code, before the chroot) ------------------
+
+bind_ro() {  # bind_ro HOSTPATH TARGET
+    if [[ -d $1 ]]; then mkdir -p "$2"; else mkdir -p "$(dirname "$2")"; touch "$2"; fi
+    mount --bind "$1" "$2"
+    mount -o remount,bind,ro "$2"
+}
+
+in_namespace() {
+    local p bundle
+    mount --rbind /proc "$ROOT/proc"
+    mount --rbind /sys "$ROOT/sys"
+    mount --rbind /dev "$ROOT/dev"
+    mount -t tmpfs -o mode=1777 tmpfs "$ROOT/tmp"
+    mkdir -p "$ROOT/tmp/.edgeinfer"
+    if [[ $(uname -m) != aarch64 ]]; then
+        # Debian's qemu shows the host's x86 /proc/cpuinfo, and onnxruntime's CPU detection
+        # then crashes at import: show the board's instead.
+        cpuinfo "$CPU" >"$ROOT/tmp/.edgeinfer/cpuinfo"
+        mount --bind "$ROOT/tmp/.edgeinfer/cpuinfo" "$ROOT/proc/cpuinfo"
+    fi
+    bind_ro "$SRC" "$ROOT/src"
+    while IFS= read -r p; do
+        if [[ -e $p ]]; then bind_ro "$p" "$ROOT$p"; fi
+    done < <(printf '%s\n' /etc/resolv.conf /etc/hosts; pip_local_paths)
+    bundle=$(ca_bundle)
+    if [[ -n $bundle ]]; then cp -L "$bundle" "$ROOT/etc/ssl/certs/ca-certificates.crt"; fi
+    copy_pip_config
+    # Build artefacts (build/, *.egg-info) land in this copy, never in the host tree.
+    snapshot_source "$ROOT/tmp/src"
+
+    local env=(
+        "PATH=$VENV/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        HOME=/root LANG=C.UTF-8 TERM="${TERM:-dumb}" PYTHONUNBUFFERED=1
+        QEMU_CPU="$CPU" EDGEINFER_EXPECT_ARCH=aarch64
+        PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
+        PIP_CERT=/etc/ssl/certs/ca-certificates.crt
+        SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
+        REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt
+    )
+    if [[ -f $ROOT/etc/edgeinfer-pip-config-file.conf ]]; then
+        env+=(PIP_CONFIG_FILE=/etc/edgeinfer-pip-config-file.conf)
+    fi
+    local v
+    for v in $(compgen -e); do
+        case $v in
+            PIP_CERT | PIP_CONFIG_FILE | PIP_DISABLE_PIP_VERSION_CHECK | PIP_NO_INPUT) ;;
+            PIP_* | CI | EDGEINFER_TEST_BROKER | http_proxy | https_proxy | no_proxy | HTTP_PROXY | \
+                HTTPS_PROXY | NO_PROXY)
+                env+=("$v=${!v}") ;;
+        esac
+    done
+    chroot "$ROOT" /usr/bin/env -i "${env[@]}" /bin/bash -c "$INSIDE" inside \
+        "$DEPS" "$SHELL_MODE" "$@"
+}
+
+# A real mosquitto on the host's loopback for the MQTT test inside (the chroot shares the
+# network); its address reaches the tests as EDGEINFER_TEST_BROKER. Stopped when we exit.
+start_broker() {
+    local bin dir port
+    bin=$(command -v mosquitto || echo /usr/sbin/mosquitto)
+    [[ -x $bin ]] || die "mosquitto is not installed (apt-get install -y mosquitto)"
+    dir=$(mktemp -d /tmp/edgeinfer-arm64-broker.XXXXXX)
+    port=$(( 20000 + RANDOM % 20000 ))
+    printf 'listener %s 127.0.0.1\nallow_anonymous true\n' "$port" >"$dir/mosquitto.conf"
+    "$bin" -c "$dir/mosquitto.conf" >"$dir/log" 2>&1 &
+    BROKER_PID=$!
+    trap 'kill "$BROKER_PID" 2>/dev/null; rm -rf "'"$dir"'"' EXIT
+    local i
+    for i in $(seq 1 100); do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+            export EDGEINFER_TEST_BROKER=127.0.0.1:$port
+            log "mosquitto for the MQTT test on 127.0.0.1:$port"
+            return
+        fi
+        kill -0 "$BROKER_PID" 2>/dev/null || die "mosquitto did not start: $(cat "$dir/log")"
+        sleep 0.1
+    done
+    die "mosquitto did not listen on 127.0.0.1:$port"
+}
+
+# --- inside the chroot (arm64, emulated) -------------------------------------------------------
+
+# shellcheck disable=SC2016  # expanded inside the chroot
+INSIDE='
+set -euo pipefail
+log() { printf "== arm64: %s\n" "$*"; }
+deps=$1 shell_mode=$2; shift 2
+# pip, without its note for every project that a configured local index does not hold.
+pipq() {
+    { pip -q --no-cache-dir "$@" 2>&1 1>&3 3>&- |
+        { grep -v "is ignored: it is neither a file nor a directory" >&2 || true; }; } 3>&1
+}
+stamp=/opt/venv/.edgeinfer-deps
+t0=$SECONDS
+if [[ ! -f $stamp || $(<"$stamp") != "$deps" ]]; then
+    log "creating /opt/venv and installing edgeinfer[dev] with its dependencies (a few minutes)"
+    rm -rf /opt/venv
+    python3 -m venv /opt/venv
+    pipq install --upgrade setuptools wheel
+    pipq install "/tmp/src[dev]"
+    echo "$deps" >"$stamp"
+    log "venv ready in $((SECONDS - t0)) s"
+else
+    log "reusing /opt/venv; installing edgeinfer from this tree (no dependencies)"
+    pipq install --no-deps --no-index --no-build-isolation --force-reinstall /tmp/src
+    log "installed in $((SECONDS - t0)) s"
+fi
+cd /tmp/src
+if ((shell_mode)); then
+    log "shell inside: machine $(uname -m), QEMU_CPU=$QEMU_CPU; /tmp/src is a copy of the tree,"
+    log "/src the live tree (read-only); run: python -m pytest -m arm64 -p no:cacheprovider"
+    exec bash -i
+fi
+log "python -m pytest -m arm64 -q -p no:cacheprovider $*"
+exec python -m pytest -m arm64 -q -p no:cacheprovider "$@"
+'
+
+# --- main --------------------------------------------------------------------------------------
+
+if [[ ${_EDGEINFER_ARM64_NS:-} == 1 ]]; then
+    in_namespace "$@"
+    exit
+fi
+
+ROOT=${EDGEINFER_ARM64_ROOT:-${XDG_CACHE_HOME:-$HOME/.cache}/edgeinfer/arm64-rootfs}
+CPU=${EDGEINFER_ARM64_CPU:-cortex-a72}
+SHELL_MODE=0
+REBUILD=0
+PYTEST_ARGS=()
+while (($#)); do
+    case $1 in
+        --shell) SHELL_MODE=1 ;;
+        --rebuild) REBUILD=1 ;;
+        --cpu) CPU=${2:?--cpu needs a value}; shift ;;
+        --cpu=*) CPU=${1#*=} ;;
+        -h | --help) usage; exit 0 ;;
+        --) shift; PYTEST_ARGS+=("$@"); break ;;
+        *) PYTEST_ARGS+=("$1") ;;
+    esac
+    shift
+done
+case $CPU in
+    cortex-a72 | cortex-a76) ;;
+    *) die "--cpu: expected cortex-a72 (Raspberry Pi 4) or cortex-a76 (Raspberry Pi 5), got $CPU" ;;
+esac
+[[ $(id -u) == 0 ]] || die "needs root (debootstrap, mount namespace, chroot); try sudo"
+[[ $ROOT == /* && $ROOT != / ]] || die "EDGEINFER_ARM64_ROOT must be an absolute path, not /"
+
+START=$SECONDS
+mkdir -p "$(dirname "$ROOT")"
+exec 9>"$ROOT.lock"
+flock -n 9 || { log "waiting for another test-arm64.sh using $ROOT"; flock 9; }
+
+ensure_host_tools
+if [[ $(uname -m) != aarch64 ]]; then ensure_binfmt; fi
+if ((REBUILD)); then log "removing $ROOT"; remove_root "$ROOT"; fi
+build_rootfs
+DEPS=$(deps_hash)
+start_broker
+log "running under qemu as $CPU (source $SRC)"
+rc=0
+_EDGEINFER_ARM64_NS=1 ROOT=$ROOT CPU=$CPU DEPS=$DEPS SHELL_MODE=$SHELL_MODE \
+    unshare --mount --propagation private -- "$SELF" "${PYTEST_ARGS[@]}" || rc=$?
+log "done in $((SECONDS - START)) s, exit code $rc"
+exit "$rc"
