@@ -8,6 +8,8 @@ public face over any of them; it never knows which backend it holds.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +17,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..errors import InvalidInputError
+from ..errors import InferenceError, InvalidInputError, ModelLoadError
+
+logger = logging.getLogger(__name__)
 
 Dim = int | str | None
 """A tensor dimension: an int when fixed, a symbolic name or None when dynamic."""
@@ -267,3 +271,32 @@ def warmup_feeds(
         else:
             feeds[spec.name] = np.zeros(shape, dtype=spec.dtype)
     return feeds, guessed
+
+
+def warm_up(session: Session, spec: SessionSpec) -> None:
+    """One inference before the session is handed out; the outcome goes into its report.
+
+    If the run fails on dynamic dimensions that had to be guessed, the warm-up is skipped with a
+    warning and a note (the caller should pass ``input_shapes``). If it fails on declared shapes
+    the session is closed and ``ModelLoadError`` raised.
+    """
+    feeds, guessed = warmup_feeds(session.inputs, spec.input_shapes, spec.warmup_inputs)
+    report = session.report
+    start = time.perf_counter()
+    try:
+        session.run(feeds)
+    except InferenceError as exc:
+        if not guessed:
+            session.close()
+            raise ModelLoadError(
+                f"{spec.path.name}: warm-up run failed: {exc} (if zeros are not a valid input "
+                "for this model, give warmup_inputs, e.g. {'sr': 16000})"
+            ) from exc
+        report.warmup_note = (
+            f"warm-up skipped: dynamic input shapes were guessed and the model refused them "
+            f"({exc}); pass input_shapes to warm it up"
+        )
+        logger.warning("%s: %s", spec.path.name, report.warmup_note)
+        return
+    report.warmup_ms = (time.perf_counter() - start) * 1000
+    report.warmed_up = True

@@ -35,7 +35,7 @@ from ..errors import (
     StateError,
 )
 from . import probe as _probe
-from .base import Fallback, LoadReport, SessionSpec, TensorSpec, format_shape, warmup_feeds
+from .base import Fallback, LoadReport, SessionSpec, TensorSpec, format_shape, warm_up
 from .memory import MemoryMeter, process_budget
 from .providers import CPU, Candidate, ProviderContext, detect_platform, rank_providers
 from .providers import skipped_providers
@@ -144,7 +144,7 @@ def open_session(spec: SessionSpec) -> OnnxSession:
     report.rss_load_mb = meter.added_mb()
     session = OnnxSession(sess, spec, report)
     if spec.warmup:
-        _warm_up(session, spec, report)
+        warm_up(session, spec)
     report.rss_first_run_mb = meter.added_mb()
     return session
 
@@ -152,27 +152,6 @@ def open_session(spec: SessionSpec) -> OnnxSession:
 def _fallback_message(fallbacks: list[Fallback]) -> str:
     why = "; ".join(f"{f.provider}: {f.reason}" for f in fallbacks)
     return f"strict_providers is on and the provider asked for is not running ({why})"
-
-
-def _warm_up(session: OnnxSession, spec: SessionSpec, report: LoadReport) -> None:
-    feeds, guessed = warmup_feeds(session.inputs, spec.input_shapes, spec.warmup_inputs)
-    t = time.perf_counter()
-    try:
-        session.run(feeds)
-    except InferenceError as exc:
-        if not guessed:
-            raise ModelLoadError(
-                f"{spec.path.name}: warm-up run failed: {exc} (if zeros are not a valid input "
-                "for this model, give warmup_inputs, e.g. {'sr': 16000})"
-            ) from exc
-        report.warmup_note = (
-            f"warm-up skipped: dynamic input shapes were guessed and the model refused them "
-            f"({exc}); pass input_shapes to warm it up"
-        )
-        logger.warning("%s: %s", spec.path.name, report.warmup_note)
-        return
-    report.warmup_ms = (time.perf_counter() - t) * 1000
-    report.warmed_up = True
 
 
 def session_options(ort: Any, spec: SessionSpec, provider: str) -> Any:

@@ -35,7 +35,7 @@ from ..errors import (
     StateError,
 )
 from . import memory
-from .base import Fallback, LoadReport, SessionSpec, TensorSpec, warmup_feeds
+from .base import Fallback, LoadReport, SessionSpec, TensorSpec, warm_up
 from .delegates import check_plugin, delegate_name, find_delegates
 
 logger = logging.getLogger(__name__)
@@ -340,25 +340,6 @@ def open_session(spec: SessionSpec) -> TFLiteSession:
     report.load_ms = (time.perf_counter() - start) * 1000.0
     report.rss_load_mb = meter.added_mb()
     if spec.warmup:
-        _warm_up(session, spec)
+        warm_up(session, spec)
     report.rss_first_run_mb = meter.added_mb()
     return session
-
-
-def _warm_up(session: TFLiteSession, spec: SessionSpec) -> None:
-    feeds, guessed = warmup_feeds(session.inputs, spec.input_shapes, spec.warmup_inputs)
-    start = time.perf_counter()
-    try:
-        session.run(feeds)
-    except InferenceError as exc:
-        if not guessed:
-            session.close()
-            raise ModelLoadError(f"warm-up run of {spec.path} failed: {exc}") from exc
-        session.report.warmup_note = (
-            f"warm-up skipped: it failed with guessed dynamic dimensions ({exc}); "
-            "set input_shapes to warm up"
-        )
-        logger.warning("%s: %s", spec.path, session.report.warmup_note)
-        return
-    session.report.warmup_ms = (time.perf_counter() - start) * 1000.0
-    session.report.warmed_up = True
