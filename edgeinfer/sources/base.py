@@ -1,0 +1,155 @@
+"""The ``Source`` interface every source family implements, and the pieces they share:
+reconnect backoff, an fps cap, and counters.
+
+A source is a context manager: entering opens it (a file that cannot be opened raises
+``SourceError`` naming it; a live source whose device or stream is missing logs, counts and
+retries with backoff instead), iterating yields ``Frame`` objects until the stream ends or
+``stop()`` is called from another thread, and leaving releases the device.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Self
+
+from ..config.pipeline import ReconnectConfig
+
+
+@dataclass(slots=True)
+class SourceStats:
+    """Counters a source keeps; the pipeline reports them on its stats."""
+
+    frames: int = 0  # frames yielded
+    skipped: int = 0  # frames read but not yielded (over max_fps)
+    corrupt: int = 0  # frames or lines that could not be decoded/parsed, skipped
+    reconnects: int = 0  # times a live source reopened its device or stream
+    errors: int = 0  # failures to open or read, including those that led to a reconnect
+    last_error: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"frames": self.frames, "skipped": self.skipped, "corrupt": self.corrupt,
+                "reconnects": self.reconnects, "errors": self.errors,
+                "last_error": self.last_error}
+
+
+class Source(ABC):
+    """One stream of frames. Subclasses set ``live`` and implement ``_open``, ``_frames`` and
+    ``_close``; the base class gives the context manager, ``stop()`` and the counters.
+
+    ``live`` sources (cameras, streams, microphones, sensors) never block the pipeline: it drops
+    their oldest frame when inference falls behind. File sources are read completely: the
+    pipeline blocks on them instead.
+    """
+
+    live: bool = True
+
+    def __init__(self, config: Any) -> None:
+        self.config = config
+        self.stats = SourceStats()
+        self._stop = threading.Event()
+        self._entered = False
+
+    @property
+    def name(self) -> str:
+        """What to call this source in messages (its URI, device or command)."""
+        return type(self).__name__
+
+    def stop(self) -> None:
+        """Make iteration end soon; safe from any thread."""
+        self._stop.set()
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
+
+    def __enter__(self) -> Self:
+        self._open()
+        self._entered = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._entered = False
+        self._close()
+
+    def __iter__(self) -> Iterator[Any]:
+        if not self._entered:
+            from ..errors import StateError
+
+            raise StateError(f"use the source in a `with` block before iterating ({self.name})")
+        return self._frames()
+
+    @abstractmethod
+    def _open(self) -> None:
+        """Open the device/file. Live sources may leave reopening to ``_frames``."""
+
+    @abstractmethod
+    def _frames(self) -> Iterator[Any]:
+        """Yield ``Frame`` objects until the end or until ``stopped``."""
+
+    @abstractmethod
+    def _close(self) -> None:
+        """Release everything; idempotent."""
+
+
+class Backoff:
+    """Capped exponential backoff with jitter, sleeping interruptibly on a stop event."""
+
+    def __init__(self, config: ReconnectConfig, stop: threading.Event) -> None:
+        self._config = config
+        self._stop = stop
+        self.attempts = 0
+
+    def reset(self) -> None:
+        self.attempts = 0
+
+    def next_delay(self) -> float:
+        c = self._config
+        base = min(c.max_s, c.initial_s * (2 ** self.attempts))
+        return base * (1.0 + random.uniform(0.0, 0.2))
+
+    def wait(self) -> bool:
+        """Sleep the next delay; ``False`` if stopped meanwhile or out of attempts."""
+        if self._config.max_attempts is not None and self.attempts >= self._config.max_attempts:
+            return False
+        delay = self.next_delay()
+        self.attempts += 1
+        return not self._stop.wait(delay)
+
+
+class RateLimiter:
+    """Pace or cap a stream at ``fps``.
+
+    ``pace()`` sleeps until the next frame is due (file sources replayed in real time);
+    ``admit(ts)`` says whether a frame captured at ``ts`` fits under the cap (live sources
+    drop the rest).
+    """
+
+    def __init__(self, fps: float | None, stop: threading.Event | None = None) -> None:
+        self.interval = 1.0 / fps if fps else 0.0
+        self._next = 0.0
+        self._stop = stop
+
+    def pace(self) -> None:
+        if not self.interval:
+            return
+        now = time.monotonic()
+        if self._next > now:
+            if self._stop is not None:
+                self._stop.wait(self._next - now)
+            else:
+                time.sleep(self._next - now)
+            now = time.monotonic()
+        self._next = max(self._next + self.interval, now - self.interval)
+
+    def admit(self, ts: float) -> bool:
+        if not self.interval:
+            return True
+        if ts + 1e-4 < self._next:
+            return False
+        self._next = max(self._next + self.interval, ts)
+        return True

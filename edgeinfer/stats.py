@@ -1,0 +1,94 @@
+"""Counters and latency windows a pipeline keeps, cheap to update per frame, summarized on
+request (the stats topic, ``STATUS=``, the end-of-run summary)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+class LatencyWindow:
+    """The last ``size`` samples in a ring buffer; percentiles computed only when asked."""
+
+    __slots__ = ("_buf", "_n", "last")
+
+    def __init__(self, size: int = 512) -> None:
+        self._buf = np.zeros(size, dtype=np.float64)
+        self._n = 0
+        self.last = 0.0
+
+    def add(self, value: float) -> None:
+        self._buf[self._n % len(self._buf)] = value
+        self._n += 1
+        self.last = value
+
+    @property
+    def count(self) -> int:
+        return self._n
+
+    def summary(self) -> dict[str, float]:
+        n = min(self._n, len(self._buf))
+        if not n:
+            return {"p50": 0.0, "p99": 0.0, "mean": 0.0}
+        window = self._buf[:n]
+        p50, p99 = np.percentile(window, [50, 99])
+        return {"p50": round(float(p50), 3), "p99": round(float(p99), 3),
+                "mean": round(float(window.mean()), 3)}
+
+
+@dataclass(slots=True)
+class PipelineStats:
+    """What one pipeline did. Stage threads write their own fields; readers take snapshots."""
+
+    frames_in: int = 0  # frames preprocessed and queued
+    processed: int = 0  # frames that went through the model and postprocessing
+    emitted: int = 0  # results delivered to sinks
+    dropped_queue: int = 0  # live frames dropped because inference fell behind
+    dropped_by_task: int = 0  # frames a stage dropped on purpose (DropFrame)
+    errors: int = 0  # inference failures (the frame is skipped)
+    sink_errors: int = 0
+    worker_restarts: int = 0
+    last_error: str = ""
+    pre: LatencyWindow = field(default_factory=LatencyWindow)
+    infer: LatencyWindow = field(default_factory=LatencyWindow)
+    post: LatencyWindow = field(default_factory=LatencyWindow)
+    latency: LatencyWindow = field(default_factory=LatencyWindow)  # capture -> emitted
+    started: float = 0.0
+    stopped: float = 0.0
+    _fps_mark: tuple[float, int] = (0.0, 0)
+
+    def start(self) -> None:
+        self.started = time.monotonic()
+        self._fps_mark = (self.started, 0)
+
+    def stop(self) -> None:
+        self.stopped = time.monotonic()
+
+    def fps(self) -> float:
+        """Frames processed per second since the last call (or since start)."""
+        now = time.monotonic() if not self.stopped else self.stopped
+        then, count = self._fps_mark
+        self._fps_mark = (now, self.processed)
+        return (self.processed - count) / (now - then) if now > then else 0.0
+
+    def overall_fps(self) -> float:
+        end = self.stopped or time.monotonic()
+        return self.processed / (end - self.started) if end > self.started else 0.0
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "frames_in": self.frames_in,
+            "processed": self.processed,
+            "emitted": self.emitted,
+            "dropped": {"queue": self.dropped_queue, "task": self.dropped_by_task},
+            "errors": self.errors,
+            "sink_errors": self.sink_errors,
+            "worker_restarts": self.worker_restarts,
+            "last_error": self.last_error,
+            "fps": round(self.overall_fps(), 2),
+            "latency_ms": {"pre": self.pre.summary(), "infer": self.infer.summary(),
+                           "post": self.post.summary(), "end_to_end": self.latency.summary()},
+        }

@@ -1,0 +1,81 @@
+"""The ``Task`` interface: a model's pre- and post-processing for one kind of job.
+
+The pipeline calls, per frame: ``preprocess`` (capture thread), then ``inject_state`` + the
+model + ``update_state`` (inference thread, in frame order), then ``postprocess`` (its own
+thread). A stateful task (VAD) keeps its recurrent state with the last two, so preprocessing
+the next frame early never reads a stale state. Quantization calibration reuses
+``preprocess`` so it sees exactly what the pipeline feeds the model.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..frames import Frame, TaskResult
+
+if TYPE_CHECKING:
+    from ..model import Model
+
+
+class Task(ABC):
+    """Pre/post-processing bound to one loaded model.
+
+    The constructor checks that the model fits the task (input and output shapes the decoder
+    can read) and raises ``ConfigError`` naming the shapes when it does not, so a mismatch is
+    refused at startup rather than on the first frame.
+    """
+
+    stateful: bool = False
+
+    def __init__(self, config: Any, model: Model) -> None:
+        self.config = config
+        self.model = model
+
+    @abstractmethod
+    def preprocess(self, frame: Frame) -> tuple[dict[str, np.ndarray], Any]:
+        """The model's feeds for ``frame`` and a context for ``postprocess`` (e.g. the
+        letterbox transform). May raise ``DropFrame``."""
+
+    def inject_state(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Add the recurrent state to ``feeds`` (stateful tasks), in the inference thread."""
+        return feeds
+
+    def update_state(self, outputs: Mapping[str, np.ndarray]) -> None:
+        """Keep the recurrent state from ``outputs`` (stateful tasks), in the inference thread."""
+
+    def reset(self) -> None:
+        """Forget any state (a new stream, a swapped model)."""
+
+    @abstractmethod
+    def postprocess(self, outputs: Mapping[str, np.ndarray], frame: Frame, context: Any
+                    ) -> TaskResult:
+        """Turn the model's outputs for ``frame`` into a ``TaskResult``."""
+
+
+def load_labels(labels: str | list[str] | None) -> list[str] | None:
+    """A labels list from a file (one per line, blank lines kept as empty labels are not
+    useful and dropped at the end only) or the list itself."""
+    if labels is None or isinstance(labels, list):
+        return labels
+    path = Path(labels)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ConfigError(f"labels file {path}: {exc.strerror or exc}") from exc
+    while lines and not lines[-1].strip():
+        lines.pop()
+    if not lines:
+        raise ConfigError(f"labels file {path} is empty")
+    return [line.strip() for line in lines]
+
+
+def label_of(labels: list[str] | None, class_id: int) -> str:
+    if labels is not None and 0 <= class_id < len(labels):
+        return labels[class_id]
+    return str(class_id)
