@@ -230,7 +230,8 @@ def test_a_config_model_section_loads_as_configured(tmp_path: Path, yolo_path: P
     from edgeinfer.config import parse_config
 
     cfg = parse_config(
-        f"pipelines:\n  - name: det\n    model:\n      path: {yolo_path}\n      threads: 1\n"
+        f"pipelines:\n  - name: det\n    source: {{type: synthetic}}\n    model:\n"
+        f"      path: {yolo_path}\n      threads: 1\n"
         "      version: '2.0'\n      providers: [cuda, cpu]\n"
         "      input_shapes: {images: [1, 3, 320, 320]}\n", base_dir=tmp_path)
     mc = cfg.pipelines[0].model
