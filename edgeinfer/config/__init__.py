@@ -9,11 +9,41 @@ Example::
             pipeline.model.path,
             **pipeline.model.load_kwargs(default_max_model_mb=config.runtime.max_model_mb),
         )
+
+A pipeline's ``source``, ``task`` and ``sinks`` are tagged unions on their ``type:`` key
+(`SourceConfig`, `TaskConfig`, `SinkConfig`); match on the struct class::
+
+    match pipeline.source:
+        case CameraSource(uri=uri): ...
+        case VideoSource(uri=path, loop=loop): ...
 """
 
 from __future__ import annotations
 
 from .loader import config_schema, load_config, parse_config
+from .pipeline import (
+    AudioSource,
+    CameraSource,
+    ClassifyTask,
+    DetectTask,
+    EmitConfig,
+    ImagesSource,
+    JsonlSink,
+    MqttSink,
+    MqttSource,
+    Picamera2Source,
+    PreprocessConfig,
+    RawTask,
+    ReconnectConfig,
+    SerialSource,
+    SinkConfig,
+    SourceConfig,
+    StdoutSink,
+    SyntheticSource,
+    TaskConfig,
+    VadTask,
+    VideoSource,
+)
 from .schema import (
     Config,
     DelegateConfig,
@@ -24,12 +54,33 @@ from .schema import (
 )
 
 __all__ = [
+    "AudioSource",
+    "CameraSource",
+    "ClassifyTask",
     "Config",
     "DelegateConfig",
+    "DetectTask",
+    "EmitConfig",
+    "ImagesSource",
+    "JsonlSink",
     "LoggingConfig",
     "ModelConfig",
+    "MqttSink",
+    "MqttSource",
+    "Picamera2Source",
     "PipelineConfig",
+    "PreprocessConfig",
+    "RawTask",
+    "ReconnectConfig",
     "RuntimeConfig",
+    "SerialSource",
+    "SinkConfig",
+    "SourceConfig",
+    "StdoutSink",
+    "SyntheticSource",
+    "TaskConfig",
+    "VadTask",
+    "VideoSource",
     "config_schema",
     "load_config",
     "parse_config",

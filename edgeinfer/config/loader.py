@@ -15,6 +15,7 @@ import os
 import re
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,16 @@ import msgspec
 
 from ..errors import ConfigError
 from ._yaml import YamlReader, format_path
+from .pipeline import (
+    AudioSource,
+    ClassifyTask,
+    DetectTask,
+    ImagesSource,
+    JsonlSink,
+    SourceConfig,
+    TaskConfig,
+    VideoSource,
+)
 from .schema import Config
 
 __all__ = ["config_schema", "load_config", "parse_config"]
@@ -32,15 +43,24 @@ _MSGSPEC_AT = re.compile(
     r"^(?P<msg>.*) - at `(?:(?P<key>key)` in `)?(?P<path>\$[^`]*)`$", re.DOTALL
 )
 # msgspec speaks JSON; a YAML file has lists and mappings.
-_YAML_WORDS = {"array": "list", "object": "mapping"}
+# (A tag of the wrong type is named by its Python type: "got `dict`".)
+_YAML_WORDS = {"array": "list", "object": "mapping", "dict": "mapping", "NoneType": "null"}
+_TYPE_NAMES = {
+    "int", "float", "str", "bool", "null", "array", "object", "bytes", "datetime", "date",
+    "time", "timedelta", "uuid", "decimal", "list", "dict", "NoneType",
+}
 _PATH_PART = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]|\[\.\.\.\]")
+# A video or images `uri` with a scheme (file://, http://) is not a path relative to the config.
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def load_config(path: str | os.PathLike[str]) -> Config:
     """Read and validate a config file.
 
-    Relative model paths (and ``runtime.state_dir``/``cache_dir``) are taken from the folder
-    the file is in.
+    Relative paths are taken from the folder the file is in: model paths,
+    ``runtime.state_dir``/``cache_dir``, a ``video``/``images`` source's ``uri`` (unless it is a
+    URL), an ``audio`` source's ``path``, a ``jsonl`` sink's ``path`` and a labels file. A
+    ``camera`` source's ``uri`` is left as written.
 
     Raises:
         ConfigError: the file cannot be read, is not valid YAML, or does not validate.
@@ -77,7 +97,7 @@ def parse_config(text: str, *, source: str = "<string>", base_dir: Path | None =
     try:
         config = msgspec.convert(data, Config, strict=True)
     except msgspec.ValidationError as exc:
-        error = _validation_error(reader, exc)
+        error = _validation_error(reader, exc, data)
         if not reader.has_secrets:
             raise error from exc
     else:
@@ -105,10 +125,34 @@ def _resolve_paths(config: Config, base: Path) -> Config:
         cache_dir=absolute(runtime.cache_dir) if runtime.cache_dir else None,
     )
     pipelines = [
-        replace(p, model=replace(p.model, path=absolute(p.model.path)))
+        replace(
+            p,
+            model=replace(p.model, path=absolute(p.model.path)),
+            source=_resolve_source(p.source, absolute),
+            task=_resolve_task(p.task, absolute),
+            sinks=[
+                replace(s, path=absolute(s.path)) if isinstance(s, JsonlSink) else s
+                for s in p.sinks
+            ],
+        )
         for p in config.pipelines
     ]
     return replace(config, runtime=runtime, pipelines=pipelines)
+
+
+def _resolve_source(source: SourceConfig, absolute: Callable[[str], str]) -> SourceConfig:
+    # Not a camera's uri: an index, a device path or a stream URL, each meant as written.
+    if isinstance(source, (VideoSource, ImagesSource)) and not _URL.match(source.uri):
+        return msgspec.structs.replace(source, uri=absolute(source.uri))
+    if isinstance(source, AudioSource) and source.path is not None:
+        return msgspec.structs.replace(source, path=absolute(source.path))
+    return source
+
+
+def _resolve_task(task: TaskConfig, absolute: Callable[[str], str]) -> TaskConfig:
+    if isinstance(task, (ClassifyTask, DetectTask)) and isinstance(task.labels, str):
+        return msgspec.structs.replace(task, labels=absolute(task.labels))
+    return task
 
 
 def _check_unique_names(reader: YamlReader, data: Any) -> None:
@@ -128,7 +172,7 @@ def _check_unique_names(reader: YamlReader, data: Any) -> None:
             raise reader.error(here, reader.lines.get(here), msg)
 
 
-def _validation_error(reader: YamlReader, exc: msgspec.ValidationError) -> ConfigError:
+def _validation_error(reader: YamlReader, exc: msgspec.ValidationError, data: Any) -> ConfigError:
     """Turn msgspec's "<message> - at `$.a.b`" into "<file>:<line>: $.a.b: <message>"."""
     text = str(exc)
     match = _MSGSPEC_AT.match(text)
@@ -142,13 +186,13 @@ def _validation_error(reader: YamlReader, exc: msgspec.ValidationError) -> Confi
     unknown = re.fullmatch(r"Object contains unknown field `(.*)`", message)
     if unknown:
         field = unknown[1]
-        message = _unknown_field_message(field, _type_at(path))
+        message = _unknown_field_message(field, _type_at(path, data))
         path += (field,)
         path_text += f".{field}" if field.isidentifier() else f"[{field!r}]"
     else:
-        message = _plain_message(message)
+        message = _tagged_message(message, path, data) or _plain_message(message)
         if message.startswith("invalid enum value"):
-            choices = typing.get_args(_type_at(path))
+            choices = typing.get_args(_type_at(path, data))
             if choices:
                 message += "; valid: " + ", ".join(map(str, choices))
     if match and match["key"]:
@@ -156,39 +200,105 @@ def _validation_error(reader: YamlReader, exc: msgspec.ValidationError) -> Confi
     return reader.error(path_text, reader.line_of(path), message)
 
 
+def _tagged_message(message: str, path: _Path, data: Any) -> str | None:
+    """The message for a tagged union's missing, unknown or mistyped ``type:``, else None."""
+    if path and isinstance(path[-1], str):  # at `$.source.type`: the union is at `$.source`
+        tags = _tags(_walk(path[:-1], data)[0])
+        if tags and path[-1] == tags[0]:
+            valid = ", ".join(sorted(tags[1]))
+            invalid = re.fullmatch(r"Invalid value (.*)", message, re.DOTALL)
+            if invalid:
+                return f"unknown type {invalid[1]}; valid: {valid}"
+            return f"{_plain_message(message)}; valid: {valid}"
+    tags = _tags(_walk(path, data)[0])  # at `$.source`: the union itself
+    if not tags:
+        return None
+    valid = ", ".join(sorted(tags[1]))
+    missing = re.fullmatch(r"Object missing required field `(.*)`", message)
+    if missing and missing[1] == tags[0]:
+        return f"missing required field {missing[1]!r}; valid: {valid}"
+    if message.startswith("Expected `object`"):
+        return f"{_plain_message(message)}; give a mapping with {tags[0]}: one of {valid}"
+    return None
+
+
 def _plain_message(message: str) -> str:
     """msgspec's wording, house style: "expected int, got str", field names quoted."""
     message = re.sub(r"field `([^`]*)`", r"field '\1'", message.removeprefix("Object "))
     message = message.replace(" | null`", "`")
-    message = re.sub(
-        r"`([^`]*)`",
-        lambda m: " | ".join(_YAML_WORDS.get(t, t) for t in m[1].split(" | ")),
-        message,
-    )
+    message = re.sub(r"`([^`]*)`", _backquoted, message)
     return message[:1].lower() + message[1:]
+
+
+def _backquoted(match: re.Match[str]) -> str:
+    # msgspec's type names (`int | str`, `object`) in YAML's words; anything else, such as a
+    # field named in a struct's own check (`command`), quoted like the other field names.
+    names = match[1].split(" | ")
+    if all(name in _TYPE_NAMES for name in names):
+        return " | ".join(_YAML_WORDS.get(name, name) for name in names)
+    return f"'{match[1]}'"
 
 
 def _unknown_field_message(field: str, struct: Any) -> str:
     if not _is_struct(struct):
         return "unknown field"
-    valid = list(struct.__struct_fields__)
+    tag_field = struct.__struct_config__.tag_field
+    valid = ([tag_field] if tag_field else []) + list(struct.__struct_fields__)
     close = difflib.get_close_matches(field, valid, n=1)
     hint = f"did you mean {close[0]!r}?" if close else "valid: " + ", ".join(valid)
     return f"unknown field; {hint}"
 
 
-def _type_at(path: _Path) -> Any:
-    """The type `Config` declares at ``path`` (``X | None`` unwrapped), or None."""
+def _type_at(path: _Path, data: Any = None) -> Any:
+    """The type `Config` declares at ``path`` (``X | None`` unwrapped), or None.
+
+    A tagged union (``source``, ``task``, ``sinks[i]``) is narrowed to the struct whose tag the
+    YAML data at its path names; without a known tag it stays the union.
+    """
+    tp, here = _walk(path, data)
+    return _member(tp, here)
+
+
+def _walk(path: _Path, data: Any) -> tuple[Any, Any]:
+    """The declared type at ``path`` (not narrowed by its own tag) and the data there."""
     tp: Any = Config
     for part in path:
+        tp = _member(tp, data)
         if isinstance(part, int) and typing.get_origin(tp) is list:
             tp = typing.get_args(tp)[0]
+            data = data[part] if isinstance(data, list) and 0 <= part < len(data) else None
         elif isinstance(part, str) and _is_struct(tp):
             tp = typing.get_type_hints(tp).get(part)
+            data = data.get(part) if isinstance(data, dict) else None
         else:
-            return None
+            return None, None
         tp = _unwrap(tp)
-    return tp
+    return tp, data
+
+
+def _tags(tp: Any) -> tuple[str, dict[Any, Any]] | None:
+    """A tagged union's tag field and its structs by tag; None for any other type."""
+    if typing.get_origin(tp) not in (typing.Union, types.UnionType):
+        return None
+    members = typing.get_args(tp)
+    if not all(_is_struct(m) and m.__struct_config__.tag_field for m in members):
+        return None
+    fields = {m.__struct_config__.tag_field for m in members}
+    if len(fields) != 1:
+        return None
+    return fields.pop(), {m.__struct_config__.tag: m for m in members}
+
+
+def _member(tp: Any, data: Any) -> Any:
+    """The struct of tagged union ``tp`` that ``data``'s tag names, else ``tp`` itself."""
+    tags = _tags(tp)
+    if tags is None or not isinstance(data, dict):
+        return tp
+    tag = data.get(tags[0])
+    try:
+        return tags[1].get(tag, tp)
+    except TypeError:  # an unhashable tag value: a list or a mapping
+        return tp
 
 
 def _is_struct(tp: Any) -> bool:

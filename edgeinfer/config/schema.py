@@ -16,6 +16,7 @@ import msgspec
 from msgspec import Meta
 
 from ..paths import cache_dir, state_dir
+from .pipeline import EmitConfig, RawTask, SinkConfig, SourceConfig, StdoutSink, TaskConfig
 
 __all__ = [
     "Config",
@@ -35,6 +36,7 @@ Dim = Annotated[int, Meta(ge=1)]
 PipelineName = Annotated[str, Meta(pattern=_PIPELINE_NAME)]
 DeviceId = Annotated[str, Meta(pattern=_DEVICE_ID)]
 NonEmptyStr = Annotated[str, Meta(min_length=1)]
+QueueSize = Annotated[int, Meta(ge=1, le=64)]
 
 
 def _check_topic_level(value: str, what: str) -> None:
@@ -178,16 +180,25 @@ class PipelineConfig(_Struct):
     Attributes:
         name: Unique name; becomes an MQTT topic level, so ``[A-Za-z0-9_-]``, 1 to 64 long.
         model: The model this pipeline runs.
-        source: Where frames come from (typed by the pipeline module; a mapping for now).
-        task: Pre/post-processing (likewise).
-        sinks: Where results go (likewise).
+        source: Where frames (or audio windows, or sensor readings) come from; one of the
+            `SourceConfig` structs, picked by its ``type:``.
+        task: How inputs are prepared and outputs decoded (`TaskConfig`); default ``raw``
+            (the output tensors as lists).
+        sinks: Where results go (`SinkConfig`); default readable lines on stdout.
+        emit: Which results are emitted (every frame or on change, rate limit).
+        queue_size: Frames buffered between the pipeline's stages.
+        required: A pipeline whose model or source fails at start fails the daemon only if
+            required; otherwise it is reported and the other pipelines run.
     """
 
     name: PipelineName
     model: ModelConfig
-    source: dict[str, Any] | None = None
-    task: dict[str, Any] | None = None
-    sinks: list[dict[str, Any]] = []
+    source: SourceConfig
+    task: TaskConfig = msgspec.field(default_factory=RawTask)
+    sinks: list[SinkConfig] = msgspec.field(default_factory=lambda: [StdoutSink()])
+    emit: EmitConfig = msgspec.field(default_factory=EmitConfig)
+    queue_size: QueueSize = 2
+    required: bool = False
 
     def __post_init__(self) -> None:
         _check_topic_level(self.name, "name")

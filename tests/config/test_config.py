@@ -10,27 +10,58 @@ import msgspec
 import pytest
 
 from edgeinfer import paths
+import edgeinfer.config
 from edgeinfer.config import (
+    AudioSource,
+    CameraSource,
+    ClassifyTask,
     Config,
     DelegateConfig,
+    DetectTask,
+    EmitConfig,
+    ImagesSource,
+    JsonlSink,
     LoggingConfig,
     ModelConfig,
+    MqttSink,
+    MqttSource,
+    Picamera2Source,
     PipelineConfig,
+    PreprocessConfig,
+    RawTask,
+    ReconnectConfig,
     RuntimeConfig,
+    SerialSource,
+    StdoutSink,
+    SyntheticSource,
+    VadTask,
+    VideoSource,
     config_schema,
     load_config,
     parse_config,
 )
+from edgeinfer.config import pipeline as pipeline_module
 from edgeinfer.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 
+# Model keys appended to MINIMAL land in `model:`, on line 6.
 MINIMAL = """\
 pipelines:
   - name: cam
+    source: {type: synthetic}
     model:
       path: models/320n.onnx
 """
+
+SOURCE_TYPES = "audio, camera, images, mqtt, picamera2, serial, synthetic, video"
+
+
+def pipeline_yaml(*parts: str) -> str:
+    """One pipeline "cam" (model m.onnx on line 3), then ``parts``: lines of its own keys."""
+    return "pipelines:\n  - name: cam\n    model: {path: m.onnx}\n" + "".join(
+        f"    {part}\n" for part in parts
+    )
 
 
 def write(tmp_path: Path, text: str, name: str = "config.yaml") -> Path:
@@ -61,7 +92,11 @@ def test_minimal_config_gets_defaults(tmp_path: Path) -> None:
     (pipeline,) = config.pipelines
     assert isinstance(pipeline, PipelineConfig)
     assert pipeline.name == "cam"
-    assert (pipeline.source, pipeline.task, pipeline.sinks) == (None, None, [])
+    assert pipeline.source == SyntheticSource()
+    assert pipeline.task == RawTask(preprocess=None)
+    assert pipeline.sinks == [StdoutSink(format="text")]
+    assert pipeline.emit == EmitConfig(mode="every", min_interval_s=0.0)
+    assert (pipeline.queue_size, pipeline.required) == (2, False)
     model = pipeline.model
     assert isinstance(model, ModelConfig)
     assert model.providers == "auto"
@@ -103,9 +138,12 @@ def test_full_config_round_trips_into_typed_structs(tmp_path: Path) -> None:
                       options: {device: usb}
                   warmup: false
                   max_model_mb: 32
-                source: {type: camera, device: 0}
-                task: {type: detect}
-                sinks: [{type: mqtt}, {type: stdout}]
+                source: {type: camera, uri: /dev/video0, width: 640, height: 480, fourcc: MJPG}
+                task: {type: detect, decoder: yolov8, classes: [person, 2]}
+                sinks: [{type: mqtt}, {type: stdout, format: json}]
+                emit: {mode: change, min_interval_s: 1}
+                queue_size: 4
+                required: true
             logging:
               level: debug
             """,
@@ -125,7 +163,12 @@ def test_full_config_round_trips_into_typed_structs(tmp_path: Path) -> None:
     model = config.pipelines[0].model
     assert model.providers == ["tensorrt", "cuda", "cpu"]
     assert model.delegates == [DelegateConfig(library="libedgetpu.so.1", options={"device": "usb"})]
-    assert config.pipelines[0].sinks == [{"type": "mqtt"}, {"type": "stdout"}]
+    pipeline = config.pipelines[0]
+    assert pipeline.source == CameraSource(uri="/dev/video0", width=640, height=480, fourcc="MJPG")
+    assert pipeline.task == DetectTask(decoder="yolov8", classes=["person", 2])
+    assert pipeline.sinks == [MqttSink(), StdoutSink(format="json")]
+    assert pipeline.emit == EmitConfig(mode="change", min_interval_s=1.0)
+    assert (pipeline.queue_size, pipeline.required) == (4, True)
     assert config.logging.level == "debug"
     assert model.load_kwargs() == {
         "providers": ["tensorrt", "cuda", "cpu"],
@@ -203,8 +246,10 @@ def test_yaml_merge_keys_share_model_settings(tmp_path: Path) -> None:
             """\
             pipelines:
               - name: a
+                source: &source {type: video, uri: in.mp4, loop: true}
                 model: &model {path: m.onnx, threads: 2, warmup: false}
               - name: b
+                source: {<<: *source, fps: 5}
                 model:
                   <<: *model
                   threads: 3
@@ -215,6 +260,11 @@ def test_yaml_merge_keys_share_model_settings(tmp_path: Path) -> None:
     a, b = (p.model for p in config.pipelines)
     assert (a.threads, b.threads) == (2, 3)
     assert b.warmup is False
+    video = str(tmp_path / "in.mp4")
+    assert [p.source for p in config.pipelines] == [
+        VideoSource(uri=video, loop=True),
+        VideoSource(uri=video, loop=True, fps=5.0),
+    ]
 
 
 def test_example_config_validates(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -228,6 +278,16 @@ def test_example_config_validates(monkeypatch: pytest.MonkeyPatch) -> None:
     assert pipeline.model.path == str(REPO / "configs" / "models" / "320n.onnx")
     assert pipeline.model.threads == 2
     assert pipeline.model.input_shapes == {"images": [1, 3, 320, 320]}
+    assert isinstance(pipeline.source, SyntheticSource)
+    assert isinstance(pipeline.task, DetectTask)
+    assert pipeline.task.decoder == "yolov8"
+    assert (pipeline.task.score_threshold, pipeline.task.iou_threshold) == (0.4, 0.5)
+    assert pipeline.task.preprocess == PreprocessConfig(resize="letterbox", size=[320, 320])
+    assert pipeline.sinks == [
+        StdoutSink(),
+        JsonlSink(path=str(REPO / "configs" / "results" / "detect.jsonl")),
+    ]
+    assert pipeline.emit.mode == "change"
 
 
 def test_config_schema_describes_the_tree() -> None:
@@ -237,6 +297,17 @@ def test_config_schema_describes_the_tree() -> None:
     assert set(defs["Config"]["properties"]) == {"device_id", "runtime", "pipelines", "logging"}
     assert defs["ModelConfig"]["required"] == ["path"]
     assert defs["ModelConfig"]["additionalProperties"] is False
+    assert defs["PipelineConfig"]["required"] == ["name", "model", "source"]
+    source = defs["PipelineConfig"]["properties"]["source"]
+    assert source["discriminator"]["propertyName"] == "type"
+    assert set(source["discriminator"]["mapping"]) == set(SOURCE_TYPES.split(", "))
+    assert defs["VideoSource"]["required"] == ["type", "uri"]
+
+
+def test_package_exports_every_pipeline_struct() -> None:
+    for name in pipeline_module.__all__:
+        assert name in edgeinfer.config.__all__
+        assert getattr(edgeinfer.config, name) is getattr(pipeline_module, name)
 
 
 # --- validation errors ------------------------------------------------------------------------
@@ -252,6 +323,7 @@ def test_wrong_type_names_the_path_and_the_line(tmp_path: Path) -> None:
             model:
               path: m.onnx
               threads: "2"
+            source: {type: synthetic}
         """,
     )
     with pytest.raises(ConfigError) as info:
@@ -270,6 +342,7 @@ def test_unknown_key_is_rejected_with_its_path(tmp_path: Path) -> None:
             model:
               path: m.onnx
               thread: 2
+            source: {type: synthetic}
         """,
     )
 
@@ -288,7 +361,7 @@ def test_unknown_top_level_key(tmp_path: Path) -> None:
 def test_threads_out_of_range(tmp_path: Path, threads: int, problem: str) -> None:
     message = config_error(tmp_path, MINIMAL + f"      threads: {threads}\n")
 
-    assert ":5: $.pipelines[0].model.threads: " in message
+    assert ":6: $.pipelines[0].model.threads: " in message
     assert problem in message
 
 
@@ -309,11 +382,13 @@ def test_threads_out_of_range(tmp_path: Path, threads: int, problem: str) -> Non
 def test_model_field_errors(tmp_path: Path, field: str, value: str, problem: str) -> None:
     message = config_error(tmp_path, MINIMAL + f"      {field}: {value}\n")
 
-    assert message == f"{tmp_path / 'config.yaml'}:5: $.pipelines[0].model.{problem}"
+    assert message == f"{tmp_path / 'config.yaml'}:6: $.pipelines[0].model.{problem}"
 
 
 def test_missing_required_field_points_at_the_mapping(tmp_path: Path) -> None:
-    message = config_error(tmp_path, "pipelines:\n  - name: cam\n    model:\n      threads: 2\n")
+    message = config_error(
+        tmp_path, "pipelines:\n  - name: cam\n    model:\n      threads: 2\n    source: {type: synthetic}\n"
+    )
 
     assert message.endswith(":3: $.pipelines[0].model: missing required field 'path'")
 
@@ -326,7 +401,7 @@ def test_bad_pipeline_name(tmp_path: Path, name: str) -> None:
 
 
 def test_pipeline_name_with_trailing_newline(tmp_path: Path) -> None:
-    text = "pipelines:\n  - name: |\n      cam\n    model: {path: m.onnx}\n"
+    text = "pipelines:\n  - name: |\n      cam\n    model: {path: m.onnx}\n    source: {type: synthetic}\n"
 
     message = config_error(tmp_path, text)
 
@@ -343,19 +418,18 @@ def test_duplicate_pipeline_names(tmp_path: Path) -> None:
     message = config_error(tmp_path, MINIMAL + MINIMAL.removeprefix("pipelines:\n"))
 
     assert message.endswith(
-        ":5: $.pipelines[1].name: duplicate pipeline name 'cam'"
+        ":6: $.pipelines[1].name: duplicate pipeline name 'cam'"
         " (first at $.pipelines[0].name, line 2)"
     )
 
 
 def test_duplicate_pipeline_names_in_python() -> None:
     model = ModelConfig(path="m.onnx")
+    pipeline = {"name": "cam", "model": {"path": "a"}, "source": {"type": "synthetic"}}
     with pytest.raises(msgspec.ValidationError, match="duplicate pipeline name 'cam'"):
-        msgspec.convert(
-            {"pipelines": [{"name": "cam", "model": {"path": "a"}}] * 2}, Config, strict=True
-        )
+        msgspec.convert({"pipelines": [pipeline] * 2}, Config, strict=True)
     with pytest.raises(ValueError, match="duplicate"):
-        Config(pipelines=[PipelineConfig(name="cam", model=model)] * 2)
+        Config(pipelines=[PipelineConfig(name="cam", model=model, source=SyntheticSource())] * 2)
 
 
 def test_duplicate_yaml_keys(tmp_path: Path) -> None:
@@ -369,10 +443,394 @@ def test_duplicate_yaml_keys(tmp_path: Path) -> None:
               threads: 2
               warmup: false
               threads: 4
+            source: {type: synthetic}
         """,
     )
 
     assert message.endswith(":7: $.pipelines[0].model.threads: duplicate key (first at line 5)")
+
+
+# --- sources, tasks, sinks --------------------------------------------------------------------
+
+RECONNECT = ReconnectConfig(initial_s=0.5, max_s=30.0, max_attempts=None)
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        (
+            "{type: camera}",
+            CameraSource(
+                uri=0, width=None, height=None, fps=None, max_fps=None, backend="auto",
+                fourcc=None, open_timeout_s=10.0, reconnect=RECONNECT,
+            ),
+        ),
+        (
+            "{type: picamera2}",
+            Picamera2Source(width=640, height=480, fps=None, max_fps=None, camera=0),
+        ),
+        ("{type: video, uri: /data/in.mp4}", VideoSource(uri="/data/in.mp4", fps=None, loop=False)),
+        ("{type: images, uri: /data/frames}", ImagesSource(uri="/data/frames", fps=None, loop=False)),
+        ("{type: synthetic}", SyntheticSource(width=640, height=480, fps=15.0, frames=None)),
+        (
+            "{type: audio, command: arecord -f S16_LE -r 16000 -c 1 -t raw}",
+            AudioSource(
+                command="arecord -f S16_LE -r 16000 -c 1 -t raw", path=None, sample_rate=16000,
+                channels=1, sample_format="s16le", window=512, hop=None, reconnect=RECONNECT,
+                realtime=False,
+            ),
+        ),
+        (
+            "{type: serial, port: /dev/ttyUSB0}",
+            SerialSource(
+                port="/dev/ttyUSB0", baudrate=115200, format="csv", fields=[], window=1, hop=None,
+                reconnect=RECONNECT,
+            ),
+        ),
+        (
+            "{type: mqtt, topic: sensors/+/temp}",
+            MqttSource(topic="sensors/+/temp", fields=[], window=1, hop=None, qos=1),
+        ),
+    ],
+)
+def test_every_source_type_parses_with_defaults(source: str, expected: object) -> None:
+    config = parse_config(pipeline_yaml(f"source: {source}"), base_dir=Path("/etc/edgeinfer"))
+
+    assert config.pipelines[0].source == expected
+
+
+def test_the_source_types_tested_are_all_there_are() -> None:
+    tags = {cls.__struct_config__.tag for cls in pipeline_module.SourceConfig.__args__}
+
+    assert tags == set(SOURCE_TYPES.split(", "))
+
+
+PREPROCESS = PreprocessConfig(
+    resize="letterbox", size=None, color="rgb", layout=None, scale=None, mean=None, std=None,
+    pad_value=114,
+)
+
+
+@pytest.mark.parametrize(
+    ("task", "expected"),
+    [
+        (
+            "{type: classify}",
+            ClassifyTask(
+                labels=None, top_k=5, softmax="auto", score_threshold=0.0, preprocess=PREPROCESS
+            ),
+        ),
+        (
+            "{type: detect, decoder: yolov8}",
+            DetectTask(
+                decoder="yolov8", score_threshold=0.25, iou_threshold=0.45, max_detections=100,
+                classes=None, labels=None, preprocess=PREPROCESS,
+            ),
+        ),
+        ("{type: vad}", VadTask(threshold=0.5, min_speech_ms=250.0, min_silence_ms=300.0)),
+        ("{type: raw}", RawTask(preprocess=None)),
+        ("{type: raw, preprocess: {}}", RawTask(preprocess=PREPROCESS)),
+    ],
+)
+def test_every_task_type_parses_with_defaults(task: str, expected: object) -> None:
+    config = parse_config(pipeline_yaml("source: {type: synthetic}", f"task: {task}"))
+
+    assert config.pipelines[0].task == expected
+
+
+@pytest.mark.parametrize(
+    ("sink", "expected"),
+    [
+        ("{type: stdout}", StdoutSink(format="text")),
+        ("{type: jsonl, path: /var/log/r.jsonl}", JsonlSink(path="/var/log/r.jsonl")),
+        ("{type: mqtt}", MqttSink(qos=1)),
+    ],
+)
+def test_every_sink_type_parses_with_defaults(sink: str, expected: object) -> None:
+    config = parse_config(pipeline_yaml("source: {type: synthetic}", f"sinks: [{sink}]"))
+
+    assert config.pipelines[0].sinks == [expected]
+
+
+def test_pipeline_defaults_and_fresh_sink_lists() -> None:
+    config = parse_config(pipeline_yaml("source: {type: synthetic}"))
+
+    (pipeline,) = config.pipelines
+    assert pipeline.task == RawTask()
+    assert pipeline.sinks == [StdoutSink(format="text")]
+    assert pipeline.emit == EmitConfig(mode="every", min_interval_s=0.0)
+    assert pipeline.queue_size == 2
+    assert pipeline.required is False
+    a = PipelineConfig(name="a", model=ModelConfig(path="m"), source=SyntheticSource())
+    b = PipelineConfig(name="b", model=ModelConfig(path="m"), source=SyntheticSource())
+    assert a.sinks == b.sinks and a.sinks is not b.sinks
+
+
+def test_pipeline_needs_a_source(tmp_path: Path) -> None:
+    message = config_error(tmp_path, "pipelines:\n  - name: cam\n    model: {path: m.onnx}\n")
+
+    assert message.endswith(":2: $.pipelines[0]: missing required field 'source'")
+
+
+def test_unknown_source_type_lists_the_valid_ones(tmp_path: Path) -> None:
+    message = config_error(
+        tmp_path, pipeline_yaml("source:", "  uri: /dev/video0", "  type: webcam")
+    )
+
+    assert message == (
+        f"{tmp_path / 'config.yaml'}:6: $.pipelines[0].source.type: unknown type 'webcam';"
+        f" valid: {SOURCE_TYPES}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("part", "problem"),
+    [
+        (
+            "task: {type: segment}",
+            "task.type: unknown type 'segment'; valid: classify, detect, raw, vad",
+        ),
+        (
+            "sinks: [{type: stdout}, {type: file}]",
+            "sinks[1].type: unknown type 'file'; valid: jsonl, mqtt, stdout",
+        ),
+        ("source: {type: 5}", f"source.type: expected str, got int; valid: {SOURCE_TYPES}"),
+        ("source: {type: [video]}", f"source.type: expected str, got list; valid: {SOURCE_TYPES}"),
+        ("source: {type: }", f"source.type: expected str, got null; valid: {SOURCE_TYPES}"),
+        (
+            "source: camera",
+            f"source: expected mapping, got str; give a mapping with type: one of {SOURCE_TYPES}",
+        ),
+        (
+            "sinks: [stdout]",
+            "sinks[0]: expected mapping, got str; give a mapping with type: one of jsonl, mqtt,"
+            " stdout",
+        ),
+    ],
+)
+def test_bad_type_tags(tmp_path: Path, part: str, problem: str) -> None:
+    source = [] if part.startswith("source") else ["source: {type: synthetic}"]
+
+    message = config_error(tmp_path, pipeline_yaml(*source, part))
+
+    assert message == f"{tmp_path / 'config.yaml'}:{4 + len(source)}: $.pipelines[0].{problem}"
+
+
+@pytest.mark.parametrize(
+    ("part", "problem"),
+    [
+        ("source: {uri: x.mp4}", f"source: missing required field 'type'; valid: {SOURCE_TYPES}"),
+        (
+            "sinks: [{path: r.jsonl}]",
+            "sinks[0]: missing required field 'type'; valid: jsonl, mqtt, stdout",
+        ),
+        ("source: {type: video}", "source: missing required field 'uri'"),
+        ("source: {type: serial}", "source: missing required field 'port'"),
+        ("source: {type: mqtt}", "source: missing required field 'topic'"),
+        ("sinks: [{type: jsonl}]", "sinks[0]: missing required field 'path'"),
+    ],
+)
+def test_missing_type_or_required_field(tmp_path: Path, part: str, problem: str) -> None:
+    message = config_error(tmp_path, pipeline_yaml(part))
+
+    assert message == f"{tmp_path / 'config.yaml'}:4: $.pipelines[0].{problem}"
+
+
+@pytest.mark.parametrize(
+    ("part", "problem"),
+    [
+        ("source: {type: video, url: x.mp4}", "source.url: unknown field; did you mean 'uri'?"),
+        (
+            "source: {type: camera, reconnect: {max: 5}}",
+            "source.reconnect.max: unknown field; did you mean 'max_s'?",
+        ),
+        (
+            "source: {type: video, uri: x.mp4, qqq: 1}",
+            "source.qqq: unknown field; valid: type, uri, fps, loop",
+        ),
+        (
+            "task: {type: detect, decoder: ssd, iou_treshold: 0.5}",
+            "task.iou_treshold: unknown field; did you mean 'iou_threshold'?",
+        ),
+        (
+            "task: {type: classify, preprocess: {sise: [224, 224]}}",
+            "task.preprocess.sise: unknown field; did you mean 'size'?",
+        ),
+        (
+            "task: {type: raw, labels: l.txt}",
+            "task.labels: unknown field; valid: type, preprocess",
+        ),
+        (
+            "sinks: [{type: stdout}, {type: jsonl, pth: r.jsonl}]",
+            "sinks[1].pth: unknown field; did you mean 'path'?",
+        ),
+        ("emit: {mod: change}", "emit.mod: unknown field; did you mean 'mode'?"),
+    ],
+)
+def test_typo_inside_a_part_suggests_the_field(tmp_path: Path, part: str, problem: str) -> None:
+    source = [] if part.startswith("source") else ["source: {type: synthetic}"]
+
+    message = config_error(tmp_path, pipeline_yaml(*source, part))
+
+    assert message == f"{tmp_path / 'config.yaml'}:{4 + len(source)}: $.pipelines[0].{problem}"
+
+
+@pytest.mark.parametrize(
+    ("part", "problem"),
+    [
+        (
+            "task: {type: detect, decoder: yolo}",
+            "task.decoder: invalid enum value 'yolo'; valid: yolov8, yolov5, ssd, blazeface",
+        ),
+        ("task: {type: detect}", "task: missing required field 'decoder'"),
+        (
+            "task: {type: detect, decoder: ssd, score_threshold: 1.5}",
+            "task.score_threshold: expected float <= 1.0",
+        ),
+        (
+            "task: {type: classify, preprocess: {size: [320]}}",
+            "task.preprocess.size: expected list of length >= 2",
+        ),
+        (
+            "task: {type: classify, preprocess: {size: [320, 320, 3]}}",
+            "task.preprocess.size: expected list of length <= 2",
+        ),
+        ("task: {type: classify, labels: ''}", "task.labels: expected str of length >= 1"),
+        (
+            "sinks: [{type: stdout, format: yaml}]",
+            "sinks[0].format: invalid enum value 'yaml'; valid: text, json",
+        ),
+        ("sinks: [{type: mqtt, qos: 2}]", "sinks[0].qos: invalid enum value 2; valid: 0, 1"),
+        ("emit: {mode: always}", "emit.mode: invalid enum value 'always'; valid: every, change"),
+        ("emit: {min_interval_s: -1}", "emit.min_interval_s: expected float >= 0.0"),
+        ("queue_size: 0", "queue_size: expected int >= 1"),
+        ("queue_size: 65", "queue_size: expected int <= 64"),
+        ("required: 'yes'", "required: expected bool, got str"),
+    ],
+)
+def test_part_field_errors(tmp_path: Path, part: str, problem: str) -> None:
+    message = config_error(tmp_path, pipeline_yaml("source: {type: synthetic}", part))
+
+    assert message == f"{tmp_path / 'config.yaml'}:5: $.pipelines[0].{problem}"
+
+
+@pytest.mark.parametrize(
+    ("source", "problem"),
+    [
+        ("{type: video, uri: ''}", "source.uri: expected str of length >= 1"),
+        ("{type: camera, uri: 1.5}", "source.uri: expected int | str, got float"),
+        ("{type: camera, fourcc: MJPEG}", "source.fourcc: expected str of length <= 4"),
+        ("{type: camera, fps: 0}", "source.fps: expected float > 0.0"),
+        (
+            "{type: camera, reconnect: {max_attempts: 0}}",
+            "source.reconnect.max_attempts: expected int >= 1",
+        ),
+        (
+            "{type: serial, port: /dev/ttyS0, format: xml}",
+            "source.format: invalid enum value 'xml'; valid: csv, json",
+        ),
+        (
+            "{type: audio, command: arecord, sample_format: s24le}",
+            "source.sample_format: invalid enum value 's24le'; valid: s16le, s32le, f32le, u8",
+        ),
+    ],
+)
+def test_source_field_errors(tmp_path: Path, source: str, problem: str) -> None:
+    message = config_error(tmp_path, pipeline_yaml(f"source: {source}"))
+
+    assert message == f"{tmp_path / 'config.yaml'}:4: $.pipelines[0].{problem}"
+
+
+@pytest.mark.parametrize(
+    "source", ["{type: audio}", "{type: audio, command: [arecord, -t, raw], path: in.wav}"]
+)
+def test_audio_takes_a_command_or_a_path(tmp_path: Path, source: str) -> None:
+    message = config_error(tmp_path, pipeline_yaml(f"source: {source}"))
+
+    assert message.endswith(":4: $.pipelines[0].source: give exactly one of 'command' or 'path'")
+    with pytest.raises(ValueError, match="exactly one"):
+        AudioSource()
+
+
+def test_audio_command_may_be_a_list(tmp_path: Path) -> None:
+    config = parse_config(pipeline_yaml("source: {type: audio, command: [arecord, -t, raw]}"))
+
+    assert config.pipelines[0].source == AudioSource(command=["arecord", "-t", "raw"])
+
+
+def test_credential_in_a_bad_type_tag_is_redacted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "kind").write_text("hush-hush\n", encoding="utf-8")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path))
+
+    message = config_error(tmp_path, pipeline_yaml("source:", "  type: ${credential:kind}"))
+
+    assert message.endswith(
+        f":5: $.pipelines[0].source.type: unknown type '<redacted>'; valid: {SOURCE_TYPES}"
+    )
+    assert "hush" not in message
+
+
+def test_relative_part_paths_resolve_against_the_config_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "etc"
+    folder.mkdir()
+    monkeypatch.chdir(tmp_path)  # not the config's folder
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    config = load_config(
+        write(
+            folder,
+            """\
+            pipelines:
+              - name: video
+                model: {path: m.onnx}
+                source: {type: video, uri: media/in.mp4}
+                task: {type: classify, labels: labels.txt}
+                sinks: [{type: jsonl, path: ../out/r.jsonl}, {type: stdout}]
+              - name: images
+                model: {path: m.onnx}
+                source: {type: images, uri: "frames/*.jpg"}
+                task: {type: detect, decoder: ssd, labels: [cat, dog]}
+              - name: audio
+                model: {path: m.onnx}
+                source: {type: audio, path: ~/clip.wav}
+                task: {type: detect, decoder: ssd, labels: /usr/share/coco.txt}
+              - name: url
+                model: {path: m.onnx}
+                source: {type: video, uri: "https://example.com/in.mp4"}
+            """,
+        )
+    )
+
+    video, images, audio, url = config.pipelines
+    assert video.source == VideoSource(uri=str(folder / "media" / "in.mp4"))
+    assert video.task == ClassifyTask(labels=str(folder / "labels.txt"))
+    assert video.sinks == [JsonlSink(path=str(tmp_path / "out" / "r.jsonl")), StdoutSink()]
+    assert images.source == ImagesSource(uri=str(folder / "frames" / "*.jpg"))
+    assert images.task == DetectTask(decoder="ssd", labels=["cat", "dog"])
+    assert audio.source == AudioSource(path=str(tmp_path / "home" / "clip.wav"))
+    assert audio.task == DetectTask(decoder="ssd", labels="/usr/share/coco.txt")
+    assert url.source == VideoSource(uri="https://example.com/in.mp4")
+
+
+@pytest.mark.parametrize(
+    ("uri", "expected"),
+    [
+        ("0", 0),
+        ("2", 2),
+        ("/dev/video0", "/dev/video0"),
+        ("video0", "video0"),
+        ("rtsp://cam.local:554/stream", "rtsp://cam.local:554/stream"),
+        ("'0'", "0"),
+    ],
+)
+def test_camera_uri_is_left_as_written(tmp_path: Path, uri: str, expected: object) -> None:
+    config = load_config(write(tmp_path, pipeline_yaml(f"source: {{type: camera, uri: {uri}}}")))
+
+    assert config.pipelines[0].source == CameraSource(uri=expected)
+    assert type(config.pipelines[0].source.uri) is type(expected)
 
 
 # --- substitution -----------------------------------------------------------------------------
@@ -397,6 +855,14 @@ def test_env_substitution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
                   memory_limit_mb: ${EI_UNSET:-1.5}
                   warmup: ${EI_UNSET:-false}
                   name: ${EI_EMPTY}
+                source:
+                  type: video
+                  uri: ${EI_UNSET:-media}/${EI_DEVICE}.mp4
+                  loop: ${EI_UNSET:-true}
+                  fps: ${EI_THREADS}
+                sinks:
+                  - type: mqtt
+                    qos: ${EI_UNSET:-0}
             """,
         )
     )
@@ -410,6 +876,8 @@ def test_env_substitution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     assert pipeline.model.memory_limit_mb == 1.5
     assert pipeline.model.warmup is False
     assert pipeline.model.name is None  # an empty unquoted value is null, as in YAML
+    assert pipeline.source == VideoSource(uri=str(tmp_path / "media" / "pi-7.mp4"), loop=True, fps=3)
+    assert pipeline.sinks == [MqttSink(qos=0)]
 
 
 def test_missing_env_var_names_variable_and_path(
@@ -420,7 +888,7 @@ def test_missing_env_var_names_variable_and_path(
     message = config_error(tmp_path, MINIMAL + "      name: ${EI_NOT_SET}\n")
 
     assert message.endswith(
-        ":5: $.pipelines[0].model.name: environment variable EI_NOT_SET is not set"
+        ":6: $.pipelines[0].model.name: environment variable EI_NOT_SET is not set"
     )
 
 
@@ -436,15 +904,12 @@ def test_bad_substitution(tmp_path: Path, value: str, problem: str) -> None:
 
 def test_dollar_escape(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EI_X", "expanded")
-    task = "    task: {a: '$${EI_X}', b: 'cost: 5$$', c: 'lone $ kept', d: $$$$}\n"
+    task = "    task: {type: classify, labels: ['$${EI_X}', 'cost: 5$$', 'lone $ kept', $$$$]}\n"
     config = load_config(write(tmp_path, MINIMAL + task))
 
-    assert config.pipelines[0].task == {
-        "a": "${EI_X}",
-        "b": "cost: 5$",
-        "c": "lone $ kept",
-        "d": "$$",
-    }
+    assert config.pipelines[0].task == ClassifyTask(
+        labels=["${EI_X}", "cost: 5$", "lone $ kept", "$$"]
+    )
 
 
 def test_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -457,17 +922,23 @@ def test_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     config = load_config(
         write(
             tmp_path,
-            MINIMAL
-            + "    sinks:\n"
-            + "      - type: mqtt\n"
-            + "        password: ${credential:mqtt_password}\n"
-            + "        pin: ${credential:pin}\n",
+            pipeline_yaml(
+                "source:",
+                "  type: camera",
+                "  uri: ${credential:pin}",
+                "task:",
+                "  type: classify",
+                "  labels:",
+                "    - ${credential:mqtt_password}",
+            ),
         )
     )
 
-    # One trailing newline stripped, no more; a credential is always a string.
-    (sink,) = config.pipelines[0].sinks
-    assert sink == {"type": "mqtt", "password": "hunter2 secret\n", "pin": "1234"}
+    # One trailing newline stripped, no more; a credential is always a string (a camera's uri
+    # may be an int, a device index: "1234" stays a str all the same).
+    (pipeline,) = config.pipelines
+    assert pipeline.source == CameraSource(uri="1234")
+    assert pipeline.task == ClassifyTask(labels=["hunter2 secret\n"])
 
 
 def test_credential_value_never_appears_in_errors(
@@ -590,16 +1061,20 @@ def test_merge_keys_do_not_disturb_shared_anchors(tmp_path: Path) -> None:
             pipelines:
               - name: a
                 model: &base {path: base.onnx, threads: 1, probe: true}
+                source: &cam {type: camera, uri: 0}
               - name: b
                 model: &tuned
                   <<: *base
                   threads: 2
+                source: *cam
               - name: c
                 model: *tuned
+                source: *cam
               - name: d
                 model:
                   <<: [*tuned, {path: other.onnx, warmup: false}]
                   path: d.onnx
+                source: {<<: *cam, uri: 1}
             """,
         )
     )
@@ -610,6 +1085,7 @@ def test_merge_keys_do_not_disturb_shared_anchors(tmp_path: Path) -> None:
     assert models["c"].path == str(tmp_path / "base.onnx")
     assert models["d"].path == str(tmp_path / "d.onnx")
     assert models["d"].warmup is False
+    assert [p.source for p in config.pipelines] == [CameraSource(uri=0)] * 3 + [CameraSource(uri=1)]
 
 
 def test_alias_expansion_is_bounded(tmp_path: Path) -> None:
