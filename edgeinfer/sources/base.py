@@ -113,8 +113,10 @@ class Backoff:
         return base * (1.0 + random.uniform(0.0, 0.2))
 
     def wait(self) -> bool:
-        """Sleep the next delay; ``False`` if stopped meanwhile or out of attempts."""
-        if self._config.max_attempts is not None and self.attempts >= self._config.max_attempts:
+        """Called after a failure: sleep the next delay and return ``True`` to try again, or
+        ``False`` if stopped meanwhile or ``max_attempts`` failures in a row were reached."""
+        limit = self._config.max_attempts
+        if limit is not None and self.attempts + 1 >= limit:
             return False
         delay = self.next_delay()
         self.attempts += 1
@@ -138,6 +140,9 @@ class RateLimiter:
         if not self.interval:
             return
         now = time.monotonic()
+        if not self._next:  # the first frame goes now, the next one interval later
+            self._next = now + self.interval
+            return
         if self._next > now:
             if self._stop is not None:
                 self._stop.wait(self._next - now)
@@ -151,5 +156,5 @@ class RateLimiter:
             return True
         if ts + 1e-4 < self._next:
             return False
-        self._next = max(self._next + self.interval, ts)
+        self._next = max(self._next, ts) + self.interval
         return True

@@ -1,0 +1,218 @@
+"""``camera``: OpenCV capture of a V4L2 device, an RTSP or HTTP MJPEG stream, or a GStreamer
+pipeline, reconnecting with backoff when the device or stream goes away.
+
+A camera that is missing at start does not stop the daemon: ``_open`` logs and counts the
+failure and iteration keeps retrying (``reconnect.max_attempts`` failures in a row raise
+``SourceError``). Streams are opened through FFmpeg with open and read timeouts of
+``open_timeout_s``, so a stalled server costs at most that long per attempt instead of
+hanging a read forever.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Iterator
+from functools import cache
+from typing import Any
+
+import cv2
+import numpy as np
+
+from ..config.pipeline import CameraSource as CameraConfig
+from ..errors import SourceError
+from ..frames import Frame
+from .base import Backoff, RateLimiter, Source
+
+__all__ = ["CameraSource", "gstreamer_available", "redact"]
+
+logger = logging.getLogger(__name__)
+
+
+@cache
+def gstreamer_available() -> bool:
+    """Whether this OpenCV build can open GStreamer pipelines (pip wheels cannot)."""
+    return bool(cv2.videoio_registry.hasBackend(cv2.CAP_GSTREAMER))
+
+
+def redact(uri: str | int) -> str:
+    """``uri`` with the password of ``scheme://user:password@host/...`` replaced by ``***``."""
+    text = str(uri)
+    scheme, sep, rest = text.partition("://")
+    authority = rest.split("/", 1)[0]
+    if not sep or "@" not in authority:
+        return text
+    userinfo, _, host = authority.rpartition("@")
+    user, colon, _ = userinfo.partition(":")
+    return f"{scheme}://{user}{':***' if colon else ''}@{host}{rest[len(authority):]}"
+
+
+class CameraSource(Source):
+    """Frames from ``cv2.VideoCapture``; a live source (the pipeline drops its oldest frames).
+
+    Args:
+        config: The ``camera`` source config.
+        **context: Ignored (what other sources need).
+
+    Raises:
+        SourceError: On entering, when the config cannot work on this machine (a GStreamer
+            pipeline without GStreamer support in OpenCV); while iterating, after
+            ``reconnect.max_attempts`` failures in a row.
+    """
+
+    live = True
+
+    def __init__(self, config: CameraConfig, **context: Any) -> None:
+        super().__init__(config)
+        self._cap: cv2.VideoCapture | None = None
+        self._failures = 0  # in a row, since the last good frame
+        self._down_since: float | None = None
+        self._reason = ""
+
+    @property
+    def name(self) -> str:
+        """The URI, with a password in it masked (names end up in logs and stats)."""
+        return redact(self.config.uri)
+
+    # --- opening -------------------------------------------------------------------------
+
+    def _open(self) -> None:
+        if self.config.backend == "gstreamer" and not gstreamer_available():
+            raise SourceError(
+                f"camera {self.name}: backend gstreamer needs OpenCV built with GStreamer, and this "
+                f"one ({cv2.__version__}) is not (pip's opencv-python wheels never are); use the "
+                f"distribution's python3-opencv, or backend ffmpeg/v4l2")
+        self._connect()
+
+    def _target(self) -> tuple[str | int, int, list[int]]:
+        """What to hand ``cv2.VideoCapture``: source, API preference, open parameters."""
+        c = self.config
+        uri: str | int = c.uri
+        if isinstance(uri, str) and uri.isdigit():
+            uri = int(uri)
+        if c.backend == "gstreamer":
+            return uri, cv2.CAP_GSTREAMER, []
+        ms = int(c.open_timeout_s * 1000)
+        ffmpeg = [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, ms, cv2.CAP_PROP_READ_TIMEOUT_MSEC, ms]
+        if c.backend == "ffmpeg":
+            return uri, cv2.CAP_FFMPEG, ffmpeg
+        if c.backend == "v4l2":
+            return uri, cv2.CAP_V4L2, []
+        if isinstance(uri, str) and "://" in uri:
+            return uri, cv2.CAP_FFMPEG, ffmpeg
+        if isinstance(uri, int) or uri.startswith("/dev/"):
+            return uri, (cv2.CAP_V4L2 if sys.platform.startswith("linux") else cv2.CAP_ANY), []
+        return uri, cv2.CAP_ANY, []
+
+    def _connect(self) -> bool:
+        """Open the capture once; on failure count it, log it (once per outage), return False."""
+        uri, api, params = self._target()
+        try:
+            cap = cv2.VideoCapture(uri, api, params)
+        except cv2.error as exc:
+            self._fail(f"cannot open: {exc}")
+            return False
+        if not cap.isOpened():
+            cap.release()
+            self._fail("cannot open")
+            return False
+        if api == cv2.CAP_V4L2:
+            self._apply_mode(cap)
+        elif self._down_since is None and any(
+                v is not None for v in (self.config.width, self.config.height, self.config.fps)):
+            logger.info("camera %s: width/height/fps apply to V4L2 devices only; the stream gives "
+                        "%dx%d", self.name, cap.get(cv2.CAP_PROP_FRAME_WIDTH),
+                        cap.get(cv2.CAP_PROP_FRAME_HEIGHT))
+        self._cap = cap
+        if self._down_since is not None:
+            self.stats.reconnects += 1
+            logger.info("camera %s: reopened after %d failures (%.1f s down)", self.name,
+                        self._failures, time.monotonic() - self._down_since)
+        return True
+
+    def _apply_mode(self, cap: cv2.VideoCapture) -> None:
+        """Ask the V4L2 device for the configured mode and log what it actually gave."""
+        c = self.config
+        if c.fourcc is not None:  # before the size: the size list depends on the format
+            cap.set(cv2.CAP_PROP_FOURCC, cv2.VideoWriter.fourcc(*c.fourcc))
+        if c.width is not None:
+            cap.set(cv2.CAP_PROP_FRAME_WIDTH, c.width)
+        if c.height is not None:
+            cap.set(cv2.CAP_PROP_FRAME_HEIGHT, c.height)
+        if c.fps is not None:
+            cap.set(cv2.CAP_PROP_FPS, c.fps)
+        code = int(cap.get(cv2.CAP_PROP_FOURCC))
+        fourcc = "".join(chr((code >> (8 * i)) & 0xFF) for i in range(4)) if code > 0 else "?"
+        logger.info("camera %s: %dx%d at %.1f fps, %s (asked %sx%s at %s fps, %s)", self.name,
+                    cap.get(cv2.CAP_PROP_FRAME_WIDTH), cap.get(cv2.CAP_PROP_FRAME_HEIGHT),
+                    cap.get(cv2.CAP_PROP_FPS), fourcc, c.width or "-", c.height or "-",
+                    c.fps or "-", c.fourcc or "-")
+
+    def _fail(self, reason: str) -> None:
+        self._failures += 1
+        self._reason = reason
+        self.stats.errors += 1
+        self.stats.last_error = f"{self.name}: {reason}"
+        if self._down_since is None:
+            self._down_since = time.monotonic()
+            logger.warning("camera %s: %s; retrying with backoff", self.name, reason)
+        elif logger.isEnabledFor(logging.DEBUG):
+            logger.debug("camera %s: %s (failure %d in a row)", self.name, reason, self._failures)
+
+    def _release(self) -> None:
+        cap, self._cap = self._cap, None
+        if cap is not None:
+            cap.release()
+
+    # --- reading -------------------------------------------------------------------------
+
+    def _frames(self) -> Iterator[Frame]:
+        backoff = Backoff(self.config.reconnect, self._stop)
+        limiter = RateLimiter(self.config.max_fps)
+        max_attempts = self.config.reconnect.max_attempts
+        stats = self.stats
+        index = 0
+        while not self._stop.is_set():
+            cap = self._cap
+            if cap is None:
+                if max_attempts is not None and self._failures >= max_attempts:
+                    raise SourceError(f"camera {self.name}: gave up after {self._failures} failures "
+                                      f"in a row (last: {self._reason})")
+                if not backoff.wait() or not self._connect():
+                    continue
+                cap = self._cap
+                assert cap is not None
+            ok, data = cap.read()
+            if not ok:
+                if self._stop.is_set():
+                    return
+                self._release()
+                self._fail("read failed (device or stream lost)")
+                continue
+            ts = time.monotonic()
+            index += 1
+            if data is None or data.size == 0:
+                stats.corrupt += 1
+                continue
+            if self._failures:
+                self._failures = 0
+                self._down_since = None
+                backoff.reset()
+            if not limiter.admit(ts):
+                stats.skipped += 1
+                continue
+            stats.frames += 1
+            yield Frame(index - 1, ts, time.time(), _bgr(data))
+
+    def _close(self) -> None:
+        self._release()
+
+
+def _bgr(data: np.ndarray) -> np.ndarray:
+    """OpenCV gives BGR already; a few devices and pipelines give gray or BGRA."""
+    if data.ndim == 2:
+        return cv2.cvtColor(data, cv2.COLOR_GRAY2BGR)
+    if data.shape[2] == 4:
+        return cv2.cvtColor(data, cv2.COLOR_BGRA2BGR)
+    return data
