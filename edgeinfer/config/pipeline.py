@@ -132,6 +132,8 @@ class AudioSource(_Part, tag="audio"):
             checked against them).
         window: Samples per window (per channel; channels are averaged to mono).
         hop: Samples between window starts (``None``: ``window``, no overlap).
+        realtime: Replay a WAV ``path`` at its sample rate, as a microphone would deliver it
+            (default: as fast as the pipeline takes windows).
     """
 
     command: str | list[str] | None = None
@@ -142,6 +144,7 @@ class AudioSource(_Part, tag="audio"):
     window: Annotated[int, Meta(ge=1)] = 512
     hop: Annotated[int, Meta(ge=1)] | None = None
     reconnect: ReconnectConfig = msgspec.field(default_factory=ReconnectConfig)
+    realtime: bool = False
 
     def __post_init__(self) -> None:
         if (self.command is None) == (self.path is None):
