@@ -1,0 +1,94 @@
+"""``classify``: image -> one score per class -> top-k with labels."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..config.pipeline import ClassifyTask as ClassifyConfig
+from ..errors import ConfigError, InvalidInputError
+from ..frames import Classification, Frame, TaskResult
+from ..runtime.base import format_shape
+from .base import Task, label_of, load_labels
+from .preprocess import Preprocessor, Transform
+
+if TYPE_CHECKING:
+    from ..model import Model
+
+__all__ = ["ClassifyTask", "is_probabilities", "softmax"]
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    """Softmax of a 1-D array, stable for large logits."""
+    e = np.exp(x - x.max())
+    return np.asarray(e / e.sum())
+
+
+def is_probabilities(x: np.ndarray, tol: float = 1e-3) -> bool:
+    """All in [0, 1] and summing to 1 within ``tol``."""
+    return bool(x.min() >= 0.0 and x.max() <= 1.0 and abs(float(x.sum()) - 1.0) <= tol)
+
+
+class ClassifyTask(Task):
+    """Top-k classification of image frames.
+
+    The model has one image input and one output whose last dimension is the class count (the
+    others 1, e.g. ``[1, 1000]``). ``softmax: auto`` applies softmax unless the scores already
+    are probabilities (all in [0, 1], summing to about 1).
+
+    Raises:
+        ConfigError: the model has more than one input or output, the output is not one score
+            per class, or the labels do not match the class count.
+    """
+
+    def __init__(self, config: ClassifyConfig, model: Model) -> None:
+        super().__init__(config, model)
+        if len(model.inputs) != 1 or len(model.outputs) != 1:
+            raise ConfigError(
+                f"classify needs a model with one image input and one output; {model.name} has "
+                f"inputs {_names(model.inputs)} and outputs {_names(model.outputs)}")
+        out = model.outputs[0]
+        classes = out.shape[-1] if out.shape else None
+        if not out.shape or any(isinstance(d, int) and d != 1 for d in out.shape[:-1]):
+            raise ConfigError(f"classify expects one output [1, classes]; {model.name} has "
+                              f"{out.name} {format_shape(out.shape)}")
+        self.num_classes = classes if isinstance(classes, int) and classes > 0 else None
+        self.labels = load_labels(config.labels)
+        if self.labels is not None and self.num_classes is not None \
+                and len(self.labels) != self.num_classes:
+            raise ConfigError(f"labels has {len(self.labels)} entries; output {out.name} "
+                              f"{format_shape(out.shape)} scores {self.num_classes} classes")
+        self.preprocessor = Preprocessor(config.preprocess, model.inputs[0])
+        self._input, self._output = model.inputs[0].name, out.name
+
+    def preprocess(self, frame: Frame) -> tuple[dict[str, np.ndarray], Transform]:
+        """The model's input for ``frame``."""
+        tensor, transform = self.preprocessor(frame.data)
+        return {self._input: tensor}, transform
+
+    def postprocess(self, outputs: Mapping[str, np.ndarray], frame: Frame, context: Any
+                    ) -> TaskResult:
+        """The ``top_k`` classes scoring at least ``score_threshold``, best first."""
+        return TaskResult(top=self.classify(outputs[self._output]))
+
+    def classify(self, output: np.ndarray) -> tuple[Classification, ...]:
+        """Top-k of one output tensor (batch of 1)."""
+        cfg: ClassifyConfig = self.config
+        x = np.asarray(output, dtype=np.float32).reshape(-1)
+        if self.labels is not None and x.size != len(self.labels):
+            raise InvalidInputError(f"output has {x.size} scores, labels {len(self.labels)}")
+        if cfg.softmax == "yes" or (cfg.softmax == "auto" and not is_probabilities(x)):
+            x = softmax(x)
+        k = min(cfg.top_k, x.size)
+        top = np.argpartition(-x, k - 1)[:k] if k < x.size else np.arange(x.size)
+        top = top[np.argsort(-x[top], kind="stable")]
+        # A threshold of 0 keeps everything, raw logits below 0 included (softmax: no).
+        thr = cfg.score_threshold if cfg.score_threshold > 0 else -np.inf
+        return tuple(Classification(label_of(self.labels, int(i)), int(i), float(x[i]))
+                     for i in top if x[i] >= thr)
+
+
+def _names(specs: Any) -> str:
+    return "[" + ", ".join(f"{s.name} {format_shape(s.shape)}" for s in specs) + "]"
