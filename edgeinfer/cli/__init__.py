@@ -17,6 +17,8 @@ from ..errors import EdgeInferError
 
 # verb -> (handler, one-line help). Handlers take the parsed namespace and return an exit code.
 VERBS = {
+    "run": ("edgeinfer.cli.run_cmd:cmd_run", "run the pipelines of a config"),
+    "demo": ("edgeinfer.cli.run_cmd:cmd_demo", "run the demo pipeline on a sample video"),
     "info": ("edgeinfer.cli.model_cmds:cmd_info", "load a model and describe it"),
     "providers": ("edgeinfer.cli.model_cmds:cmd_providers", "list execution providers and delegates"),
     "models": ("edgeinfer.cli.model_cmds:cmd_models", "list or pull the example models"),
@@ -41,6 +43,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true",
                         help="show tracebacks for unexpected errors")
     sub = parser.add_subparsers(dest="verb", metavar="COMMAND")
+
+    p = sub.add_parser("run", help=VERBS["run"][1],
+                       description="Run every pipeline of CONFIG until their sources end or "
+                       "SIGINT/SIGTERM (a second signal forces exit).")
+    p.add_argument("-c", "--config", required=True, help="YAML config file")
+    p.add_argument("--stats-interval", type=float, default=0.0, metavar="S",
+                   help="log a stats line every S seconds (default: never)")
+
+    p = sub.add_parser("demo", help=VERBS["demo"][1],
+                       description="Fetch the BlazeFace model and a sample video made from a "
+                       "photograph, and run a face-detection pipeline on it: results on stdout "
+                       "and in a JSON Lines file. No camera or broker needed.")
+    p.add_argument("--out", default="results.jsonl", help="JSON Lines output (default: %(default)s)")
 
     p = sub.add_parser("info", help=VERBS["info"][1],
                        description="Load MODEL on the chosen provider and print its inputs, "

@@ -4,6 +4,7 @@ through a real subprocess and the audio source."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -18,7 +19,7 @@ import pytest
 import edgeinfer
 from edgeinfer.config.pipeline import AudioSource as AudioConfig
 from edgeinfer.config.pipeline import VadTask as VadConfig
-from edgeinfer.errors import ConfigError
+from edgeinfer.errors import ConfigError, SourceError
 from edgeinfer.frames import DropFrame, Frame, VadState
 from edgeinfer.model import Model
 from edgeinfer.sources import open_source
@@ -216,3 +217,36 @@ def test_a_model_that_is_not_silero_is_refused_naming_its_shapes(yolo_path: Path
     msg = str(err.value)
     assert "Silero" in msg and "state [2, batch, 128]" in msg
     assert yolo.inputs[0].name in msg and str(list(yolo.inputs[0].shape)) in msg
+
+
+def test_vad_pipeline_from_config_emits_segment_events(
+        silero_path: Path, speech: tuple[np.ndarray, float, float], tmp_path: Path) -> None:
+    """The whole chain: a process writing PCM -> audio source -> Pipeline -> vad task, emitting
+    only on change: the first window, the speech start and the speech end."""
+    from edgeinfer.config import parse_config
+    from edgeinfer.pipeline import Pipeline
+
+    pcm, begin, end = speech
+    (tmp_path / "speech.s16").write_bytes(pcm.astype("<i2").tobytes())
+    # paced a little faster than real time, as a microphone (a live source drops frames when
+    # inference falls behind; 1024 bytes = 32 ms of audio)
+    command = pcm_command(file=tmp_path / "speech.s16", chunk=1024, interval_s=0.02)
+    config = parse_config(json.dumps({"pipelines": [{
+        "name": "voice",
+        "source": {"type": "audio", "command": command, "sample_rate": RATE, "window": 512,
+                   "reconnect": {"max_attempts": 1}},
+        "model": {"path": str(silero_path), "threads": 1},
+        "task": {"type": "vad"},
+        "emit": {"mode": "change"},
+        "sinks": [{"type": "jsonl", "path": str(tmp_path / "vad.jsonl")}],
+    }]}))
+    results = []
+    pipeline = Pipeline.from_config(config, on_result=results.append)
+    assert pipeline.model.report.warmed_up  # Silero's sr and window given for the warm-up
+    with pytest.raises(SourceError):  # the command ends; max_attempts=1 gives up
+        pipeline.run()
+    events = [(r.task.vad.event, r.task.vad.start, r.task.vad.end) for r in results]
+    assert [e[0] for e in events] == [None, "start", "end"]
+    assert abs(events[1][1] - begin) < 0.3 and abs(events[2][2] - end) < 0.3
+    lines = (tmp_path / "vad.jsonl").read_text().splitlines()
+    assert json.loads(lines[1])["vad"]["event"] == "start"
