@@ -59,12 +59,13 @@ def load_pipeline_model(pc: PipelineConfig, runtime: RuntimeConfig) -> Model:
     from .model import load_model
 
     mc = pc.model
+    path = resolve_model(mc.path)
     kwargs = mc.load_kwargs(default_max_model_mb=runtime.max_model_mb)
-    for key, value in _task_load_options(pc).items():
+    for key, value in _task_load_options(pc, path).items():
         if not kwargs.get(key):  # what the config says explicitly wins
             kwargs[key] = value
     return load_model(
-        resolve_model(mc.path), **kwargs,
+        path, **kwargs,
         state_dir=runtime.resolved_state_dir(), cache_dir=runtime.resolved_cache_dir(),
         optimized_model_cache=runtime.optimized_model_cache,
     )
@@ -85,18 +86,18 @@ def assemble(pc: PipelineConfig, model: Model, *, on_result: ResultCallback | No
                     on_result=on_result)
 
 
-def _task_load_options(pc: PipelineConfig) -> dict[str, Any]:
+def _task_load_options(pc: PipelineConfig, model_path: Path) -> dict[str, Any]:
     """``load_model`` options the task implies: the shapes it will feed (so the model is
     optimized and warmed up for them) and valid warm-up values."""
     if type(pc.task).__struct_config__.tag == "vad":
         from .tasks.vad import silero_load_options
 
         return silero_load_options(getattr(pc.source, "sample_rate", 16000))
-    shapes = _shapes_from_preprocess(pc)
+    shapes = _shapes_from_preprocess(pc, model_path)
     return {"input_shapes": shapes} if shapes else {}
 
 
-def _shapes_from_preprocess(pc: PipelineConfig) -> dict[str, list[int]] | None:
+def _shapes_from_preprocess(pc: PipelineConfig, model_path: Path) -> dict[str, list[int]] | None:
     """A detector or classifier whose preprocessing names a size fixes a dynamic image input
     to it."""
     pre = getattr(pc.task, "preprocess", None)
@@ -105,7 +106,7 @@ def _shapes_from_preprocess(pc: PipelineConfig) -> dict[str, list[int]] | None:
     from .runtime.modelfile import inspect_model
 
     try:
-        info = inspect_model(Path(pc.model.path))
+        info = inspect_model(model_path)
     except Exception:  # the real load reports the problem with its own message
         return None
     if info.onnx is None or len(info.onnx.inputs) != 1:

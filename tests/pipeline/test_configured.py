@@ -138,3 +138,17 @@ def test_every_shipped_config_validates() -> None:
         proc = cli("validate-config", str(path))
         _, stderr = proc.communicate(timeout=60)
         assert proc.returncode == 0, f"{path.name}: {stderr}"
+
+
+def test_preprocess_size_fixes_dynamic_inputs_of_a_model_named_by_catalog_name(
+        yolo_path: Path) -> None:
+    from edgeinfer.assembly import load_pipeline_model
+    from edgeinfer.config import RuntimeConfig
+
+    config = parse_config(json.dumps({"pipelines": [{
+        "name": "y", "source": {"type": "synthetic"}, "model": {"path": "yolov8n-320"},
+        "task": {"type": "detect", "decoder": "yolov8", "preprocess": {"size": [320, 256]}},
+    }]}))
+    with load_pipeline_model(config.pipelines[0], RuntimeConfig()) as model:
+        assert model.inputs[0].shape == (1, 3, 256, 320)
+        assert model.report.warmed_up
