@@ -30,14 +30,15 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from _report import machine_facts, write_section
 
-THREADS = 2
+THREADS = 1  # --threads; with 2 cores, one for the model and one for capture/pre/post
 SIZE = (320, 320)
+FRAME = (1280, 720)  # --frame-size; a 720p camera
 
 
 def make_video(path: Path, frames: int) -> Path:
     from edgeinfer import samples
 
-    return samples.demo_video(path, frames=frames, size=(640, 480))
+    return samples.demo_video(path, frames=frames, size=FRAME)
 
 
 def pipeline_config(video: Path, out: Path, loop: bool = False):  # type: ignore[no-untyped-def]
@@ -150,12 +151,17 @@ def soak(video: Path, out: Path, frames: int) -> dict[str, float]:
 
 
 def main() -> int:
+    global THREADS, FRAME
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--frames", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--soak", type=int, default=10_000)
+    parser.add_argument("--threads", type=int, default=THREADS, help="intra-op threads, all loops")
+    parser.add_argument("--frame-size", default="x".join(map(str, FRAME)), metavar="WxH")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
+    THREADS = args.threads
+    FRAME = tuple(int(v) for v in args.frame_size.split("x"))  # type: ignore[assignment]
     with tempfile.TemporaryDirectory() as tmp:
         video = make_video(Path(tmp) / "bench.avi", args.frames)
         out = Path(tmp) / "out.jsonl"
@@ -170,15 +176,17 @@ def main() -> int:
     text = render(med, memory, args)
     print(text)
     if not args.no_write:
-        write_section(ROOT / "docs" / "benchmarks.md", "pipeline", "Pipeline", text,
-                      f"python3 bench/pipeline.py --frames {args.frames} --soak {args.soak}")
+        write_section(ROOT / "docs" / "benchmarks.md", f"pipeline-t{THREADS}",
+                      f"Pipeline, {THREADS} inference thread(s)", text,
+                      f"python3 bench/pipeline.py --frames {args.frames} --soak {args.soak} "
+                      f"--threads {THREADS} --frame-size {args.frame_size}")
     return 0
 
 
 def render(med: dict[str, float], memory: dict[str, float] | None,
            args: argparse.Namespace) -> str:
     lines = [
-        f"A {args.frames}-frame 640x480 video (made from a photograph) through decode -> "
+        f"A {args.frames}-frame {FRAME[0]}x{FRAME[1]} video (made from a photograph) through decode -> "
         f"letterbox -> YOLOv8n-320 -> decode + NMS -> jsonl, {THREADS} threads, CPU provider; "
         f"median of {args.repeats} rotated runs. {machine_facts()}",
         "",
