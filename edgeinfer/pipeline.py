@@ -28,6 +28,7 @@ from .errors import (
 )
 from .frames import DropFrame, Frame, ModelRef, Result, TaskResult
 from .queues import Closed, DropOldestQueue
+from .sources.base import RateLimiter
 from .stats import PipelineStats
 
 if TYPE_CHECKING:
@@ -79,6 +80,11 @@ class Pipeline:
         self._closed = False
         self._done = threading.Event()
         self._swap_lock = threading.Lock()
+        self._running = threading.Event()  # cleared while paused
+        self._running.set()
+        self._limiter: RateLimiter | None = None
+        self._policy = _Emission(self.emit)
+        self._last: tuple[Frame, TaskResult] | None = None
 
     # -- building -------------------------------------------------------------------------------
     @classmethod
@@ -186,6 +192,47 @@ class Pipeline:
             self._provider = model.provider
         return old
 
+    # -- control (commands) ---------------------------------------------------------------------
+    def pause(self) -> None:
+        """Stop processing: a live source keeps being read and its frames are skipped (so no
+        stale buffer on resume); a file source waits."""
+        self._running.clear()
+
+    def resume(self) -> None:
+        self._running.set()
+
+    @property
+    def paused(self) -> bool:
+        return not self._running.is_set()
+
+    def tune(self, changes: dict[str, Any]) -> dict[str, Any]:
+        """Change runtime-tunable settings; returns the settings now in force.
+
+        Tunable: the task's numeric settings (``score_threshold``, ``iou_threshold``,
+        ``max_detections``, ``top_k``, ``threshold``, ``min_speech_ms``, ``min_silence_ms``),
+        ``max_fps`` (a cap on frames taken from the source; ``null`` lifts it), ``emit_mode``
+        and ``min_interval_s``. Values are validated like the config file's.
+
+        Raises:
+            ConfigError: an unknown or untunable field, or a value out of range.
+        """
+        from .tuning import apply_tuning
+
+        return apply_tuning(self, changes)
+
+    def snapshot_jpeg(self, quality: int = 85) -> bytes:
+        """The latest processed image frame as JPEG, with its detections drawn.
+
+        Raises:
+            StateError: no image frame processed yet.
+        """
+        from .tuning import annotate
+
+        last = self._last
+        if last is None or last[0].kind != "image":
+            raise StateError(f"pipeline {self.name!r} has processed no image frame yet")
+        return annotate(last[0], last[1], quality)
+
     # -- stages ---------------------------------------------------------------------------------
     def _guard(self, target: Callable[[], None]) -> None:
         try:
@@ -216,8 +263,19 @@ class Pipeline:
     def _capture(self) -> None:
         stats = self.stats
         clock = time.perf_counter
+        live = self.source.live
         try:
             for frame in self.source:
+                if not self._running.is_set():
+                    if live:  # a paused camera keeps being read (no stale buffer on resume)
+                        stats.paused += 1
+                        continue
+                    while not self._running.wait(0.2) and not self.source.stopped:
+                        pass
+                limiter = self._limiter
+                if limiter is not None and not limiter.admit(frame.ts):
+                    stats.paused += 1
+                    continue
                 t0 = clock()
                 try:
                     feeds, context = self.task.preprocess(frame)
@@ -276,7 +334,6 @@ class Pipeline:
     def _emit(self) -> None:
         stats = self.stats
         clock = time.perf_counter
-        policy = _Emission(self.emit)
         while True:
             try:
                 frame, outputs, context, task = self._inferred.get()
@@ -288,13 +345,21 @@ class Pipeline:
             except DropFrame:
                 stats.dropped_by_task += 1
                 continue
+            except Exception as exc:  # a decoding failure costs one frame, not the pipeline
+                stats.errors += 1
+                stats.last_error = f"postprocess: {type(exc).__name__}: {exc}"
+                if stats.errors == 1 or logger.isEnabledFor(logging.DEBUG):
+                    logger.error("pipeline %s: postprocessing frame %d failed", self.name,
+                                 frame.index, exc_info=True)
+                continue
             post_ms = (clock() - t0) * 1000
             stats.post.add(post_ms)
             stats.processed += 1
-            ready = policy.offer(frame, part, post_ms)
+            self._last = (frame, part)
+            ready = self._policy.offer(frame, part, post_ms)
             if ready is not None:
                 self._deliver(*ready)
-        pending = policy.flush()
+        pending = self._policy.flush()
         if pending is not None:
             self._deliver(*pending)
 
@@ -332,7 +397,8 @@ class Pipeline:
             provider=self._provider,
             source=self.source.stats.to_dict(),
             queues={"prepared": len(self._prepared), "inferred": len(self._inferred)},
-            state="failed" if self.error else ("done" if self._done.is_set() else "running"),
+            state="failed" if self.error else ("done" if self._done.is_set() else
+                                               "paused" if self.paused else "running"),
         )
         return data
 

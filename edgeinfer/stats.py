@@ -48,6 +48,7 @@ class PipelineStats:
     emitted: int = 0  # results delivered to sinks
     dropped_queue: int = 0  # live frames dropped because inference fell behind
     dropped_by_task: int = 0  # frames a stage dropped on purpose (DropFrame)
+    paused: int = 0  # frames skipped while paused or over a tuned max_fps
     errors: int = 0  # inference failures (the frame is skipped)
     sink_errors: int = 0
     worker_restarts: int = 0
@@ -83,7 +84,8 @@ class PipelineStats:
             "frames_in": self.frames_in,
             "processed": self.processed,
             "emitted": self.emitted,
-            "dropped": {"queue": self.dropped_queue, "task": self.dropped_by_task},
+            "dropped": {"queue": self.dropped_queue, "task": self.dropped_by_task,
+                        "paused": self.paused},
             "errors": self.errors,
             "sink_errors": self.sink_errors,
             "worker_restarts": self.worker_restarts,

@@ -242,7 +242,8 @@ class BlazeFaceDecoder(Decoder):
         # Fixed-size anchors: offsets and sizes are in input pixels (x_scale = input width).
         cx, cy = raw[:, 0] + anchors[:, 0], raw[:, 1] + anchors[:, 1]
         boxes = _xywh_to_xyxy(cx, cy, raw[:, 2], raw[:, 3])
-        kps = raw[:, 4:].reshape(len(raw), -1, 2) + anchors[:, None, :]
+        # explicit keypoint count: with no candidate left, -1 cannot be inferred
+        kps = raw[:, 4:].reshape(len(raw), (self._coords - 4) // 2, 2) + anchors[:, None, :]
         return Decoded(boxes, scores[keep], np.zeros(len(keep), np.intp), kps)
 
 

@@ -92,6 +92,8 @@ class DetectTask(Task):
         if kind == "none":
             return _take(d, np.argsort(-d.scores, kind="stable")[:limit])
         n = len(d.scores)
+        if n == 0:  # nothing to merge (and reshape(0, -1) cannot infer a width)
+            return d
         extra = None if d.keypoints is None else d.keypoints.reshape(n, -1)
         boxes, scores, kps = weighted_nms(d.boxes, d.scores, cfg.iou_threshold, extra)
         merged = Decoded(boxes, scores, np.zeros(len(scores), np.intp),

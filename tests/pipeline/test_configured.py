@@ -152,3 +152,48 @@ def test_preprocess_size_fixes_dynamic_inputs_of_a_model_named_by_catalog_name(
     with load_pipeline_model(config.pipelines[0], RuntimeConfig()) as model:
         assert model.inputs[0].shape == (1, 3, 256, 320)
         assert model.report.warmed_up
+
+
+def test_tune_snapshot_pause_and_resume_a_running_pipeline(
+        demo_video: Path, blazeface_path: Path, tmp_path: Path) -> None:
+    import cv2
+    import numpy as np
+
+    text = json.loads(face_config(demo_video, blazeface_path, tmp_path / "t.jsonl"))
+    text["pipelines"][0]["source"] = {"type": "video", "uri": str(demo_video), "fps": 30,
+                                      "loop": True}
+    p = Pipeline.from_config(parse_config(json.dumps(text)))
+    p.start()
+    try:
+        deadline = time.monotonic() + 30
+        while p.stats.processed < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        jpeg = p.snapshot_jpeg()
+        image = cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_COLOR)
+        assert image.shape == (480, 640, 3)
+        green = (image[:, :, 1] > 200) & (image[:, :, 0] < 80) & (image[:, :, 2] < 80)
+        assert green.sum() > 100  # the box is drawn
+
+        with pytest.raises(ConfigError, match="tunable: .*score_threshold"):
+            p.tune({"score_thresh": 0.5})
+        with pytest.raises(ConfigError, match="score_threshold"):
+            p.tune({"score_threshold": 1.5})
+        settings = p.tune({"score_threshold": 0.999, "max_fps": 10})
+        assert settings["score_threshold"] == 0.999 and settings["max_fps"] == 10
+        time.sleep(0.5)
+        n = p.stats.emitted
+        while p.stats.emitted < n + 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert p._last is not None and p._last[1].detections == ()  # noqa: SLF001
+
+        p.pause()
+        time.sleep(0.3)
+        before = p.stats.processed
+        time.sleep(0.5)
+        assert p.stats.processed - before <= 2 and p.snapshot()["state"] == "paused"
+        p.resume()
+        while p.stats.processed <= before + 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert p.stats.processed > before + 2
+    finally:
+        p.close()

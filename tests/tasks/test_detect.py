@@ -353,3 +353,18 @@ def test_blazeface_defaults_follow_mediapipe(blazeface: Model) -> None:
                             preprocess=PreprocessConfig(scale=1 / 255, pad_value=50))
     pre = DetectTask(explicit, blazeface).preprocessor
     assert pre.alpha == pytest.approx((1 / 255,) * 3) and pre.pad_value == 50
+
+
+def test_blazeface_with_no_candidate_above_threshold_gives_no_detections(
+        blazeface_path: Path) -> None:
+    """A frame with no face (and a threshold nothing reaches) must decode to nothing."""
+    import edgeinfer
+    from edgeinfer.config.pipeline import DetectTask as DetectConfig
+    from edgeinfer.frames import Frame
+    from edgeinfer.tasks import make_task
+
+    with edgeinfer.load_model(blazeface_path) as model:
+        task = make_task(DetectConfig(decoder="blazeface", score_threshold=0.999), model)
+        frame = Frame(0, 0.0, 0.0, np.zeros((240, 320, 3), np.uint8))
+        feeds, ctx = task.preprocess(frame)
+        assert task.postprocess(model.run(feeds), frame, ctx).detections == ()

@@ -1,0 +1,100 @@
+"""Changing a running pipeline: ``set`` command values validated like the config file's, and
+the annotated snapshot JPEG. Kept out of ``pipeline.py`` so the engine stays about frames."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from .errors import ConfigError
+from .frames import Frame, TaskResult
+
+if TYPE_CHECKING:
+    from .pipeline import Pipeline
+
+TASK_FIELDS = frozenset({"score_threshold", "iou_threshold", "max_detections", "top_k",
+                         "threshold", "min_speech_ms", "min_silence_ms"})
+PIPELINE_FIELDS = frozenset({"max_fps", "emit_mode", "min_interval_s"})
+
+
+def apply_tuning(pipeline: Pipeline, changes: dict[str, Any]) -> dict[str, Any]:
+    """See ``Pipeline.tune``."""
+    from .config.pipeline import EmitConfig
+    from .pipeline import _Emission
+    from .sources.base import RateLimiter
+
+    if not isinstance(changes, dict) or not changes:
+        raise ConfigError("give the settings to change as a JSON object, e.g. "
+                          '{"score_threshold": 0.5}')
+    task_cfg = pipeline.task.config
+    task_known = {f for f in TASK_FIELDS if task_cfg is not None and hasattr(task_cfg, f)}
+    unknown = sorted(set(changes) - task_known - PIPELINE_FIELDS)
+    if unknown:
+        valid = ", ".join(sorted(task_known | PIPELINE_FIELDS))
+        raise ConfigError(f"cannot set {', '.join(unknown)} on pipeline {pipeline.name!r}; "
+                          f"tunable: {valid}")
+    task_changes = {k: v for k, v in changes.items() if k in task_known}
+    new_task_cfg = _validated(task_cfg, task_changes) if task_changes else task_cfg
+    emit = pipeline.emit
+    emit_changes = {}
+    if "emit_mode" in changes:
+        emit_changes["mode"] = changes["emit_mode"]
+    if "min_interval_s" in changes:
+        emit_changes["min_interval_s"] = changes["min_interval_s"]
+    new_emit = _validated(emit, emit_changes) if emit_changes else emit
+    limiter = pipeline._limiter  # noqa: SLF001 (tuning is the pipeline's own helper)
+    if "max_fps" in changes:
+        fps = changes["max_fps"]
+        if fps is not None and (not isinstance(fps, (int, float)) or isinstance(fps, bool)
+                                or not 0 < fps <= 1000):
+            raise ConfigError(f"max_fps: expected a number in (0, 1000] or null, got {fps!r}")
+        limiter = RateLimiter(float(fps)) if fps else None
+    # All validated: apply together (each is one reference swap the stages pick up).
+    if task_changes:
+        pipeline.task.config = new_task_cfg
+    if emit_changes:
+        pipeline.emit = new_emit
+        pipeline._policy = _Emission(new_emit)  # noqa: SLF001
+    pipeline._limiter = limiter  # noqa: SLF001
+    return current_settings(pipeline)
+
+
+def current_settings(pipeline: Pipeline) -> dict[str, Any]:
+    cfg = pipeline.task.config
+    out = {f: getattr(cfg, f) for f in sorted(TASK_FIELDS) if cfg is not None and hasattr(cfg, f)}
+    limiter = pipeline._limiter  # noqa: SLF001
+    out["max_fps"] = round(1.0 / limiter.interval, 3) if limiter and limiter.interval else None
+    out["emit_mode"] = pipeline.emit.mode
+    out["min_interval_s"] = pipeline.emit.min_interval_s
+    return out
+
+
+def _validated(struct: Any, changes: dict[str, Any]) -> Any:
+    """``struct`` with ``changes``, checked by msgspec against the struct's own constraints."""
+    data = msgspec.to_builtins(struct)
+    data.update(changes)
+    try:
+        return msgspec.convert(data, type(struct), strict=True)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(str(exc).replace("`$.", "`")) from None
+
+
+def annotate(frame: Frame, part: TaskResult, quality: int = 85) -> bytes:
+    """JPEG of ``frame`` with ``part``'s boxes and labels drawn (the frame itself untouched)."""
+    import cv2
+
+    image = frame.data.copy()
+    for d in part.detections or ():
+        x1, y1, x2, y2 = (int(round(v)) for v in d.box)
+        cv2.rectangle(image, (x1, y1), (x2, y2), (0, 255, 0), 2)
+        cv2.putText(image, f"{d.label} {d.score:.2f}", (x1, max(12, y1 - 4)),
+                    cv2.FONT_HERSHEY_SIMPLEX, 0.5, (0, 255, 0), 1, cv2.LINE_AA)
+    if part.top:
+        c = part.top[0]
+        cv2.putText(image, f"{c.label} {c.score:.2f}", (8, 20), cv2.FONT_HERSHEY_SIMPLEX, 0.6,
+                    (0, 255, 0), 1, cv2.LINE_AA)
+    ok, buf = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, int(quality)])
+    if not ok:
+        raise ConfigError("could not encode the snapshot as JPEG")
+    return buf.tobytes()
