@@ -72,7 +72,7 @@ def load_pipeline_model(pc: PipelineConfig, runtime: RuntimeConfig) -> Model:
 
 
 def assemble(pc: PipelineConfig, model: Model, *, on_result: ResultCallback | None = None,
-             **context: Any) -> Pipeline:
+             seq_start: int = 0, **context: Any) -> Pipeline:
     """Task (checked against the model), sinks and source around a loaded model."""
     from .pipeline import Pipeline
     from .sinks import make_sink
@@ -83,7 +83,7 @@ def assemble(pc: PipelineConfig, model: Model, *, on_result: ResultCallback | No
     sinks = [make_sink(s, **context) for s in pc.sinks]
     source = open_source(pc.source, **context)
     return Pipeline(pc.name, source, model, task, sinks, emit=pc.emit, queue_size=pc.queue_size,
-                    on_result=on_result)
+                    on_result=on_result, seq_start=seq_start)
 
 
 def _task_load_options(pc: PipelineConfig, model_path: Path) -> dict[str, Any]:

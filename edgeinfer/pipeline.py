@@ -54,11 +54,13 @@ class Pipeline:
         emit: Which results to emit (every one, or on change; minimum interval).
         queue_size: Frames buffered between stages.
         on_result: Called with each emitted result (in the emit thread).
+        seq_start: The last ``seq`` emitted before (a restarted daemon continues from the
+            outbox's), so consumers see ``seq`` keep increasing.
     """
 
     def __init__(self, name: str, source: Source, model: Model, task: Task, sinks: list[Sink],
                  *, emit: EmitConfig | None = None, queue_size: int = 2,
-                 on_result: ResultCallback | None = None) -> None:
+                 on_result: ResultCallback | None = None, seq_start: int = 0) -> None:
         from .config.pipeline import EmitConfig
 
         self.name = name
@@ -85,6 +87,7 @@ class Pipeline:
         self._limiter: RateLimiter | None = None
         self._policy = _Emission(self.emit)
         self._last: tuple[Frame, TaskResult] | None = None
+        self._seq = seq_start
 
     # -- building -------------------------------------------------------------------------------
     @classmethod
@@ -366,8 +369,9 @@ class Pipeline:
     def _deliver(self, frame: Frame, part: TaskResult, post_ms: float) -> None:
         stats = self.stats
         stats.emitted += 1
+        self._seq += 1
         result = Result(
-            seq=stats.emitted, ts=time.time(), pipeline=self.name, frame=frame, model=self._ref,
+            seq=self._seq, ts=time.time(), pipeline=self.name, frame=frame, model=self._ref,
             provider=self._provider,
             latency_ms=(stats.pre.last, stats.infer.last, post_ms), task=part,
         )
