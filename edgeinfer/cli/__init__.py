@@ -23,6 +23,7 @@ VERBS = {
     "providers": ("edgeinfer.cli.model_cmds:cmd_providers", "list execution providers and delegates"),
     "models": ("edgeinfer.cli.model_cmds:cmd_models", "list or pull the example models"),
     "validate-config": ("edgeinfer.cli.config_cmds:cmd_validate", "check a config file"),
+    "watch": ("edgeinfer.cli.watch_cmd:cmd_watch", "print devices' results and status from MQTT"),
 }
 
 EXIT_INTERNAL = 70
@@ -83,6 +84,20 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Parse and validate CONFIG; errors name the path and line.")
     p.add_argument("config", help="YAML config file")
     p.add_argument("--json", action="store_true", help="print the resolved config as JSON")
+
+    p = sub.add_parser("watch", help=VERBS["watch"][1],
+                       description="Subscribe to <prefix>/<device>/status, .../<pipeline>/result "
+                       "and .../stats and print one line per message. The broker is the -c "
+                       "CONFIG's mqtt: section, else 127.0.0.1:1883; options override it. A "
+                       "broker that is down is retried. Ctrl-C ends it.")
+    p.add_argument("-c", "--config", help="YAML config whose mqtt: section names the broker")
+    p.add_argument("--device", help="only this device id (default: every device)")
+    p.add_argument("--prefix", help="first topic level (default: the config's, or edgeinfer)")
+    p.add_argument("--host", help="broker host (default: the config's, or 127.0.0.1)")
+    p.add_argument("--port", type=int, help="broker port (default: the config's, or 1883)")
+    p.add_argument("--json", action="store_true",
+                   help="one JSON object per message: topic, device, kind, retained, payload")
+    p.add_argument("--count", type=int, metavar="N", help="exit after N results")
     return parser
 
 

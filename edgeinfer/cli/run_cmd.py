@@ -17,7 +17,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     _apply_log_level(args, config.logging.level)
-    daemon = Daemon(config, stats_interval_s=args.stats_interval)
+    daemon = Daemon(config, config_path=args.config, stats_interval_s=args.stats_interval)
     code = daemon.run()
     _print_summary(daemon)
     return code

@@ -21,6 +21,7 @@ A pipeline's ``source``, ``task`` and ``sinks`` are tagged unions on their ``typ
 from __future__ import annotations
 
 from .loader import config_schema, load_config, parse_config
+from .mqtt import HomeAssistantConfig, MqttConfig, OutboxConfig, TlsConfig
 from .pipeline import (
     AudioSource,
     CameraSource,
@@ -61,12 +62,15 @@ __all__ = [
     "DelegateConfig",
     "DetectTask",
     "EmitConfig",
+    "HomeAssistantConfig",
     "ImagesSource",
     "JsonlSink",
     "LoggingConfig",
     "ModelConfig",
+    "MqttConfig",
     "MqttSink",
     "MqttSource",
+    "OutboxConfig",
     "Picamera2Source",
     "PipelineConfig",
     "PreprocessConfig",
@@ -79,6 +83,7 @@ __all__ = [
     "StdoutSink",
     "SyntheticSource",
     "TaskConfig",
+    "TlsConfig",
     "VadTask",
     "VideoSource",
     "config_schema",

@@ -59,7 +59,8 @@ def load_config(path: str | os.PathLike[str]) -> Config:
 
     Relative paths are taken from the folder the file is in: model paths,
     ``runtime.state_dir``/``cache_dir``, a ``video``/``images`` source's ``uri`` (unless it is a
-    URL), an ``audio`` source's ``path``, a ``jsonl`` sink's ``path`` and a labels file. A
+    URL), an ``audio`` source's ``path``, a ``jsonl`` sink's ``path``, a labels file,
+    ``mqtt.tls``'s ``ca_file``/``cert_file``/``key_file`` and ``mqtt.outbox.path``. A
     ``camera`` source's ``uri`` is left as written.
 
     Raises:
@@ -137,7 +138,18 @@ def _resolve_paths(config: Config, base: Path) -> Config:
         )
         for p in config.pipelines
     ]
-    return replace(config, runtime=runtime, pipelines=pipelines)
+    mqtt = config.mqtt
+    if mqtt is not None:
+        tls = mqtt.tls
+        if tls is not None:
+            tls = replace(tls, **{name: absolute(getattr(tls, name))
+                                  for name in ("ca_file", "cert_file", "key_file")
+                                  if getattr(tls, name)})
+        outbox = mqtt.outbox
+        if outbox.path:
+            outbox = replace(outbox, path=absolute(outbox.path))
+        mqtt = replace(mqtt, tls=tls, outbox=outbox)
+    return replace(config, runtime=runtime, pipelines=pipelines, mqtt=mqtt)
 
 
 def _resolve_source(source: SourceConfig, absolute: Callable[[str], str]) -> SourceConfig:

@@ -16,6 +16,7 @@ import msgspec
 from msgspec import Meta
 
 from ..paths import cache_dir, state_dir
+from .mqtt import MqttConfig
 from .pipeline import EmitConfig, RawTask, SinkConfig, SourceConfig, StdoutSink, TaskConfig
 
 __all__ = [
@@ -213,12 +214,15 @@ class Config(_Struct):
         runtime: Process-wide runtime settings.
         pipelines: The pipelines to run; names are unique.
         logging: Logging settings.
+        mqtt: The MQTT broker results, status and stats go to, and commands come from;
+            ``None``: no MQTT.
     """
 
     device_id: DeviceId | None = None
     runtime: RuntimeConfig = msgspec.field(default_factory=RuntimeConfig)
     pipelines: list[PipelineConfig] = []
     logging: LoggingConfig = msgspec.field(default_factory=LoggingConfig)
+    mqtt: MqttConfig | None = None
 
     def __post_init__(self) -> None:
         if self.device_id is not None:

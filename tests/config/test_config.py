@@ -294,7 +294,8 @@ def test_config_schema_describes_the_tree() -> None:
     schema = config_schema()
 
     defs = schema["$defs"]
-    assert set(defs["Config"]["properties"]) == {"device_id", "runtime", "pipelines", "logging"}
+    assert set(defs["Config"]["properties"]) == {"device_id", "runtime", "pipelines", "logging",
+                                                 "mqtt"}
     assert defs["ModelConfig"]["required"] == ["path"]
     assert defs["ModelConfig"]["additionalProperties"] is False
     assert defs["PipelineConfig"]["required"] == ["name", "model", "source"]
@@ -352,9 +353,11 @@ def test_unknown_key_is_rejected_with_its_path(tmp_path: Path) -> None:
 
 def test_unknown_top_level_key(tmp_path: Path) -> None:
     message = config_error(tmp_path, "pipelines: []\nmqtt_host: x\n")
+    assert message.endswith(":2: $.mqtt_host: unknown field; did you mean 'mqtt'?")
 
-    valid = "device_id, runtime, pipelines, logging"
-    assert message.endswith(f":2: $.mqtt_host: unknown field; valid: {valid}")
+    message = config_error(tmp_path, "pipelines: []\nbroker: x\n")
+    valid = "device_id, runtime, pipelines, logging, mqtt"
+    assert message.endswith(f":2: $.broker: unknown field; valid: {valid}")
 
 
 @pytest.mark.parametrize(("threads", "problem"), [(0, "expected int >= 1"), (65, "<= 64")])

@@ -1,0 +1,234 @@
+"""``edgeinfer watch``: subscribe to devices' results, status and stats and print them.
+
+One line per message, results formatted as the ``stdout`` sink writes them::
+
+    cam1 faces #12 frame 36 3.1 ms  face 0.93 [101,52,188,160]
+    cam1 status online  version 0.1.0  pipelines: faces
+    cam1 stats faces 29.8 fps p50 3.1 ms  outbox 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import sys
+import uuid
+from typing import Any
+
+import msgspec
+
+from ..config.mqtt import MqttConfig
+from ..config.pipeline import ReconnectConfig
+from ..errors import ConfigError
+
+__all__ = ["cmd_watch", "describe", "result_from_dict"]
+
+_MAX_LINE = 240
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    """Print messages until Ctrl-C (exit 0) or ``--count`` results."""
+    from ..mqtt.client import Message, MqttClient
+    from ..mqtt.topics import check_level
+
+    config = _config(args)
+    device = args.device or "+"
+    if args.device:
+        try:
+            check_level(args.device, "--device")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+    prefix = config.prefix
+    # Status last: its retained message then shows the other subscriptions are in place.
+    filters = [f"{prefix}/{device}/+/result", f"{prefix}/{device}/stats", f"{prefix}/{device}/status"]
+    try:
+        client = MqttClient(config, "watch", announce=False)
+    except ValueError as exc:  # a --prefix that is no topic level
+        raise ConfigError(f"--prefix: {exc}") from exc
+    inbox: queue.Queue[Message] = queue.Queue(maxsize=10_000)
+    for topic in filters:
+        client.subscribe(topic, 1, inbox.put)
+    where = f"{config.host}:{config.resolved_port()}"
+    print(f"edgeinfer watch: {', '.join(filters)} on {where}", file=sys.stderr, flush=True)
+    results = 0
+    state = ""
+    client.start()
+    try:
+        while args.count is None or results < args.count:
+            if client.state != state:
+                state = client.state
+                _say_state(client, where)
+            try:
+                msg = inbox.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            kind, line = describe(msg.topic, msg.payload, prefix, as_json=args.json,
+                                  retained=msg.retain)
+            print(line, flush=True)
+            results += kind == "result"
+    except KeyboardInterrupt:
+        pass
+    finally:
+        client.stop(timeout_s=1.0)
+    return 0
+
+
+def _say_state(client: Any, where: str) -> None:
+    # Failures (refused, credentials, TLS) are logged by the client itself, once per condition.
+    if client.state == "connected":
+        print(f"edgeinfer watch: connected to {where}", file=sys.stderr, flush=True)
+    elif client.state == "disconnected":
+        print(f"edgeinfer watch: lost {where}; reconnecting", file=sys.stderr, flush=True)
+
+
+def _config(args: argparse.Namespace) -> MqttConfig:
+    if args.config:
+        from ..config import load_config
+
+        loaded = load_config(args.config).mqtt
+        if loaded is None:
+            raise ConfigError(f"{args.config}: no mqtt: section; give --host/--port instead")
+        config = loaded
+    else:
+        # 3.1.1 also reaches the embedded broker (amqtt); a subscriber needs nothing of MQTT 5.
+        config = MqttConfig(protocol="v3.1.1")
+    changes: dict[str, Any] = {
+        "client_id": f"edgeinfer-watch-{os.getpid()}-{uuid.uuid4().hex[:6]}",
+        "reconnect": ReconnectConfig(initial_s=0.5, max_s=5.0),
+    }
+    if args.host:
+        changes["host"] = args.host
+    if args.port is not None:
+        if not 1 <= args.port <= 65535:
+            raise ConfigError(f"--port: {args.port} is not a TCP port (1-65535)")
+        changes["port"] = args.port
+    if args.prefix:
+        changes["prefix"] = args.prefix
+    return msgspec.structs.replace(config, **changes)
+
+
+def describe(topic: str, payload: bytes, prefix: str, *, as_json: bool = False,
+             retained: bool = False) -> tuple[str, str]:
+    """``(kind, line)`` for one message: kind ``result``, ``status``, ``stats`` or ``other``."""
+    levels = topic[len(prefix) + 1:].split("/") if topic.startswith(prefix + "/") else []
+    device = levels[0] if levels else "?"
+    kind = levels[-1] if len(levels) >= 2 and levels[-1] in ("result", "status", "stats") else "other"
+    try:
+        data: Any = json.loads(payload)
+    except ValueError:
+        data = None
+    if as_json:
+        body = data if data is not None else payload.decode("utf-8", "replace")
+        return kind, json.dumps({"topic": topic, "device": device, "kind": kind,
+                                 "retained": retained, "payload": body}, separators=(",", ":"))
+    if not isinstance(data, dict):
+        return kind, f"{device} {topic}: {payload[:80].decode('utf-8', 'replace')!r}"
+    if kind == "result":
+        line = _result_line(data)
+    elif kind == "status":
+        line = _status_line(data) + (" (retained)" if retained else "")
+    elif kind == "stats":
+        line = "stats " + _stats_line(data)
+    else:
+        line = f"{topic} {_scalars(data)}"
+    return kind, f"{device} {line}"[:_MAX_LINE]
+
+
+def _result_line(data: dict[str, Any]) -> str:
+    from ..sinks.stdout import format_line
+
+    try:
+        return format_line(result_from_dict(data))
+    except (KeyError, TypeError, ValueError, IndexError):
+        return f"{data.get('pipeline', '?')} #{data.get('seq', '?')} (result not understood)"
+
+
+def result_from_dict(data: dict[str, Any]) -> Any:
+    """A `edgeinfer.frames.Result` back from its JSON form (the frame without pixels)."""
+    import numpy as np
+
+    from ..frames import (
+        Classification,
+        Detection,
+        Frame,
+        ModelRef,
+        Result,
+        TaskResult,
+        VadState,
+    )
+
+    frame = data.get("frame") or {}
+    lat = data.get("latency_ms") or {}
+    model = data.get("model") or {}
+    if "detections" in data:
+        task = TaskResult(detections=tuple(
+            Detection(d["label"], int(d.get("class_id", -1)), float(d["score"]),
+                      tuple(float(v) for v in d["box"]))  # type: ignore[arg-type]
+            for d in data["detections"]))
+    elif "top" in data:
+        task = TaskResult(top=tuple(Classification(c["label"], int(c.get("class_id", -1)),
+                                                   float(c["score"])) for c in data["top"]))
+    elif "vad" in data:
+        v = data["vad"]
+        task = TaskResult(vad=VadState(bool(v["speech"]), float(v["probability"]), v.get("start"),
+                                       v.get("end"), v.get("event")))
+    else:
+        task = TaskResult(outputs=data.get("outputs") or {})
+    return Result(
+        seq=int(data["seq"]), ts=float(data.get("ts", 0.0)), pipeline=str(data["pipeline"]),
+        frame=Frame(int(frame.get("index", 0)), 0.0, float(frame.get("ts", 0.0)),
+                    np.empty(0, np.uint8)),
+        model=ModelRef(str(model.get("name", "")), model.get("version"), str(model.get("sha256", ""))),
+        provider=str(data.get("provider", "")),
+        latency_ms=(float(lat.get("pre", 0)), float(lat.get("infer", 0)), float(lat.get("post", 0))),
+        task=task,
+    )
+
+
+def _status_line(data: dict[str, Any]) -> str:
+    parts = [f"status {data.get('state', '?')}"]
+    if data.get("version"):
+        parts.append(f"version {data['version']}")
+    for key in ("pipelines", "models", "providers", "failed", "error", "reason"):
+        value = data.get(key)
+        if isinstance(value, list) and value:
+            parts.append(f"{key}: " + ", ".join(map(str, value)))
+        elif isinstance(value, dict) and value:  # by pipeline: a model is shown by its name
+            parts.append(f"{key}: " + ", ".join(
+                f"{k}={v.get('name', '?') if isinstance(v, dict) else v}" for k, v in value.items()))
+        elif value and isinstance(value, (str, int, float)):
+            parts.append(f"{key}: {value}")
+    return "  ".join(parts)
+
+
+def _stats_line(data: dict[str, Any]) -> str:
+    parts: list[str] = []
+    pipelines = data.get("pipelines")
+    if isinstance(pipelines, dict):
+        pipelines = [{"pipeline": k, **v} for k, v in pipelines.items() if isinstance(v, dict)]
+    for p in pipelines if isinstance(pipelines, list) else []:
+        if not isinstance(p, dict):
+            continue
+        text = f"{p.get('pipeline', p.get('name', '?'))} {p.get('fps', 0)} fps"
+        e2e = (p.get("latency_ms") or {}).get("end_to_end") if isinstance(p.get("latency_ms"), dict) else None
+        if isinstance(e2e, dict) and "p50" in e2e:
+            text += f" p50 {e2e['p50']} p99 {e2e.get('p99', '?')} ms"
+        parts.append(text)
+    rest = {k: v for k, v in data.items() if k != "pipelines"}
+    scalars = _scalars(rest)
+    return "  ".join(parts + ([scalars] if scalars else []))
+
+
+def _scalars(data: dict[str, Any], prefix: str = "") -> str:
+    """``key=value`` for the numbers, strings and booleans, one level of nesting deep."""
+    items: list[str] = []
+    for key, value in data.items():
+        if isinstance(value, dict) and not prefix:
+            inner = _scalars(value, f"{key}.")
+            if inner:
+                items.append(inner)
+        elif isinstance(value, (int, float, str, bool)) and key not in ("ts", "device"):
+            items.append(f"{prefix}{key}={value}")
+    return " ".join(items)

@@ -1,0 +1,156 @@
+"""Parts of `MqttClient` kept apart: the TLS context a `TlsConfig` asks for, why a connection
+failed in words, when to say it again, and which publish a PUBACK belongs to. Reasons read::
+
+    certificate verify failed: self-signed certificate in certificate chain
+    certificate verify failed: Hostname mismatch, certificate is not valid for 'localhost'.
+    tlsv13 alert certificate required
+    connection refused
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..config.mqtt import TlsConfig
+from ..errors import ConfigError
+
+__all__ = ["AckBook", "FailureLog", "PahoErrors", "os_reason", "ssl_context", "tls_reason"]
+
+logger = logging.getLogger("edgeinfer.mqtt.client")
+
+# "[SSL: CERTIFICATE_VERIFY_FAILED] ... (_ssl.c:1006)": the words between are the reason.
+_SSL_NOISE = re.compile(r"^\[[A-Z]+: [A-Z0-9_]+\] | \(_ssl\.c:\d+\)$")
+
+
+def ssl_context(tls: TlsConfig) -> ssl.SSLContext:
+    """The client's TLS context: CA (or the system's), client certificate, minimum version and
+    hostname check as configured.
+
+    Raises:
+        ConfigError: a file is missing or not a CA, certificate or key.
+    """
+    try:
+        ctx = ssl.create_default_context(cafile=tls.ca_file)
+        ctx.minimum_version = (ssl.TLSVersion.TLSv1_3 if tls.min_version == "1.3"
+                               else ssl.TLSVersion.TLSv1_2)
+        ctx.check_hostname = tls.verify_hostname
+        if tls.cert_file is not None:
+            ctx.load_cert_chain(tls.cert_file, tls.key_file)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"mqtt.tls: no such file {exc.filename or ''}".rstrip()) from exc
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"mqtt.tls: cannot load the CA, certificate or key: {exc}") from exc
+    return ctx
+
+
+def tls_reason(exc: ssl.SSLError) -> str:
+    """``certificate verify failed: <what>`` or OpenSSL's reason, without codes and file lines."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"certificate verify failed: {exc.verify_message or exc.reason}"
+    text = exc.args[1] if len(exc.args) > 1 and isinstance(exc.args[1], str) else str(exc)
+    return _SSL_NOISE.sub("", text) or type(exc).__name__
+
+
+def os_reason(exc: BaseException | None, host: str) -> str:
+    """Why connecting to (or talking with) ``host`` failed, from the exception paho caught."""
+    if exc is None:
+        return "connection failed"
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    if isinstance(exc, ssl.SSLError):
+        return tls_reason(exc)
+    if isinstance(exc, OSError) and exc.strerror:
+        if isinstance(exc, socket.gaierror):
+            return f"cannot resolve {host!r}: {exc.strerror}"
+        return exc.strerror[:1].lower() + exc.strerror[1:]
+    return str(exc) or type(exc).__name__
+
+
+class FailureLog:
+    """Logs a failing state once, then at most every ``every_s`` while the same one persists.
+
+    Args:
+        where: The broker's ``host:port``, for the messages.
+        every_s: How often a persisting condition is logged again.
+    """
+
+    _WHAT = {"auth_failed": "credentials refused: ", "tls_error": "TLS failed: "}
+
+    def __init__(self, where: str, every_s: float = 300.0) -> None:
+        self._where = where
+        self._every_s = every_s
+        self._last: tuple[str, str] | None = None
+        self._at = 0.0
+
+    def report(self, state: str, error: str) -> None:
+        """Log ``error`` for ``state`` unless it was logged less than ``every_s`` ago."""
+        now = time.monotonic()
+        again = self._last == (state, error)
+        if again and now - self._at < self._every_s:
+            return
+        self._last, self._at = (state, error), now
+        level = logging.WARNING if state in ("connecting", "disconnected") else logging.ERROR
+        logger.log(level, "MQTT broker %s: %s%s; %sretrying with backoff", self._where,
+                   self._WHAT.get(state, ""), error, "still " if again else "")
+
+    def reset(self) -> None:
+        """Connected: the next failure is news again."""
+        self._last = None
+
+
+class AckBook:
+    """Which callback a PUBACK (or a QoS 0 write) belongs to, by message id.
+
+    paho's network thread may see the acknowledgement before ``publish()`` has returned the mid
+    to its caller; such an early one is kept until the publisher claims its mid.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting: dict[int, Callable[[], None]] = {}
+        self._early: dict[int, bool] = {}
+
+    def claim(self, mid: int, on_ack: Callable[[], None]) -> bool | None:
+        """Register ``on_ack`` for ``mid``; if its acknowledgement came first, return whether it
+        was a success (the caller then calls ``on_ack`` itself) instead."""
+        with self._lock:
+            early = self._early.pop(mid, None)
+            if early is None:
+                self._waiting[mid] = on_ack
+            return early
+
+    def settle(self, mid: int, ok: bool) -> Callable[[], None] | None:
+        """The callback waiting for ``mid``, or None if none is registered yet (kept as early)."""
+        with self._lock:
+            on_ack = self._waiting.pop(mid, None)
+            if on_ack is None:
+                self._early[mid] = ok
+            return on_ack
+
+    def clear(self) -> None:
+        with self._lock:
+            self._waiting.clear()
+            self._early.clear()
+
+
+class PahoErrors:
+    """Stands in for paho's logger: hands on its errors (why a socket failed) and drops the
+    rest without formatting, so the per-packet path pays one call."""
+
+    __slots__ = ("_sink",)
+
+    def __init__(self, sink: Callable[[str, tuple[Any, ...]], None]) -> None:
+        self._sink = sink
+
+    def log(self, level: int, msg: str, *args: Any) -> None:
+        if level >= logging.ERROR:
+            self._sink(msg, args)

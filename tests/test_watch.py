@@ -1,0 +1,167 @@
+"""``edgeinfer watch`` as a user runs it: a real subprocess subscribed to a real mosquitto, fed by
+``MqttClient`` publishing real results; a broker that comes late; Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgeinfer.cli.watch_cmd import describe, result_from_dict
+from edgeinfer.config.mqtt import MqttConfig
+from edgeinfer.frames import (
+    Classification,
+    Detection,
+    Frame,
+    ModelRef,
+    Result,
+    TaskResult,
+    VadState,
+)
+from edgeinfer.mqtt.client import MqttClient
+from edgeinfer.sinks.stdout import format_line
+from edgeinfer.testing.mosquitto import Mosquitto, free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def results(pipeline: str = "faces") -> list[Result]:
+    frame = Frame(7, 0.0, 1700000000.5, np.zeros((48, 64, 3), np.uint8))
+    model = ModelRef("blazeface", "1", "ab" * 32)
+    tasks = [
+        TaskResult(detections=(Detection("face", 0, 0.93, (101.0, 52.0, 188.0, 160.0)),)),
+        TaskResult(detections=()),
+        TaskResult(top=(Classification("cat", 3, 0.8), Classification("dog", 4, 0.1))),
+        TaskResult(vad=VadState(True, 0.91, 1.5, None, "start")),
+        TaskResult(outputs={"logits": [[0.1, 0.2]]}),
+    ]
+    return [Result(i, 1700000000.6, pipeline, frame, model, "cpu", (0.5, 2.25, 0.25), t)
+            for i, t in enumerate(tasks)]
+
+
+def test_results_round_trip_to_the_sink_format() -> None:
+    for result in results():
+        back = result_from_dict(json.loads(result.to_json()))
+        assert format_line(back) == format_line(result)
+
+
+def test_describe_status_stats_and_noise() -> None:
+    birth = json.dumps({"state": "online", "version": "0.1.0", "pipelines": ["faces", "vad"]})
+    assert describe("edgeinfer/cam1/status", birth.encode(), "edgeinfer", retained=True) == (
+        "status", "cam1 status online  version 0.1.0  pipelines: faces, vad (retained)")
+    birth = json.dumps({"state": "online", "pipelines": ["faces"],
+                        "models": {"faces": {"name": "blazeface", "sha256": "ab"}},
+                        "providers": {"faces": "cpu"}, "failed": {"vad": "no microphone"}})
+    assert describe("edgeinfer/cam1/status", birth.encode(), "edgeinfer")[1] == (
+        "cam1 status online  pipelines: faces  models: faces=blazeface  providers: faces=cpu  "
+        "failed: vad=no microphone")
+    stats = {"pipelines": [{"pipeline": "faces", "fps": 29.5,
+                            "latency_ms": {"end_to_end": {"p50": 3.1, "p99": 7.0}}}],
+             "outbox": {"depth": 0}, "reconnects": 2, "ts": 1.0}
+    kind, line = describe("edgeinfer/cam1/stats", json.dumps(stats).encode(), "edgeinfer")
+    assert (kind, line) == ("stats", "cam1 stats faces 29.5 fps p50 3.1 p99 7.0 ms  "
+                                     "outbox.depth=0 reconnects=2")
+    kind, line = describe("edgeinfer/cam1/faces/result", b"{not json", "edgeinfer")
+    assert kind == "result" and line.startswith("cam1 edgeinfer/cam1/faces/result: ")
+    kind, line = describe("edgeinfer/cam1/faces/result", b'{"seq": 1}', "edgeinfer")
+    assert line == "cam1 ? #1 (result not understood)"
+    kind, line = describe("edgeinfer/cam1/status", b'{"state": "offline"}', "edgeinfer", as_json=True)
+    assert json.loads(line) == {"topic": "edgeinfer/cam1/status", "device": "cam1", "kind": "status",
+                                "retained": False, "payload": {"state": "offline"}}
+
+
+def watch(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "edgeinfer", "watch", *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def lines(stream: object) -> queue.Queue[str]:
+    out: queue.Queue[str] = queue.Queue()
+
+    def pump() -> None:
+        for line in stream:  # type: ignore[attr-defined]
+            out.put(line.rstrip("\n"))
+
+    threading.Thread(target=pump, daemon=True).start()
+    return out
+
+
+def wait_line(out: queue.Queue[str], text: str, timeout: float = 20) -> str:
+    seen = []
+    while True:
+        try:
+            line = out.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"no line with {text!r}; saw {seen}") from None
+        seen.append(line)
+        if text in line:
+            return line
+
+
+@pytest.fixture
+def device() -> Iterator[str]:
+    yield f"cam-{uuid.uuid4().hex[:8]}"
+
+
+def test_watch_prints_results_from_a_publisher_and_exits_after_count(
+        mqtt_broker: tuple[str, int], tmp_path: Path, device: str) -> None:
+    host, port = mqtt_broker
+    config = tmp_path / "edgeinfer.yaml"
+    config.write_text(f"mqtt:\n  host: {host}\n  port: {port}\n  prefix: site/edge\n")
+    publisher = MqttClient(MqttConfig(host=host, port=port, prefix="site/edge"), device,
+                           birth=lambda: {"pipelines": ["faces"]})
+    publisher.start()
+    proc = watch("-c", str(config), "--device", device, "--count", "5")
+    try:
+        assert publisher.wait_connected(10)
+        out = lines(proc.stdout)
+        # The retained birth arrives first: the subscription is in place.
+        assert wait_line(out, "status") == (f"{device} status online  version 0.1.0  "
+                                            "pipelines: faces (retained)")
+        publisher.publish(publisher.topics.stats, json.dumps({"fps": 30.0}))
+        sent = results()
+        for result in sent:
+            assert publisher.publish(publisher.topics.result("faces"), result.to_json())
+        assert wait_line(out, "stats") == f"{device} stats fps=30.0"
+        got = [out.get(timeout=20) for _ in sent]
+        assert proc.wait(20) == 0
+    finally:
+        proc.kill()
+        publisher.stop()
+    assert got == [f"{device} {format_line(r)}" for r in sent]
+    assert got[0] == (f"{device} faces #0 frame 7 3.0 ms  face 0.93 [101,52,188,160]")
+
+
+def test_watch_waits_for_the_broker_and_ctrl_c_exits_0(device: str) -> None:
+    port = free_port()
+    proc = watch("--port", str(port), "--device", device)
+    try:
+        err = lines(proc.stderr)
+        assert "connection refused; retrying" in wait_line(err, "refused")
+        out = lines(proc.stdout)
+        with Mosquitto(port=port) as broker:
+            wait_line(err, f"connected to 127.0.0.1:{port}")
+            publisher = MqttClient(MqttConfig(port=broker.port), device)
+            publisher.start()
+            try:
+                assert publisher.wait_connected(10)
+                wait_line(out, "status online")
+                publisher.publish(publisher.topics.result("faces"), results()[2].to_json())
+                assert wait_line(out, "faces #2").endswith("cat 0.80  dog 0.10")
+            finally:
+                publisher.stop()
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(20) == 0
+    finally:
+        proc.kill()
