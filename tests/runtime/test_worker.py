@@ -134,13 +134,19 @@ def make_worker() -> Iterator[MakeWorker]:
         worker.close()
 
 
+def workers() -> list[psutil.Process]:
+    """Our child processes that are edgeinfer workers (a session's mosquitto is not one)."""
+    return [p for p in psutil.Process().children()
+            if "edgeinfer.runtime.worker" in " ".join(p.cmdline())]
+
+
 @pytest.fixture(scope="module", autouse=True)
 def no_leftovers() -> Iterator[None]:
     """No worker outlives its test; no file ever appears in /dev/shm."""
     shm_before = set(os.listdir("/dev/shm"))
     yield
     assert set(os.listdir("/dev/shm")) == shm_before
-    assert psutil.Process().children() == []
+    assert workers() == []
     assert memfds() == []
 
 
@@ -284,7 +290,7 @@ def test_load_error_is_typed(tmp_path: Path, make_worker: MakeWorker) -> None:
     bad.write_bytes(b"this is not a model")
     with pytest.raises(ModelLoadError):
         make_worker(bad)
-    assert psutil.Process().children() == []
+    assert workers() == []
 
 
 def test_run_timeout_kills_the_worker(tmp_path: Path, make_worker: MakeWorker) -> None:

@@ -1,0 +1,195 @@
+"""The daemon's MQTT side: an embedded broker when asked, the client with its durable outbox,
+the retained status, periodic stats, commands and Home Assistant discovery.
+
+    link = MqttLink(config, daemon); link.start()   # before the pipelines (MQTT sources)
+    ... daemon builds pipelines with link.context() ...
+    link.ready()                                    # birth with the pipelines, commands, discovery
+    link.tick()                                     # from the daemon's tick: stats when due
+    link.stop(flush_s)                              # flush the outbox, "stopped", disconnect
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from .. import __version__
+from ..errors import StateError
+from .commands import CommandError, CommandServer, pipeline_arg
+
+if TYPE_CHECKING:
+    from ..config import Config
+    from ..daemon import Daemon
+
+logger = logging.getLogger(__name__)
+
+
+class MqttLink:
+    def __init__(self, config: Config, daemon: Daemon) -> None:
+        assert config.mqtt is not None
+        self.config = config
+        self.mqtt = config.mqtt
+        self.daemon = daemon
+        self.device_id = config.resolved_device_id()
+        self.broker: Any = None
+        self.plumbing: Any = None
+        self.commands: CommandServer | None = None
+        self._next_stats = 0.0
+        self._started = time.monotonic()
+        self._ha_unsubscribe: Any = None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> None:
+        from ..mqtt.publisher import MqttPlumbing
+
+        mqtt = self.mqtt
+        if mqtt.embedded:
+            from ..mqtt.embedded import EmbeddedBroker
+
+            self.broker = EmbeddedBroker.from_config(mqtt)
+            self.broker.start()
+        self.plumbing = MqttPlumbing(mqtt, self.device_id,
+                                     self.config.runtime.resolved_state_dir(), birth=self.birth)
+        self.plumbing.start()
+        self._next_stats = time.monotonic() + mqtt.stats_interval_s
+
+    def context(self) -> dict[str, Any]:
+        """What sources and sinks get: ``mqtt`` for MQTT sinks, ``subscribe`` for MQTT sources."""
+        client = self.plumbing.client
+
+        def subscribe(topic: str, qos: int, on_payload: Any) -> Any:
+            return client.subscribe(topic, qos, lambda message: on_payload(message.payload))
+
+        return {"mqtt": self.plumbing, "subscribe": subscribe}
+
+    def last_seq(self, pipeline: str) -> int:
+        return int(self.plumbing.last_seq(pipeline))
+
+    def ready(self) -> None:
+        """The pipelines run: announce them, answer commands, publish discovery."""
+        client = self.plumbing.client
+        client.publish(client.topics.status, json.dumps(self.birth_message()), qos=1,
+                       retain=True)
+        if self.mqtt.commands:
+            self.commands = CommandServer(client, self.handlers(),
+                                          max_bytes=self.mqtt.max_command_bytes)
+            self.commands.start()
+        if self.mqtt.homeassistant.enabled:
+            self.publish_discovery()
+            ha_status = f"{self.mqtt.homeassistant.prefix}/status"
+            self._ha_unsubscribe = client.subscribe(ha_status, 1, self._on_ha_status)
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if now >= self._next_stats:
+            self._next_stats = now + self.mqtt.stats_interval_s
+            self.publish_stats()
+
+    def stop(self, flush_s: float = 5.0) -> None:
+        if self._ha_unsubscribe is not None:
+            self._ha_unsubscribe()
+        if self.commands is not None:
+            self.commands.stop()
+        if self.plumbing is not None:
+            self.plumbing.stop(timeout_s=flush_s)
+        if self.broker is not None:
+            self.broker.stop()
+
+    # -- messages -------------------------------------------------------------------------------
+    def birth(self) -> dict[str, Any]:
+        """What the retained ``online`` status carries besides state and version."""
+        return self.birth_message()
+
+    def birth_message(self) -> dict[str, Any]:
+        pipes = self.daemon.pipelines
+        return {
+            "state": "online", "version": __version__, "device": self.device_id,
+            "pipelines": [p.name for p in pipes],
+            "models": {p.name: {"name": p.model.name, "version": p.model.version,
+                                "sha256": p.model.sha256} for p in pipes if not p.model.closed},
+            "providers": {p.name: p.model.provider for p in pipes if not p.model.closed},
+            "failed": dict(self.daemon.failed),
+        }
+
+    def stats_message(self) -> dict[str, Any]:
+        from ..runtime.memory import rss_mb
+
+        return {
+            "ts": round(time.time(), 3),
+            "device": self.device_id,
+            "uptime_s": round(time.monotonic() - self._started, 1),
+            "memory_mb": round(rss_mb(), 1),
+            "pipelines": {p.name: p.snapshot() for p in self.daemon.pipelines},
+            "outbox": self.plumbing.stats(),
+            "commands": self.commands.stats() if self.commands else None,
+            "failed": dict(self.daemon.failed),
+        }
+
+    def publish_stats(self) -> None:
+        client = self.plumbing.client
+        client.publish(client.topics.stats, json.dumps(self.stats_message(), default=str), qos=0)
+
+    def publish_discovery(self) -> None:
+        from ..mqtt.discovery import discovery_messages
+
+        client = self.plumbing.client
+        pipelines = {p.name: type(p.task.config).__struct_config__.tag
+                     for p in self.daemon.pipelines if p.task.config is not None}
+        for topic, payload in discovery_messages(client.topics, self.device_id, pipelines,
+                                                 self.mqtt.homeassistant.prefix, __version__):
+            client.publish(topic, payload, qos=1, retain=True)
+
+    def _on_ha_status(self, message: Any) -> None:
+        if message.payload.strip().lower() == b"online":
+            self.publish_discovery()
+
+    # -- commands -------------------------------------------------------------------------------
+    def handlers(self) -> dict[str, Any]:
+        return {"status": self._status, "pause": self._pause, "resume": self._resume,
+                "reload": self._reload, "snapshot": self._snapshot, "set": self._set}
+
+    def _names(self) -> list[str]:
+        return [p.name for p in self.daemon.pipelines]
+
+    def _pipeline(self, request: dict[str, Any]) -> Any:
+        name = pipeline_arg(request, self._names(), required=True)
+        return next(p for p in self.daemon.pipelines if p.name == name)
+
+    def _status(self, request: dict[str, Any]) -> dict[str, Any]:
+        return {**self.birth_message(), "stats": self.stats_message()}
+
+    def _pause(self, request: dict[str, Any]) -> dict[str, Any]:
+        name = pipeline_arg(request, self._names(), required=False)
+        done = [p for p in self.daemon.pipelines if name in (None, p.name)]
+        for p in done:
+            p.pause()
+        return {"paused": [p.name for p in done]}
+
+    def _resume(self, request: dict[str, Any]) -> dict[str, Any]:
+        name = pipeline_arg(request, self._names(), required=False)
+        done = [p for p in self.daemon.pipelines if name in (None, p.name)]
+        for p in done:
+            p.resume()
+        return {"resumed": [p.name for p in done]}
+
+    def _reload(self, request: dict[str, Any]) -> dict[str, Any]:
+        return self.daemon.reload()
+
+    def _snapshot(self, request: dict[str, Any]) -> dict[str, Any]:
+        pipeline = self._pipeline(request)
+        try:
+            jpeg = pipeline.snapshot_jpeg(int(request.get("quality", 85)))
+        except StateError as exc:
+            raise CommandError(str(exc)) from None
+        except (TypeError, ValueError):
+            raise CommandError("quality: expected an integer 1-100") from None
+        client = self.plumbing.client
+        topic = client.topics.snapshot(pipeline.name)
+        client.publish(topic, jpeg, qos=1, properties={"content_type": "image/jpeg"})
+        return {"topic": topic, "bytes": len(jpeg)}
+
+    def _set(self, request: dict[str, Any]) -> dict[str, Any]:
+        pipeline = self._pipeline(request)
+        return {"pipeline": pipeline.name, "settings": pipeline.tune(request)}

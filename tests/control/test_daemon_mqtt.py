@@ -1,0 +1,199 @@
+"""The daemon on a real broker: retained status, results, stats, commands with replies, Home
+Assistant discovery, reload, and the retained ``stopped`` after SIGTERM.
+
+``edgeinfer run`` runs as a real subprocess against a real mosquitto on a free loopback port;
+the test talks to it with paho as any other MQTT client would.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as mqtt
+import pytest
+from paho.mqtt.properties import Properties
+from paho.mqtt.packettypes import PacketTypes
+
+from edgeinfer import samples
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Peer:
+    """A paho MQTT 5 client collecting messages per topic."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.messages: dict[str, queue.Queue[Any]] = {}
+        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2,
+                                  client_id=f"peer-{uuid.uuid4().hex[:8]}", protocol=mqtt.MQTTv5)
+        self.client.on_message = self._on_message
+        self.client.connect(host, port)
+        self.client.loop_start()
+
+    def _on_message(self, client: Any, userdata: Any, msg: Any) -> None:
+        self.messages.setdefault(msg.topic, queue.Queue()).put(msg)
+
+    def subscribe(self, topic: str) -> None:
+        done: queue.Queue[bool] = queue.Queue()
+        self.client.on_subscribe = lambda *a: done.put(True)
+        self.client.subscribe(topic, qos=1)
+        done.get(timeout=10)
+
+    def next(self, topic: str, timeout: float = 20.0, where: Any = None) -> Any:
+        q = self.messages.setdefault(topic, queue.Queue())
+        deadline = time.monotonic() + timeout
+        while True:
+            msg = q.get(timeout=max(0.01, deadline - time.monotonic()))
+            if where is None or where(msg):
+                return msg
+
+    def request(self, topic: str, body: Any, reply: str, **kw: Any) -> dict[str, Any]:
+        payload = body if isinstance(body, (bytes, str)) else json.dumps(body)
+        self.client.publish(topic, payload, qos=1, **kw)
+        return json.loads(self.next(reply).payload)
+
+    def close(self) -> None:
+        self.client.loop_stop()
+        self.client.disconnect()
+
+
+@pytest.fixture
+def daemon(mqtt_broker: tuple[str, int], blazeface_path: Path, tmp_path: Path
+           ) -> Iterator[tuple[subprocess.Popen[str], Path, str, Peer]]:
+    host, port = mqtt_broker
+    device = f"dev{uuid.uuid4().hex[:6]}"
+    video = samples.demo_video(tmp_path / "v.avi", frames=30)
+    config = {
+        "device_id": device,
+        "runtime": {"state_dir": str(tmp_path / "state")},
+        "mqtt": {"host": host, "port": port, "stats_interval_s": 0.5,
+                 "homeassistant": {"enabled": True, "prefix": f"ha-{device}"}},
+        "pipelines": [{
+            "name": "faces",
+            "source": {"type": "video", "uri": str(video), "fps": 20, "loop": True},
+            "model": {"path": str(blazeface_path), "threads": 1},
+            "task": {"type": "detect", "decoder": "blazeface", "score_threshold": 0.6},
+            "sinks": [{"type": "mqtt"}],
+        }],
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(json.dumps(config))
+    peer = Peer(host, port)
+    for topic in (f"edgeinfer/{device}/#", f"ha-{device}/#"):
+        peer.subscribe(topic)
+    proc = subprocess.Popen([sys.executable, "-m", "edgeinfer", "run", "-c", str(path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        yield proc, path, device, peer
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        peer.close()
+
+
+def test_status_results_stats_commands_and_stopped(daemon) -> None:  # type: ignore[no-untyped-def]
+    proc, path, device, peer = daemon
+    base = f"edgeinfer/{device}"
+    online = peer.next(f"{base}/status", where=lambda m: b"faces" in m.payload)
+    status = json.loads(online.payload)
+    assert online.retain or status["state"] == "online"
+    assert status["state"] == "online" and status["pipelines"] == ["faces"]
+    assert status["models"]["faces"]["sha256"] and status["providers"]["faces"] == "xnnpack"
+
+    first = json.loads(peer.next(f"{base}/faces/result").payload)
+    assert first["pipeline"] == "faces" and first["detections"][0]["label"] == "face"
+    stats = json.loads(peer.next(f"{base}/stats").payload)
+    assert "faces" in stats["pipelines"] and "depth" in json.dumps(stats["outbox"])
+
+    reply = f"{base}/cmd/status/reply"
+    r = peer.request(f"{base}/cmd/status", {"id": 7}, reply)
+    assert r["id"] == 7 and r["ok"] and r["result"]["pipelines"] == ["faces"]
+
+    r = peer.request(f"{base}/cmd/set", {"id": "a", "pipeline": "faces",
+                                         "score_threshold": 0.99}, f"{base}/cmd/set/reply")
+    assert r["ok"] and r["result"]["settings"]["score_threshold"] == 0.99
+    r = peer.request(f"{base}/cmd/set", {"id": "b", "score_threshold": "high"},
+                     f"{base}/cmd/set/reply")
+    assert not r["ok"] and "score_threshold" in r["error"]
+    r = peer.request(f"{base}/cmd/set", b"{not json", f"{base}/cmd/set/reply")
+    assert not r["ok"] and "malformed JSON" in r["error"]
+    r = peer.request(f"{base}/cmd/frobnicate", {"id": 1}, f"{base}/cmd/frobnicate/reply")
+    assert not r["ok"] and "unknown command 'frobnicate'" in r["error"] and "snapshot" in r["error"]
+    r = peer.request(f"{base}/cmd/status", b"x" * 70000, reply)
+    assert not r["ok"] and "limit" in r["error"]
+
+    r = peer.request(f"{base}/cmd/snapshot", {"id": 3}, f"{base}/cmd/snapshot/reply")
+    assert r["ok"], r
+    jpeg = peer.next(f"{base}/faces/snapshot").payload
+    assert jpeg[:2] == b"\xff\xd8" and r["result"]["bytes"] == len(jpeg)
+
+    # MQTT 5 request/response: the reply goes to the response topic with the correlation data
+    props = Properties(PacketTypes.PUBLISH)
+    props.ResponseTopic = f"replies/{device}"
+    props.CorrelationData = b"corr-42"
+    peer.subscribe(f"replies/{device}")
+    msg_props = None
+    peer.client.publish(f"{base}/cmd/status", json.dumps({"id": 9}), qos=1, properties=props)
+    msg = peer.next(f"replies/{device}")
+    msg_props = msg.properties
+    assert json.loads(msg.payload)["id"] == 9 and msg_props.CorrelationData == b"corr-42"
+
+    r = peer.request(f"{base}/cmd/pause", {}, f"{base}/cmd/pause/reply")
+    assert r["result"] == {"paused": ["faces"]}
+    time.sleep(0.5)
+    q = peer.messages[f"{base}/faces/result"]
+    while not q.empty():
+        q.get_nowait()
+    time.sleep(1.0)
+    assert q.qsize() <= 1  # at most one already in flight
+    r = peer.request(f"{base}/cmd/resume", {}, f"{base}/cmd/resume/reply")
+    assert r["result"] == {"resumed": ["faces"]}
+    peer.next(f"{base}/faces/result")
+
+    # Home Assistant discovery: retained configs, republished when HA comes online
+    ha = f"ha-{device}"
+    cfg = json.loads(peer.next(f"{ha}/binary_sensor/edgeinfer_{device}/faces_detected/config")
+                     .payload)
+    assert cfg["state_topic"] == f"{base}/faces/result"
+    assert cfg["availability"][0]["topic"] == f"{base}/status"
+    peer.client.publish(f"{ha}/status", "online")
+    peer.next(f"{ha}/sensor/edgeinfer_{device}/faces_count/config", timeout=10)
+
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr
+    stopped = peer.next(f"{base}/status", where=lambda m: b"stopped" in m.payload)
+    assert json.loads(stopped.payload)["state"] == "stopped"
+
+
+def test_reload_changes_only_what_changed_and_refuses_a_broken_config(daemon) -> None:  # type: ignore[no-untyped-def]
+    proc, path, device, peer = daemon
+    base = f"edgeinfer/{device}"
+    peer.next(f"{base}/faces/result")
+    reply = f"{base}/cmd/reload/reply"
+    r = peer.request(f"{base}/cmd/reload", {"id": 1}, reply)
+    assert r["ok"] and r["result"]["restarted"] == [] and r["result"]["unchanged"] == ["faces"]
+
+    config = json.loads(path.read_text())
+    config["pipelines"][0]["task"]["score_threshold"] = 0.7
+    path.write_text(json.dumps(config))
+    r = peer.request(f"{base}/cmd/reload", {"id": 2}, reply, )
+    assert r["ok"] and r["result"]["restarted"] == ["faces"]
+    seq_before = json.loads(peer.next(f"{base}/faces/result").payload)["seq"]
+
+    path.write_text("pipelines: [{name: faces, source: {type: webcam}}]")
+    r = peer.request(f"{base}/cmd/reload", {"id": 3}, reply)
+    assert not r["ok"] and "unknown type 'webcam'" in r["error"]
+    later = json.loads(peer.next(f"{base}/faces/result").payload)
+    assert later["seq"] > seq_before  # still running, seq still increasing
+    assert proc.poll() is None
