@@ -6,7 +6,9 @@ import argparse
 import json
 import logging
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 DEMO_CONFIG = Path(__file__).resolve().parent.parent / "demo.yaml"  # also configs/demo.yaml
 
@@ -24,24 +26,56 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Fetch the demo model and sample video, then run the demo config on them."""
+    """Fetch the demo model and sample video, host an MQTT broker, run the demo config, and
+    print each result as it arrives over MQTT."""
     import os
+
+    import msgspec
 
     from .. import samples
     from ..catalog import pull
     from ..config import load_config
     from ..daemon import Daemon
+    from ..mqtt.client import MqttClient
+    from ..mqtt.embedded import EmbeddedBroker
+    from ..testing.mosquitto import free_port
+    from .watch_cmd import describe
 
     model = pull("blazeface")
     video = samples.demo_video()
     os.environ.setdefault("EDGEINFER_DEMO_MODEL", str(model))
     os.environ.setdefault("EDGEINFER_DEMO_VIDEO", str(video))
     os.environ.setdefault("EDGEINFER_DEMO_OUT", str(Path(args.out).resolve()))
+    os.environ.setdefault("EDGEINFER_DEMO_PORT", str(free_port()))
+    os.environ["EDGEINFER_DEMO_EMBEDDED"] = "false"  # hosted here, so we can listen first
     config = load_config(DEMO_CONFIG)
     _apply_log_level(args, config.logging.level)
-    print(f"edgeinfer demo: BlazeFace on {video} -> stdout and {args.out}", file=sys.stderr)
-    daemon = Daemon(config)
-    code = daemon.run()
+    mqtt = config.mqtt
+    assert mqtt is not None
+    topic = f"{mqtt.prefix}/{config.resolved_device_id()}/+/result"
+    print(f"edgeinfer demo: BlazeFace on {video}; results over MQTT on "
+          f"{mqtt.host}:{mqtt.resolved_port()} ({topic}) and in {args.out}", file=sys.stderr)
+    with EmbeddedBroker(mqtt.host, mqtt.resolved_port()):
+        listener = MqttClient(msgspec.structs.replace(mqtt, embedded=True), "demo-listener",
+                              announce=False)
+        received = [0]
+
+        def show(message: Any) -> None:
+            received[0] += 1
+            print("mqtt " + describe(message.topic, message.payload, mqtt.prefix)[1], flush=True)
+
+        listener.subscribe(topic, 1, show)
+        listener.start()
+        if not listener.wait_connected(10):
+            print(f"edgeinfer demo: the embedded broker did not answer ({listener.last_error})",
+                  file=sys.stderr)
+        daemon = Daemon(config, config_path=str(DEMO_CONFIG))
+        code = daemon.run()
+        sent = sum(s["emitted"] for s in daemon.summary())
+        deadline = time.monotonic() + 5  # the broker forwards the last ones after their PUBACK
+        while received[0] < sent and time.monotonic() < deadline:
+            time.sleep(0.05)
+        listener.stop(timeout_s=2)
     _print_summary(daemon)
     return code
 

@@ -125,6 +125,7 @@ def test_the_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert proc.returncode == 0, stderr
     lines = [json.loads(x) for x in (tmp_path / "demo.jsonl").read_text().splitlines()]
     assert len(lines) == 90 and all(len(d["detections"]) == 1 for d in lines)
+    assert stdout.count("mqtt demo faces #") == 90  # received over MQTT from the broker
     assert stdout.count(" face 0.") == 90
 
 
