@@ -27,6 +27,7 @@ from .errors import (
     WorkerCrashedError,
 )
 from .frames import DropFrame, Frame, ModelRef, Result, TaskResult
+from .emission import Emission
 from .queues import Closed, DropOldestQueue
 from .sources.base import RateLimiter
 from .stats import PipelineStats
@@ -85,7 +86,7 @@ class Pipeline:
         self._running = threading.Event()  # cleared while paused
         self._running.set()
         self._limiter: RateLimiter | None = None
-        self._policy = _Emission(self.emit)
+        self._policy = Emission(self.emit)
         self._last: tuple[Frame, TaskResult] | None = None
         self._seq = seq_start
 
@@ -405,56 +406,3 @@ class Pipeline:
                                                "paused" if self.paused else "running"),
         )
         return data
-
-
-class _Emission:
-    """``emit: {mode, min_interval_s}``: decides which processed frames become results.
-
-    In ``change`` mode a result is emitted when the task's ``change_key`` differs from the last
-    emitted one (and always on a VAD segment event). With ``min_interval_s`` a result that is
-    due too early is held and the newest held one goes out when the interval has passed (or at
-    the end of the stream), so a change is delayed, never lost.
-    """
-
-    __slots__ = ("_change", "_interval", "_last_key", "_last_time", "_pending", "_first")
-
-    def __init__(self, config: EmitConfig) -> None:
-        self._change = config.mode == "change"
-        self._interval = config.min_interval_s
-        self._last_key: Any = None
-        self._last_time = float("-inf")
-        self._pending: tuple[Frame, TaskResult, float] | None = None
-        self._first = True
-
-    def offer(self, frame: Frame, part: TaskResult, post_ms: float
-              ) -> tuple[Frame, TaskResult, float] | None:
-        if self._change:
-            key = part.change_key()
-            event = part.vad is not None and part.vad.event is not None
-            if not (self._first or event or key != self._last_key):
-                if self._pending is None:
-                    return None
-                # nothing new; a held change may now be due
-                return self._release_if_due(frame.ts)
-        candidate = (frame, part, post_ms)
-        if frame.ts - self._last_time < self._interval:
-            self._pending = candidate
-            return None
-        return self._take(candidate)
-
-    def _release_if_due(self, now: float) -> tuple[Frame, TaskResult, float] | None:
-        if self._pending is not None and now - self._last_time >= self._interval:
-            pending, self._pending = self._pending, None
-            return self._take(pending)
-        return None
-
-    def _take(self, item: tuple[Frame, TaskResult, float]) -> tuple[Frame, TaskResult, float]:
-        self._pending = None
-        self._first = False
-        self._last_key = item[1].change_key()
-        self._last_time = item[0].ts
-        return item
-
-    def flush(self) -> tuple[Frame, TaskResult, float] | None:
-        pending, self._pending = self._pending, None
-        return self._take(pending) if pending is not None else None

@@ -20,8 +20,7 @@ PIPELINE_FIELDS = frozenset({"max_fps", "emit_mode", "min_interval_s"})
 
 def apply_tuning(pipeline: Pipeline, changes: dict[str, Any]) -> dict[str, Any]:
     """See ``Pipeline.tune``."""
-    from .config.pipeline import EmitConfig
-    from .pipeline import _Emission
+    from .emission import Emission
     from .sources.base import RateLimiter
 
     if not isinstance(changes, dict) or not changes:
@@ -55,7 +54,7 @@ def apply_tuning(pipeline: Pipeline, changes: dict[str, Any]) -> dict[str, Any]:
         pipeline.task.config = new_task_cfg
     if emit_changes:
         pipeline.emit = new_emit
-        pipeline._policy = _Emission(new_emit)  # noqa: SLF001
+        pipeline._policy = Emission(new_emit)  # noqa: SLF001
     pipeline._limiter = limiter  # noqa: SLF001
     return current_settings(pipeline)
 
