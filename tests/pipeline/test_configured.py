@@ -134,7 +134,10 @@ def test_configs_demo_is_the_packaged_demo() -> None:
         (ROOT / "edgeinfer" / "demo.yaml").read_text()
 
 
-def test_every_shipped_config_validates() -> None:
+def test_every_shipped_config_validates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The device configs read the MQTT password as a systemd credential.
+    (tmp_path / "mqtt_password").write_text("secret\n")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path))
     for path in sorted((ROOT / "configs").glob("*.yaml")):
         proc = cli("validate-config", str(path))
         _, stderr = proc.communicate(timeout=60)
