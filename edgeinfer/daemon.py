@@ -4,6 +4,12 @@ Startup loads every pipeline's model, checks it against its task, opens sinks an
 starts the stage threads. A pipeline that fails to start is reported and left out, unless it
 is ``required`` (then the daemon fails). The tick loop ends when every pipeline has finished
 (file sources end) or on SIGINT/SIGTERM; a second signal forces an immediate exit.
+
+Under systemd the daemon speaks sd_notify (``edgeinfer.systemd``): ``READY=1`` once every
+pipeline runs, ``STATUS=`` every few seconds, ``RELOADING=1``/``READY=1`` around a reload,
+``STOPPING=1`` at shutdown, and ``WATCHDOG=1`` only while every pipeline is healthy. A live
+pipeline that processes no frame for ``stall_s`` is rebuilt from its config, at most
+``RESTART_BUDGET`` times in ``RESTART_WINDOW_S``; then the pings stop and systemd restarts us.
 """
 
 from __future__ import annotations
@@ -13,9 +19,11 @@ import os
 import signal
 import threading
 import time
+from collections import deque
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from . import systemd
 from .errors import ConfigError, EdgeInferError
 
 if TYPE_CHECKING:
@@ -26,6 +34,11 @@ logger = logging.getLogger(__name__)
 
 TICK_S = 0.5
 EXIT_FORCED = 130
+STATUS_INTERVAL_S = 5.0  # how often STATUS= is refreshed
+MIN_STALL_S = 10.0  # a live pipeline silent this long (or 3 watchdog intervals) is stuck
+RESTART_BUDGET = 5  # internal restarts of one stuck pipeline ...
+RESTART_WINDOW_S = 60.0  # ... within this window, before the watchdog pings stop
+RESTART_CLOSE_S = 5.0  # how long a stuck pipeline's stages get to finish when restarted
 
 
 class Daemon:
@@ -35,11 +48,16 @@ class Daemon:
         config: The validated config.
         context: Passed to every source and sink (e.g. an MQTT ``subscribe``).
         stats_interval_s: How often the tick logs a stats line (0: never).
+        flush_timeout_s: How long shutdown waits for the outbox to reach the broker.
+        stall_s: Seconds without a processed frame after which a live, unpaused pipeline is
+            stuck (default: ``max(MIN_STALL_S, 3 x the watchdog interval)``).
+        restart_budget, restart_window_s: Internal restarts allowed per pipeline and window.
     """
 
     def __init__(self, config: Config, *, config_path: str | None = None,
                  stats_interval_s: float = 0.0, flush_timeout_s: float = 5.0,
-                 **context: Any) -> None:
+                 stall_s: float | None = None, restart_budget: int = RESTART_BUDGET,
+                 restart_window_s: float = RESTART_WINDOW_S, **context: Any) -> None:
         self.config = config
         self.config_path = config_path
         self.context = context
@@ -52,6 +70,17 @@ class Daemon:
         self._signals = 0
         self._reload_lock = threading.Lock()
         self._reload_requested = threading.Event()
+        self.watchdog_s = systemd.watchdog_interval()
+        self.stall_s = stall_s or max(MIN_STALL_S, 3 * (self.watchdog_s or 0.0))
+        self.restart_budget = restart_budget
+        self.restart_window_s = restart_window_s
+        self.restarts: dict[str, int] = {}  # internal restarts of stuck pipelines, per name
+        self.stuck: str | None = None  # a pipeline whose restart budget is spent
+        self._restart_times: dict[str, deque[float]] = {}
+        self._progress: dict[str, tuple[Pipeline, int, float]] = {}  # processed, when it moved
+        self._rate_mark: dict[str, tuple[Pipeline, int, float]] = {}
+        self._next_ping = 0.0
+        self._next_status = 0.0
 
     # -- lifecycle ------------------------------------------------------------------------------
     def run(self) -> int:
@@ -92,6 +121,7 @@ class Daemon:
             raise ConfigError(f"no pipeline could start ({reasons})")
         if self.link is not None:
             self.link.ready()
+        systemd.ready(self.status_line())
 
     def _start_pipeline(self, pc: Any) -> Pipeline:
         """Load, assemble and start one pipeline; nothing is left open if it fails."""
@@ -116,6 +146,7 @@ class Daemon:
                 self._reload_from_signal()
             if self.link is not None:
                 self.link.tick()
+            self._health_tick(time.monotonic())
             if all(p.join(0) for p in self.pipelines):
                 break
             if self.stats_interval_s and time.monotonic() >= next_stats:
@@ -129,6 +160,7 @@ class Daemon:
     def shutdown(self) -> None:
         """Stop the sources, let queued frames finish, then flush the outbox to the broker (up
         to ``flush_timeout_s``) and publish the retained ``stopped`` status."""
+        systemd.stopping()
         for p in self.pipelines:
             p.stop()
         for p in self.pipelines:
@@ -142,10 +174,18 @@ class Daemon:
         Everything new is built first: if the file is invalid or a changed pipeline cannot
         start, nothing running is touched and the error is raised.
         """
-        from .config import load_config
-
         if self.config_path is None:
             raise ConfigError("the daemon was not started from a config file; nothing to reload")
+        systemd.reloading()
+        try:
+            return self._reload()
+        finally:  # a refused reload keeps the old config running: ready again either way
+            systemd.ready(self.status_line())
+
+    def _reload(self) -> dict[str, Any]:
+        from .config import load_config
+
+        assert self.config_path is not None
         with self._reload_lock:
             new = load_config(self.config_path)
             current = {p.name: p for p in self.pipelines}
@@ -170,6 +210,10 @@ class Daemon:
             rebuilt = {p.name for p in built}
             self.pipelines = [p for p in self.pipelines
                               if p.name in keep and p.name not in rebuilt] + built
+            for name in rebuilt:  # a new config gets a fresh restart budget
+                self._restart_times.pop(name, None)
+                if self.stuck == name:
+                    self.stuck = None
             notes = []
             if new.mqtt != self.config.mqtt:
                 notes.append("mqtt settings change on restart")
@@ -191,7 +235,86 @@ class Daemon:
                     result["unchanged"] or "none")
 
     def summary(self) -> list[dict[str, Any]]:
-        return [p.snapshot() for p in self.pipelines]
+        return [dict(p.snapshot(), restarts=self.restarts.get(p.name, 0))
+                for p in self.pipelines]
+
+    # -- health, watchdog, status ---------------------------------------------------------------
+    def status_line(self) -> str:
+        """What ``STATUS=`` says: ``2 pipelines, 14.8 fps, outbox 0`` (or which one is stuck)."""
+        fps = sum(self._recent_fps(p) for p in self.pipelines)
+        n = len(self.pipelines)
+        text = f"{n} pipeline{'s' if n != 1 else ''}, {fps:.1f} fps"
+        if self.link is not None and self.link.plumbing is not None:
+            text += f", outbox {self.link.plumbing.stats().get('depth', 0)}"
+        restarts = sum(self.restarts.values())
+        if restarts:
+            text += f", {restarts} restart{'s' if restarts != 1 else ''}"
+        if self.stuck is not None:
+            text = f"pipeline {self.stuck} stuck (restart budget spent); " + text
+        return text
+
+    def _recent_fps(self, p: Pipeline) -> float:
+        now, n = time.monotonic(), p.stats.processed
+        mark = self._rate_mark.get(p.name)
+        self._rate_mark[p.name] = (p, n, now)
+        if mark is None or mark[0] is not p or now <= mark[2]:
+            return p.stats.overall_fps()
+        return (n - mark[1]) / (now - mark[2])
+
+    def _health_tick(self, now: float) -> None:
+        for p in list(self.pipelines):
+            if self.stuck is None and self._stalled(p, now):
+                self._on_stall(p, now)
+        if self.watchdog_s and self.stuck is None and now >= self._next_ping:
+            self._next_ping = now + self.watchdog_s / 2
+            systemd.watchdog()
+        if now >= self._next_status:
+            self._next_status = now + STATUS_INTERVAL_S
+            systemd.status(self.status_line())
+
+    def _stalled(self, p: Pipeline, now: float) -> bool:
+        """A live, unpaused, unfinished pipeline whose processed count has not moved for
+        ``stall_s``. A file source that ended is not a stall."""
+        n = p.stats.processed
+        mark = self._progress.get(p.name)
+        if not p.source.live or p.paused or p.join(0) or mark is None or mark[0] is not p \
+                or mark[1] != n:
+            self._progress[p.name] = (p, n, now)
+            return False
+        return now - mark[2] > self.stall_s
+
+    def _on_stall(self, p: Pipeline, now: float) -> None:
+        times = self._restart_times.setdefault(p.name, deque())
+        while times and now - times[0] > self.restart_window_s:
+            times.popleft()
+        if len(times) >= self.restart_budget:
+            self._give_up(p.name, f"{len(times)} restarts in {self.restart_window_s:.0f} s")
+            return
+        times.append(now)
+        self.restarts[p.name] = self.restarts.get(p.name, 0) + 1
+        logger.warning("pipeline %s: no frame processed for %g s; restarting it (%d of %d "
+                       "in %.0f s)", p.name, self.stall_s, len(times), self.restart_budget,
+                       self.restart_window_s)
+        with self._reload_lock:
+            if p not in self.pipelines:  # a reload replaced it meanwhile
+                return
+            pc = next((c for c in self.config.pipelines if c.name == p.name), None)
+            p.close(RESTART_CLOSE_S)
+            try:
+                if pc is None:
+                    raise ConfigError(f"pipeline {p.name} is no longer configured")
+                new = self._start_pipeline(pc)
+            except EdgeInferError as exc:
+                self._give_up(p.name, f"restart failed: {exc}")
+                return
+            self.pipelines = [new if q is p else q for q in self.pipelines]
+        self._progress.pop(p.name, None)
+
+    def _give_up(self, name: str, why: str) -> None:
+        self.stuck = name
+        logger.error("pipeline %s is stuck (%s); watchdog pings stop so that the service "
+                     "manager restarts the daemon", name, why)
+        systemd.status(self.status_line())
 
     # -- signals --------------------------------------------------------------------------------
     def _install_signal_handlers(self) -> None:

@@ -116,12 +116,34 @@ def _model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-mb", type=float, help="refuse larger model files (default 512)")
 
 
+class JournalFormatter(logging.Formatter):
+    """``<N>name: message`` with the syslog priority journald reads from a stream's line start
+    (``<3>`` error, ``<4>`` warning, ``<6>`` info, ``<7>`` debug); journald adds timestamps."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        prefix = f"<{_syslog_priority(record.levelno)}>"
+        return "\n".join(prefix + line for line in text.splitlines())
+
+
+def _syslog_priority(levelno: int) -> int:
+    if levelno >= logging.CRITICAL:
+        return 2
+    if levelno >= logging.ERROR:
+        return 3
+    if levelno >= logging.WARNING:
+        return 4
+    return 6 if levelno >= logging.INFO else 7
+
+
 def setup_logging(verbosity: int) -> None:
     level = logging.WARNING - 10 * min(verbosity, 2)
-    # Under systemd (JOURNAL_STREAM set) journald adds its own timestamps.
-    fmt = "%(levelname)s %(name)s: %(message)s" if os.environ.get("JOURNAL_STREAM") else \
-        "%(asctime)s %(levelname)s %(name)s: %(message)s"
-    logging.basicConfig(level=level, format=fmt, stream=sys.stderr)
+    handler = logging.StreamHandler(sys.stderr)
+    if os.environ.get("JOURNAL_STREAM"):  # under systemd: journald stamps and levels the lines
+        handler.setFormatter(JournalFormatter("%(name)s: %(message)s"))
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

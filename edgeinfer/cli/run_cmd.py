@@ -19,7 +19,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     _apply_log_level(args, config.logging.level)
-    daemon = Daemon(config, config_path=args.config, stats_interval_s=args.stats_interval)
+    daemon = Daemon(config, config_path=args.config, stats_interval_s=args.stats_interval,
+                    **_watchdog_overrides())
     code = daemon.run()
     _print_summary(daemon)
     return code
@@ -80,6 +81,27 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return code
 
 
+def _watchdog_overrides() -> dict[str, Any]:
+    """Stall deadline and restart budget from ``EDGEINFER_STALL_S``, ``EDGEINFER_RESTART_BUDGET``
+    and ``EDGEINFER_RESTART_WINDOW_S`` (for tests and unusually slow pipelines)."""
+    import os
+
+    from ..errors import ConfigError
+
+    names = {"stall_s": ("EDGEINFER_STALL_S", float),
+             "restart_budget": ("EDGEINFER_RESTART_BUDGET", int),
+             "restart_window_s": ("EDGEINFER_RESTART_WINDOW_S", float)}
+    out: dict[str, Any] = {}
+    for key, (env, kind) in names.items():
+        value = os.environ.get(env)
+        if value:
+            try:
+                out[key] = kind(value)
+            except ValueError as exc:
+                raise ConfigError(f"{env}: expected {kind.__name__}, got {value!r}") from exc
+    return out
+
+
 def _apply_log_level(args: argparse.Namespace, level: str) -> None:
     if not args.verbose:
         logging.getLogger().setLevel(level.upper())
@@ -93,6 +115,7 @@ def _print_summary(daemon: object) -> None:
             f"{s['fps']:.1f} fps, infer p50 {lat['infer']['p50']:.1f} ms, "
             f"dropped {s['dropped']['queue']}, errors {s['errors']}, "
             f"source corrupt {s['source']['corrupt']}, reconnects {s['source']['reconnects']}"
+            + (f", restarts {s['restarts']}" if s.get("restarts") else "")
             + (f" ({s['state']}: {s['last_error']})" if s["state"] == "failed" else ""),
             file=sys.stderr,
         )

@@ -1,0 +1,190 @@
+"""``edgeinfer run`` under a fake service manager: a real ``AF_UNIX`` datagram socket as
+``NOTIFY_SOCKET`` collects READY/STATUS/WATCHDOG/RELOADING/STOPPING from the subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from edgeinfer import samples
+from edgeinfer.testing.streams import MjpegServer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Manager:
+    """Collects sd_notify datagrams as dicts, with the time they arrived."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.messages: list[tuple[float, dict[str, str]]] = []
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._sock.bind(path)
+        self._sock.settimeout(0.1)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data = self._sock.recv(65536)
+            except TimeoutError:
+                continue
+            fields = dict(line.split("=", 1) for line in data.decode().splitlines() if line)
+            self.messages.append((time.monotonic(), fields))
+
+    def wait(self, pred: Callable[[dict[str, str]], bool], timeout: float = 60,
+             after: int = 0) -> int:
+        """Index of the first message from ``after`` on matching ``pred``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for i, (_, m) in enumerate(self.messages[after:], after):
+                if pred(m):
+                    return i
+            time.sleep(0.05)
+        raise AssertionError(f"no matching notification; got {[m for _, m in self.messages]}")
+
+    def count(self, key: str, since: int = 0) -> int:
+        return sum(1 for _, m in self.messages[since:] if key in m)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+        self._sock.close()
+
+
+@pytest.fixture
+def manager() -> Iterator[Manager]:
+    with tempfile.TemporaryDirectory(prefix="sd") as folder:  # AF_UNIX paths are short
+        m = Manager(os.path.join(folder, "notify"))
+        yield m
+        m.close()
+
+
+@pytest.fixture(scope="module")
+def video(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return samples.demo_video(tmp_path_factory.mktemp("video") / "people.avi", frames=30)
+
+
+def start(cfg: Path, manager: Manager, tmp_path: Path, **env: str) -> subprocess.Popen[str]:
+    full = {**os.environ, "NOTIFY_SOCKET": manager.path, **env}
+    full.pop("JOURNAL_STREAM", None)
+    return subprocess.Popen([sys.executable, "-m", "edgeinfer", "-v", "run", "-c", str(cfg)],
+                            stdout=subprocess.DEVNULL, stderr=(tmp_path / "stderr").open("w"),
+                            text=True, cwd=ROOT, env=full)
+
+
+def stop(proc: subprocess.Popen[str]) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+
+
+def face_config(video: Path, blazeface: Path, out: Path, threshold: float = 0.5) -> str:
+    return json.dumps({"device_id": "test", "pipelines": [{
+        "name": "faces",
+        "source": {"type": "video", "uri": str(video), "fps": 20, "loop": True},
+        "model": {"path": str(blazeface), "threads": 1},
+        "task": {"type": "detect", "decoder": "blazeface", "score_threshold": threshold},
+        "sinks": [{"type": "jsonl", "path": str(out)}],
+    }]})
+
+
+def last_detections(out: Path, after_line: int) -> list[int]:
+    lines = out.read_text().splitlines()[after_line:]
+    return [len(json.loads(x)["detections"]) for x in lines if x.endswith("}")]
+
+
+def test_ready_watchdog_reload_and_stop(manager: Manager, video: Path, blazeface_path: Path,
+                                        tmp_path: Path) -> None:
+    out, cfg = tmp_path / "r.jsonl", tmp_path / "c.yaml"
+    cfg.write_text(face_config(video, blazeface_path, out))
+    proc = start(cfg, manager, tmp_path, WATCHDOG_USEC="1000000")
+    try:
+        ready = manager.wait(lambda m: m.get("READY") == "1")
+        status = manager.messages[ready][1]["STATUS"]
+        assert status.startswith("1 pipeline, ") and " fps" in status, status
+        n = manager.count("WATCHDOG")
+        time.sleep(2.5)
+        assert manager.count("WATCHDOG") >= n + 3  # every 0.5 s
+        assert last_detections(out, 0)[-1] == 1  # the face is found at 0.5
+
+        # A changed config takes effect: nothing scores 0.9999.
+        cfg.write_text(face_config(video, blazeface_path, out, threshold=0.9999))
+        mark = len(manager.messages)
+        proc.send_signal(signal.SIGHUP)
+        reloading = manager.wait(lambda m: m.get("RELOADING") == "1", 30, mark)
+        assert int(manager.messages[reloading][1]["MONOTONIC_USEC"]) > 0
+        manager.wait(lambda m: m.get("READY") == "1", 30, reloading)
+        lines = len(out.read_text().splitlines())
+        time.sleep(1.5)
+        assert set(last_detections(out, lines)) == {0}
+
+        # A broken config is refused: RELOADING, READY again, the old one keeps running.
+        cfg.write_text("pipelines: [\n")
+        mark = len(manager.messages)
+        proc.send_signal(signal.SIGHUP)
+        reloading = manager.wait(lambda m: m.get("RELOADING") == "1", 30, mark)
+        manager.wait(lambda m: m.get("READY") == "1", 30, reloading)
+        n, lines = manager.count("WATCHDOG"), len(out.read_text().splitlines())
+        time.sleep(1.5)
+        assert proc.poll() is None
+        assert manager.count("WATCHDOG") > n and len(out.read_text().splitlines()) > lines
+    finally:
+        code = stop(proc)
+    stderr = (tmp_path / "stderr").read_text()
+    assert code == 0, stderr
+    assert manager.count("STOPPING") == 1
+    assert "reloaded: restarted ['faces']" in stderr
+    assert "reload refused, the running config is kept" in stderr
+    assert "Traceback" not in stderr
+
+
+def test_a_hung_camera_is_restarted_then_the_watchdog_pings_stop(
+        manager: Manager, blazeface_path: Path, tmp_path: Path) -> None:
+    cfg = tmp_path / "cam.yaml"
+    with MjpegServer(fps=15) as server:
+        cfg.write_text(json.dumps({"pipelines": [{
+            "name": "cam",
+            "source": {"type": "camera", "uri": server.url, "open_timeout_s": 1,
+                       "reconnect": {"initial_s": 0.2, "max_s": 0.5}},
+            "model": {"path": str(blazeface_path), "threads": 1},
+            "task": {"type": "detect", "decoder": "blazeface"},
+        }]}))
+        proc = start(cfg, manager, tmp_path, WATCHDOG_USEC="1000000", EDGEINFER_STALL_S="1.5",
+                     EDGEINFER_RESTART_BUDGET="2")
+        try:
+            manager.wait(lambda m: m.get("READY") == "1")
+            n = manager.count("WATCHDOG")
+            time.sleep(1.5)
+            assert manager.count("WATCHDOG") > n  # frames flow: healthy
+            server.stall()
+            stuck = manager.wait(lambda m: "cam stuck" in m.get("STATUS", ""), 60)
+            assert "2 restarts" in manager.messages[stuck][1]["STATUS"]
+            time.sleep(0.2)  # a ping already in flight
+            since = len(manager.messages)
+            time.sleep(2.5)
+            assert manager.count("WATCHDOG", since) == 0
+            assert proc.poll() is None
+        finally:
+            code = stop(proc)
+    stderr = (tmp_path / "stderr").read_text()
+    assert code == 0, stderr
+    assert stderr.count("restarting it") == 2
+    assert "pipeline cam is stuck" in stderr and "restarts 2" in stderr
