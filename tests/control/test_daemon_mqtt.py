@@ -197,3 +197,82 @@ def test_reload_changes_only_what_changed_and_refuses_a_broken_config(daemon) ->
     later = json.loads(peer.next(f"{base}/faces/result").payload)
     assert later["seq"] > seq_before  # still running, seq still increasing
     assert proc.poll() is None
+
+
+def test_sigterm_flushes_the_outbox_to_the_broker_before_exit(
+        blazeface_path: Path, tmp_path: Path) -> None:
+    """Results made while the broker was down wait on disk; the broker comes back, the daemon is
+    stopped at once with SIGTERM, and every result still reaches a persistent subscriber."""
+    from edgeinfer.testing.mosquitto import Mosquitto
+
+    device = f"flush{uuid.uuid4().hex[:6]}"
+    topic = f"edgeinfer/{device}/faces/result"
+    with Mosquitto(persistence=True) as broker:
+        def subscriber() -> Any:
+            c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"sub-{device}",
+                            protocol=mqtt.MQTTv5)
+            got: queue.Queue[int] = queue.Queue()
+            c.on_message = lambda cl, u, m: got.put(json.loads(m.payload)["seq"])
+            props = Properties(PacketTypes.CONNECT)
+            props.SessionExpiryInterval = 3600
+            c.connect(broker.host, broker.port, clean_start=False, properties=props)
+            c.loop_start()
+            return c, got
+
+        sub, _ = subscriber()  # register a persistent session, then go away
+        done: queue.Queue[bool] = queue.Queue()
+        sub.on_subscribe = lambda *a: done.put(True)
+        sub.subscribe(topic, qos=1)
+        done.get(timeout=10)
+        sub.loop_stop()
+        sub.disconnect()
+        broker.stop()  # down before the daemon starts: results pile up in the outbox
+
+        video = samples.demo_video(tmp_path / "v.avi", frames=30)
+        config = {
+            "device_id": device,
+            "runtime": {"state_dir": str(tmp_path / "state")},
+            "mqtt": {"host": broker.host, "port": broker.port,
+                     "reconnect": {"initial_s": 0.2, "max_s": 0.5},
+                     "outbox": {"replay_rate": 20}},  # a slow replay: the flush must finish it
+            "pipelines": [{
+                "name": "faces",
+                "source": {"type": "video", "uri": str(video), "fps": 30, "loop": True},
+                "model": {"path": str(blazeface_path), "threads": 1},
+                "task": {"type": "detect", "decoder": "blazeface"},
+                "sinks": [{"type": "mqtt"}, {"type": "jsonl", "path": str(tmp_path / "r.jsonl")}],
+            }],
+        }
+        path = tmp_path / "c.yaml"
+        path.write_text(json.dumps(config))
+        proc = subprocess.Popen([sys.executable, "-m", "edgeinfer", "run", "-c", str(path)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                cwd=ROOT)
+        try:
+            deadline = time.monotonic() + 60
+            out = tmp_path / "r.jsonl"
+            while time.monotonic() < deadline and (
+                    not out.exists() or len(out.read_text().splitlines()) < 40):
+                time.sleep(0.1)
+            broker.start()
+            time.sleep(0.5)  # reconnected, replay under way at 20/s
+            proc.send_signal(signal.SIGTERM)
+            _, stderr = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 0, stderr
+        emitted = [json.loads(line)["seq"] for line in out.read_text().splitlines()]
+        assert len(emitted) >= 40
+
+        sub, got = subscriber()  # the broker kept everything for the persistent session
+        seen: set[int] = set()
+        deadline = time.monotonic() + 20
+        while seen != set(emitted) and time.monotonic() < deadline:
+            try:
+                seen.add(got.get(timeout=1))
+            except queue.Empty:
+                pass
+        sub.loop_stop()
+        sub.disconnect()
+        assert seen == set(emitted), f"missing {sorted(set(emitted) - seen)[:10]}"
