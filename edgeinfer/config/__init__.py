@@ -21,6 +21,7 @@ A pipeline's ``source``, ``task`` and ``sinks`` are tagged unions on their ``typ
 from __future__ import annotations
 
 from .loader import config_schema, load_config, parse_config
+from .metrics import MetricsConfig
 from .mqtt import HomeAssistantConfig, MqttConfig, OutboxConfig, TlsConfig
 from .pipeline import (
     AudioSource,
@@ -66,6 +67,7 @@ __all__ = [
     "ImagesSource",
     "JsonlSink",
     "LoggingConfig",
+    "MetricsConfig",
     "ModelConfig",
     "MqttConfig",
     "MqttSink",

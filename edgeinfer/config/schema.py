@@ -16,6 +16,7 @@ import msgspec
 from msgspec import Meta
 
 from ..paths import cache_dir, state_dir
+from .metrics import MetricsConfig
 from .mqtt import MqttConfig
 from .pipeline import EmitConfig, RawTask, SinkConfig, SourceConfig, StdoutSink, TaskConfig
 
@@ -216,6 +217,7 @@ class Config(_Struct):
         logging: Logging settings.
         mqtt: The MQTT broker results, status and stats go to, and commands come from;
             ``None``: no MQTT.
+        metrics: The Prometheus endpoint; ``None``: none.
     """
 
     device_id: DeviceId | None = None
@@ -223,6 +225,7 @@ class Config(_Struct):
     pipelines: list[PipelineConfig] = []
     logging: LoggingConfig = msgspec.field(default_factory=LoggingConfig)
     mqtt: MqttConfig | None = None
+    metrics: MetricsConfig | None = None
 
     def __post_init__(self) -> None:
         if self.device_id is not None:
