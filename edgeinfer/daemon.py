@@ -66,6 +66,7 @@ class Daemon:
         self.pipelines: list[Pipeline] = []
         self.failed: dict[str, str] = {}
         self.link: Any = None  # control.link.MqttLink when the config has an mqtt: section
+        self.metrics: Any = None  # control.metrics.MetricsServer when metrics: is enabled
         self._stop = threading.Event()
         self._signals = 0
         self._reload_lock = threading.Lock()
@@ -121,6 +122,11 @@ class Daemon:
             raise ConfigError(f"no pipeline could start ({reasons})")
         if self.link is not None:
             self.link.ready()
+        if self.config.metrics is not None and self.config.metrics.enabled:
+            from .control.metrics import MetricsServer
+
+            self.metrics = MetricsServer(self, self.config.metrics)
+            self.metrics.start()
         systemd.ready(self.status_line())
 
     def _start_pipeline(self, pc: Any) -> Pipeline:
@@ -161,6 +167,8 @@ class Daemon:
         """Stop the sources, let queued frames finish, then flush the outbox to the broker (up
         to ``flush_timeout_s``) and publish the retained ``stopped`` status."""
         systemd.stopping()
+        if self.metrics is not None:
+            self.metrics.stop()
         for p in self.pipelines:
             p.stop()
         for p in self.pipelines:

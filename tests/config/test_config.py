@@ -295,7 +295,7 @@ def test_config_schema_describes_the_tree() -> None:
 
     defs = schema["$defs"]
     assert set(defs["Config"]["properties"]) == {"device_id", "runtime", "pipelines", "logging",
-                                                 "mqtt"}
+                                                 "mqtt", "metrics"}
     assert defs["ModelConfig"]["required"] == ["path"]
     assert defs["ModelConfig"]["additionalProperties"] is False
     assert defs["PipelineConfig"]["required"] == ["name", "model", "source"]
@@ -356,7 +356,7 @@ def test_unknown_top_level_key(tmp_path: Path) -> None:
     assert message.endswith(":2: $.mqtt_host: unknown field; did you mean 'mqtt'?")
 
     message = config_error(tmp_path, "pipelines: []\nbroker: x\n")
-    valid = "device_id, runtime, pipelines, logging, mqtt"
+    valid = "device_id, runtime, pipelines, logging, mqtt, metrics"
     assert message.endswith(f":2: $.broker: unknown field; valid: {valid}")
 
 

@@ -1,0 +1,30 @@
+"""Typed config of the ``metrics:`` section: the optional Prometheus endpoint. Field names are a
+contract."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+from msgspec import Meta
+
+__all__ = ["MetricsConfig"]
+
+
+class _Struct(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    pass
+
+
+class MetricsConfig(_Struct):
+    """A Prometheus ``/metrics`` endpoint (needs the ``metrics`` extra).
+
+    Attributes:
+        enabled: Serve the endpoint (``false`` keeps the section but serves nothing).
+        host: Address to bind; loopback by default. Bind ``0.0.0.0`` only on a trusted network:
+            the endpoint has no authentication.
+        port: TCP port.
+    """
+
+    enabled: bool = True
+    host: Annotated[str, Meta(min_length=1)] = "127.0.0.1"
+    port: Annotated[int, Meta(ge=1, le=65535)] = 9108

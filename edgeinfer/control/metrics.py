@@ -1,0 +1,202 @@
+"""The optional Prometheus endpoint (``metrics:`` in the config; the ``metrics`` extra).
+
+Nothing is counted per frame for it: a custom collector reads every pipeline's ``snapshot()``
+(and the outbox's stats when MQTT is configured) when Prometheus scrapes, so a daemon nobody
+scrapes pays nothing. The endpoint has its own registry (not prometheus_client's global one, so
+no process/GC collectors and nothing another library registered) and is served by a
+``wsgiref`` server in one thread that ``stop()`` shuts down and whose port it closes. It binds
+loopback by default; it has no authentication.
+
+Latency is exported as summary-style gauges, ``edgeinfer_latency_ms{stage, quantile}``, from the
+p50/p99 windows the pipelines already keep: a real histogram would need every frame observed
+into buckets, a per-frame cost this module avoids. Quantiles cannot be aggregated across
+devices; alert per device.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from collections.abc import Iterator
+from socketserver import ThreadingMixIn
+from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..config import MetricsConfig
+
+__all__ = ["DaemonCollector", "MetricsServer", "build_registry"]
+
+logger = logging.getLogger(__name__)
+
+_STAGES = ("pre", "infer", "post", "end_to_end")
+_QUANTILES = (("p50", "0.5"), ("p99", "0.99"))
+_DROP_REASONS = ("queue", "task", "paused")
+
+
+def _prometheus() -> Any:
+    try:
+        import prometheus_client
+    except ImportError as exc:
+        raise ConfigError("metrics: needs prometheus_client; install it with "
+                          "pip install 'edgeinfer[metrics]'") from exc
+    return prometheus_client
+
+
+class DaemonCollector:
+    """Computes every edgeinfer metric from the daemon's state at scrape time.
+
+    Args:
+        daemon: Anything with ``pipelines`` (objects with ``name`` and ``snapshot()``), and
+            optionally ``link`` (with ``plumbing.stats()``) and ``restarts`` (name -> count).
+    """
+
+    def __init__(self, daemon: Any) -> None:
+        self.daemon = daemon
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        processed = CounterMetricFamily("edgeinfer_frames_processed",
+                                        "Frames a pipeline processed.", labels=["pipeline"])
+        emitted = CounterMetricFamily("edgeinfer_results_emitted",
+                                      "Results a pipeline emitted to its sinks.",
+                                      labels=["pipeline"])
+        dropped = CounterMetricFamily("edgeinfer_frames_dropped",
+                                      "Frames dropped: queue (inference behind a live source), "
+                                      "task (filtered by the task), paused.",
+                                      labels=["pipeline", "reason"])
+        errors = CounterMetricFamily("edgeinfer_inference_errors",
+                                     "Frames whose processing failed.", labels=["pipeline"])
+        fps = GaugeMetricFamily("edgeinfer_fps", "Frames processed per second.",
+                                labels=["pipeline"])
+        latency = GaugeMetricFamily("edgeinfer_latency_ms",
+                                    "Latency quantiles (ms) over the recent window, per stage.",
+                                    labels=["pipeline", "stage", "quantile"])
+        reconnects = CounterMetricFamily("edgeinfer_source_reconnects",
+                                         "Times a pipeline's source reconnected.",
+                                         labels=["pipeline"])
+        model = GaugeMetricFamily("edgeinfer_model_info",
+                                  "The model a pipeline runs (always 1).",
+                                  labels=["pipeline", "name", "version", "sha256", "provider"])
+        restarts = CounterMetricFamily("edgeinfer_pipeline_restarts",
+                                       "Internal restarts of a stuck pipeline.",
+                                       labels=["pipeline"])
+        restart_counts = dict(getattr(self.daemon, "restarts", None) or {})
+        for pipeline in list(self.daemon.pipelines):
+            try:
+                s = pipeline.snapshot()
+            except Exception:  # a scrape never fails because one pipeline is mid-rebuild
+                logger.debug("metrics: no snapshot of %s", pipeline.name, exc_info=True)
+                continue
+            name = str(s.get("pipeline", pipeline.name))
+            processed.add_metric([name], s.get("processed", 0))
+            emitted.add_metric([name], s.get("emitted", 0))
+            drops = s.get("dropped", {})
+            for reason in _DROP_REASONS:
+                dropped.add_metric([name, reason], drops.get(reason, 0))
+            errors.add_metric([name], s.get("errors", 0))
+            fps.add_metric([name], s.get("fps", 0.0))
+            lat = s.get("latency_ms", {})
+            for stage in _STAGES:
+                window = lat.get(stage) or {}
+                for key, quantile in _QUANTILES:
+                    latency.add_metric([name, stage, quantile], window.get(key, 0.0))
+            reconnects.add_metric([name], (s.get("source") or {}).get("reconnects", 0))
+            m = s.get("model") or {}
+            model.add_metric([name, str(m.get("name") or ""), str(m.get("version") or ""),
+                              str(m.get("sha256") or ""), str(s.get("provider") or "")], 1)
+            restarts.add_metric([name], restart_counts.pop(name, 0))
+        for name, count in restart_counts.items():  # restarted, and not running now
+            restarts.add_metric([name], count)
+        yield from (processed, emitted, dropped, errors, fps, latency, reconnects, model,
+                    restarts)
+        yield from self._outbox()
+
+    def _outbox(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        link = getattr(self.daemon, "link", None)
+        plumbing = getattr(link, "plumbing", None)
+        if plumbing is None:
+            return
+        try:
+            stats = plumbing.stats()
+        except Exception:
+            logger.debug("metrics: no outbox stats", exc_info=True)
+            return
+        yield GaugeMetricFamily("edgeinfer_outbox_depth",
+                                "Results waiting in the outbox for the broker.",
+                                value=stats.get("depth", 0))
+        yield CounterMetricFamily("edgeinfer_outbox_dropped",
+                                  "Results the outbox dropped (bounds reached).",
+                                  value=stats.get("dropped", 0))
+
+
+def build_registry(daemon: Any) -> Any:
+    """A fresh ``CollectorRegistry`` holding only a `DaemonCollector` of ``daemon``."""
+    prometheus_client = _prometheus()
+    registry = prometheus_client.CollectorRegistry(auto_describe=False)
+    registry.register(DaemonCollector(daemon))
+    return registry
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        logger.debug("metrics: " + format, *args)
+
+
+class MetricsServer:
+    """Serves ``/metrics`` of one daemon on ``config.host:config.port`` until `stop`.
+
+    Raises:
+        ConfigError: prometheus_client is missing, or the address cannot be bound.
+    """
+
+    def __init__(self, daemon: Any, config: MetricsConfig) -> None:
+        self.config = config
+        self.registry = build_registry(daemon)
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        """The bound port (useful with ``port`` 0 in tests)."""
+        return self._server.server_address[1] if self._server is not None else self.config.port
+
+    def start(self) -> None:
+        app = _prometheus().make_wsgi_app(self.registry)
+        host, port = self.config.host, self.config.port
+
+        class Server(_Server):
+            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+        try:
+            self._server = make_server(host, port, app, server_class=Server,
+                                       handler_class=_QuietHandler)
+        except OSError as exc:
+            raise ConfigError(f"metrics: cannot serve on {host}:{port}: {exc}") from exc
+        self._thread = threading.Thread(target=self._server.serve_forever,
+                                        name="edgeinfer-metrics", daemon=True)
+        self._thread.start()
+        logger.info("metrics on http://%s:%d/metrics", host if ":" not in host
+                    else f"[{host}]", self.port)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop serving and close the port; idempotent."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.shutdown()
+        server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
