@@ -282,11 +282,13 @@ class Daemon:
 
     def _stalled(self, p: Pipeline, now: float) -> bool:
         """A live, unpaused, unfinished pipeline whose processed count has not moved for
-        ``stall_s``. A file source that ended is not a stall."""
+        ``stall_s``. A file source that ended is not a stall, nor a camera that cannot be opened
+        (unplugged: it retries with backoff and shows on stats; restarting the service would
+        not bring it back)."""
         n = p.stats.processed
         mark = self._progress.get(p.name)
-        if not p.source.live or p.paused or p.join(0) or mark is None or mark[0] is not p \
-                or mark[1] != n:
+        if not p.source.live or p.paused or p.join(0) or p.source.waiting or mark is None \
+                or mark[0] is not p or mark[1] != n:
             self._progress[p.name] = (p, n, now)
             return False
         return now - mark[2] > self.stall_s

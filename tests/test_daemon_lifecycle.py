@@ -188,3 +188,33 @@ def test_a_hung_camera_is_restarted_then_the_watchdog_pings_stop(
     assert code == 0, stderr
     assert stderr.count("restarting it") == 2
     assert "pipeline cam is stuck" in stderr and "restarts 2" in stderr
+
+
+def test_a_missing_camera_does_not_fail_the_service(
+        manager: Manager, blazeface_path: Path, tmp_path: Path) -> None:
+    """An unplugged camera (nothing listens at its URL) is retried with backoff; the watchdog
+    keeps pinging and nothing is restarted: restarting the service would not bring it back."""
+    from edgeinfer.testing.mosquitto import free_port
+
+    cfg = tmp_path / "missing.yaml"
+    cfg.write_text(json.dumps({"pipelines": [{
+        "name": "cam",
+        "source": {"type": "camera", "uri": f"http://127.0.0.1:{free_port()}/stream",
+                   "open_timeout_s": 1, "reconnect": {"initial_s": 0.2, "max_s": 0.5}},
+        "model": {"path": str(blazeface_path), "threads": 1},
+        "task": {"type": "detect", "decoder": "blazeface"},
+    }]}))
+    proc = start(cfg, manager, tmp_path, WATCHDOG_USEC="1000000", EDGEINFER_STALL_S="1",
+                 EDGEINFER_RESTART_BUDGET="1")
+    try:
+        manager.wait(lambda m: m.get("READY") == "1")
+        since = len(manager.messages)
+        time.sleep(4)
+        assert manager.count("WATCHDOG", since) >= 4
+        assert not any("stuck" in m.get("STATUS", "") for _, m in manager.messages)
+        assert proc.poll() is None
+    finally:
+        code = stop(proc)
+    stderr = (tmp_path / "stderr").read_text()
+    assert code == 0, stderr
+    assert "restarting it" not in stderr and "cannot open" in stderr

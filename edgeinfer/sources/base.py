@@ -59,6 +59,13 @@ class Source(ABC):
         """What to call this source in messages (its URI, device or command)."""
         return type(self).__name__
 
+    @property
+    def waiting(self) -> bool:
+        """``True`` while a live source cannot open its device or stream and is retrying: the
+        pipeline is waiting for hardware (reported on stats), not stuck, so the watchdog leaves
+        it alone. Sources that can tell override this."""
+        return False
+
     def stop(self) -> None:
         """Make iteration end soon; safe from any thread."""
         self._stop.set()

@@ -77,7 +77,18 @@ class CameraSource(Source):
 
     # --- opening -------------------------------------------------------------------------
 
+    @property
+    def waiting(self) -> bool:
+        return self._cannot_open and not self.stopped
+
+    def _open_failed(self, started: float) -> None:
+        # Refused at once (no device node, nothing listening): the camera is absent and we wait
+        # for it. An open that runs into its timeout (a server that accepts and then sends
+        # nothing) is a stall the watchdog should see.
+        self._cannot_open = time.monotonic() - started < 0.5 * self.config.open_timeout_s
+
     def _open(self) -> None:
+        self._cannot_open = False
         if self.config.backend == "gstreamer" and not gstreamer_available():
             raise SourceError(
                 f"camera {self.name}: backend gstreamer needs OpenCV built with GStreamer, and this "
@@ -108,15 +119,19 @@ class CameraSource(Source):
     def _connect(self) -> bool:
         """Open the capture once; on failure count it, log it (once per outage), return False."""
         uri, api, params = self._target()
+        started = time.monotonic()
         try:
             cap = cv2.VideoCapture(uri, api, params)
         except cv2.error as exc:
+            self._open_failed(started)
             self._fail(f"cannot open: {exc}")
             return False
         if not cap.isOpened():
             cap.release()
+            self._open_failed(started)
             self._fail("cannot open")
             return False
+        self._cannot_open = False
         if api == cv2.CAP_V4L2:
             self._apply_mode(cap)
         elif self._down_since is None and any(
