@@ -255,7 +255,12 @@ def test_sigterm_flushes_the_outbox_to_the_broker_before_exit(
                     not out.exists() or len(out.read_text().splitlines()) < 40):
                 time.sleep(0.1)
             broker.start()
-            time.sleep(0.5)  # reconnected, replay under way at 20/s
+            watcher = Peer(broker.host, broker.port)  # wait until the daemon is back online
+            watcher.subscribe(f"edgeinfer/{device}/status")
+            watcher.next(f"edgeinfer/{device}/status", timeout=30,
+                         where=lambda m: json.loads(m.payload).get("state") == "online")
+            watcher.close()
+            time.sleep(0.3)  # replay under way at 20/s: most of the backlog still waits
             proc.send_signal(signal.SIGTERM)
             _, stderr = proc.communicate(timeout=30)
         finally:
