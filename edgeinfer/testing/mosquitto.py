@@ -240,7 +240,10 @@ class Mosquitto:
         lines = [f"listener {self.port} {self.host}",
                  f"allow_anonymous {'false' if self._users else 'true'}",
                  f"persistence_location {folder}/", "log_dest stderr",
-                 "log_type error", "log_type warning", "log_type notice", "log_type information"]
+                 "log_type error", "log_type warning", "log_type notice", "log_type information",
+                 # mosquitto's default (1000 queued per client) drops QoS 1 messages for a
+                 # subscriber that lags, as a test's can on a loaded machine: not what is tested.
+                 "max_queued_messages 1000000"]
         if os.geteuid() == 0:
             # As root mosquitto would switch to the `mosquitto` user, which cannot read this
             # private folder (keys, password file) nor write its persistence file there.
