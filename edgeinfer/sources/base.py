@@ -9,6 +9,7 @@ retries with backoff instead), iterating yields ``Frame`` objects until the stre
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
@@ -101,6 +102,58 @@ class Source(ABC):
     @abstractmethod
     def _close(self) -> None:
         """Release everything; idempotent."""
+
+
+class Outage:
+    """A live device's failures in a row: counted on the source's stats, logged once per outage
+    (a warning when it starts, debug after, info when the device is back), cleared by the first
+    good frame, and a ``SourceError`` naming the device once ``max_attempts`` are spent."""
+
+    __slots__ = ("_name", "_stats", "_logger", "failures", "reason", "since")
+
+    def __init__(self, name: str, stats: SourceStats, log: logging.Logger) -> None:
+        self._name, self._stats, self._logger = name, stats, log
+        self.failures = 0
+        self.reason = ""
+        self.since: float | None = None  # when the outage began; None while the device works
+
+    @property
+    def down(self) -> bool:
+        return self.since is not None
+
+    def fail(self, reason: str) -> None:
+        self.failures += 1
+        self.reason = reason
+        self._stats.errors += 1
+        self._stats.last_error = f"{self._name}: {reason}"
+        if self.since is None:
+            self.since = time.monotonic()
+            self._logger.warning("camera %s: %s; retrying with backoff", self._name, reason)
+        elif self._logger.isEnabledFor(logging.DEBUG):
+            self._logger.debug("camera %s: %s (failure %d in a row)", self._name, reason,
+                               self.failures)
+
+    def reopened(self) -> None:
+        """The device opened again after failing (not yet a good frame)."""
+        if self.since is not None:
+            self._stats.reconnects += 1
+            self._logger.info("camera %s: reopened after %d failures (%.1f s down)", self._name,
+                              self.failures, time.monotonic() - self.since)
+
+    def recovered(self, backoff: Backoff) -> None:
+        """A good frame arrived: the outage is over."""
+        if self.failures:
+            self.failures = 0
+            self.since = None
+            backoff.reset()
+
+    def check(self, max_attempts: int | None) -> None:
+        """Raise once ``max_attempts`` failures in a row are reached."""
+        if max_attempts is not None and self.failures >= max_attempts:
+            from ..errors import SourceError
+
+            raise SourceError(f"camera {self._name}: gave up after {self.failures} failures "
+                              f"in a row (last: {self.reason})")
 
 
 class Backoff:

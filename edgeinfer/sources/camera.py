@@ -23,7 +23,7 @@ import numpy as np
 from ..config.pipeline import CameraSource as CameraConfig
 from ..errors import SourceError
 from ..frames import Frame
-from .base import Backoff, RateLimiter, Source
+from .base import Backoff, Outage, RateLimiter, Source
 
 __all__ = ["CameraSource", "gstreamer_available", "redact"]
 
@@ -66,9 +66,7 @@ class CameraSource(Source):
     def __init__(self, config: CameraConfig, **context: Any) -> None:
         super().__init__(config)
         self._cap: cv2.VideoCapture | None = None
-        self._failures = 0  # in a row, since the last good frame
-        self._down_since: float | None = None
-        self._reason = ""
+        self._outage = Outage(self.name, self.stats, logger)
 
     @property
     def name(self) -> str:
@@ -134,16 +132,13 @@ class CameraSource(Source):
         self._cannot_open = False
         if api == cv2.CAP_V4L2:
             self._apply_mode(cap)
-        elif self._down_since is None and any(
+        elif not self._outage.down and any(
                 v is not None for v in (self.config.width, self.config.height, self.config.fps)):
             logger.info("camera %s: width/height/fps apply to V4L2 devices only; the stream gives "
                         "%dx%d", self.name, cap.get(cv2.CAP_PROP_FRAME_WIDTH),
                         cap.get(cv2.CAP_PROP_FRAME_HEIGHT))
         self._cap = cap
-        if self._down_since is not None:
-            self.stats.reconnects += 1
-            logger.info("camera %s: reopened after %d failures (%.1f s down)", self.name,
-                        self._failures, time.monotonic() - self._down_since)
+        self._outage.reopened()
         return True
 
     def _apply_mode(self, cap: cv2.VideoCapture) -> None:
@@ -165,15 +160,7 @@ class CameraSource(Source):
                     c.fps or "-", c.fourcc or "-")
 
     def _fail(self, reason: str) -> None:
-        self._failures += 1
-        self._reason = reason
-        self.stats.errors += 1
-        self.stats.last_error = f"{self.name}: {reason}"
-        if self._down_since is None:
-            self._down_since = time.monotonic()
-            logger.warning("camera %s: %s; retrying with backoff", self.name, reason)
-        elif logger.isEnabledFor(logging.DEBUG):
-            logger.debug("camera %s: %s (failure %d in a row)", self.name, reason, self._failures)
+        self._outage.fail(reason)
 
     def _release(self) -> None:
         cap, self._cap = self._cap, None
@@ -191,9 +178,7 @@ class CameraSource(Source):
         while not self._stop.is_set():
             cap = self._cap
             if cap is None:
-                if max_attempts is not None and self._failures >= max_attempts:
-                    raise SourceError(f"camera {self.name}: gave up after {self._failures} failures "
-                                      f"in a row (last: {self._reason})")
+                self._outage.check(max_attempts)
                 if not backoff.wait() or not self._connect():
                     continue
                 cap = self._cap
@@ -210,10 +195,7 @@ class CameraSource(Source):
             if data is None or data.size == 0:
                 stats.corrupt += 1
                 continue
-            if self._failures:
-                self._failures = 0
-                self._down_since = None
-                backoff.reset()
+            self._outage.recovered(backoff)
             if not limiter.admit(ts):
                 stats.skipped += 1
                 continue

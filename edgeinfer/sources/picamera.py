@@ -22,7 +22,7 @@ import numpy as np
 from ..config.pipeline import Picamera2Source as Picamera2Config
 from ..errors import SourceError
 from ..frames import Frame
-from .base import Backoff, RateLimiter, Source
+from .base import Backoff, Outage, RateLimiter, Source
 
 __all__ = ["INSTALL_HINT", "Picamera2Source"]
 
@@ -53,9 +53,7 @@ class Picamera2Source(Source):
         super().__init__(config)
         self._module: Any = None
         self._cam: Any = None
-        self._failures = 0
-        self._down_since: float | None = None
-        self._reason = ""
+        self._outage = Outage(self.name, self.stats, logger)
 
     @property
     def name(self) -> str:
@@ -88,22 +86,11 @@ class Picamera2Source(Source):
             self._fail(f"cannot open: {type(exc).__name__}: {exc}")
             return False
         self._cam = cam
-        if self._down_since is not None:
-            self.stats.reconnects += 1
-            logger.info("camera %s: reopened after %d failures (%.1f s down)", self.name,
-                        self._failures, time.monotonic() - self._down_since)
+        self._outage.reopened()
         return True
 
     def _fail(self, reason: str) -> None:
-        self._failures += 1
-        self._reason = reason
-        self.stats.errors += 1
-        self.stats.last_error = f"{self.name}: {reason}"
-        if self._down_since is None:
-            self._down_since = time.monotonic()
-            logger.warning("camera %s: %s; retrying with backoff", self.name, reason)
-        elif logger.isEnabledFor(logging.DEBUG):
-            logger.debug("camera %s: %s (failure %d in a row)", self.name, reason, self._failures)
+        self._outage.fail(reason)
 
     def _frames(self) -> Iterator[Frame]:
         backoff = Backoff(self.config.reconnect, self._stop)
@@ -115,9 +102,7 @@ class Picamera2Source(Source):
         while not self._stop.is_set():
             cam = self._cam
             if cam is None:
-                if max_attempts is not None and self._failures >= max_attempts:
-                    raise SourceError(f"camera {self.name}: gave up after {self._failures} failures "
-                                      f"in a row (last: {self._reason})")
+                self._outage.check(max_attempts)
                 if not backoff.wait() or not self._connect():
                     continue
                 cam = self._cam
@@ -135,10 +120,7 @@ class Picamera2Source(Source):
             if data is None or data.ndim != 3 or data.size == 0:
                 stats.corrupt += 1
                 continue
-            if self._failures:
-                self._failures = 0
-                self._down_since = None
-                backoff.reset()
+            self._outage.recovered(backoff)
             if not limiter.admit(ts):
                 stats.skipped += 1
                 continue
