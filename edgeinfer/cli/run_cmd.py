@@ -39,7 +39,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from ..daemon import Daemon
     from ..mqtt.client import MqttClient
     from ..mqtt.embedded import EmbeddedBroker
-    from ..testing.mosquitto import free_port
+    from .._net import free_port
     from .watch_cmd import describe
 
     model = pull("blazeface")

@@ -18,7 +18,6 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import os
-import random
 import shutil
 import socket
 import subprocess
@@ -28,39 +27,13 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Self
 
+from .._net import free_port
+
 if TYPE_CHECKING:
     from cryptography import x509
     from cryptography.hazmat.primitives.asymmetric import ec
 
 __all__ = ["Mosquitto", "TestCA", "free_port"]
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on, below the kernel's ephemeral range where possible.
-
-    A client retrying a loopback port of the ephemeral range while its broker is down can be
-    given that very port as its source and connect to itself (TCP simultaneous open), which
-    then keeps the broker from starting there.
-    """
-    low = _ephemeral_low()
-    for _ in range(50):
-        port = random.randrange(10000, low) if low > 10100 else 0
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue
-            return int(s.getsockname()[1])
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def _ephemeral_low() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 0
 
 
 class TestCA:
