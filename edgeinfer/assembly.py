@@ -106,7 +106,7 @@ def _shapes_from_preprocess(pc: PipelineConfig, model_path: Path) -> dict[str, l
     from .runtime.modelfile import inspect_model
 
     try:
-        info = inspect_model(model_path)
+        info = inspect_model(model_path, digest=False)  # load_model hashes it once
     except Exception:  # the real load reports the problem with its own message
         return None
     if info.onnx is None or len(info.onnx.inputs) != 1:

@@ -128,7 +128,8 @@ def _describe_foreign(head: bytes) -> str:
     return f"unrecognised header {head[:8].hex()}"
 
 
-def inspect_model(path: Path, *, max_model_mb: float | None = None) -> ModelFileInfo:
+def inspect_model(path: Path, *, max_model_mb: float | None = None,
+                  digest: bool = True) -> ModelFileInfo:
     """Check that ``path`` is a readable, safe model within the size limit and describe it.
 
     Raises:
@@ -154,7 +155,8 @@ def inspect_model(path: Path, *, max_model_mb: float | None = None) -> ModelFile
         except ModelFormatError as exc:
             raise ModelFormatError(f"{path}: {exc}") from None
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            sha = hashlib.sha256(mm).hexdigest()
+            # ``digest=False``: a caller that only reads the graph skips hashing the weights
+            sha = hashlib.sha256(mm).hexdigest() if digest else ""
             graph = None
             if fmt == "onnx":
                 view = memoryview(mm)
