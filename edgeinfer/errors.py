@@ -21,7 +21,9 @@ caught, with ``raise X from exc`` so the original stays in the chain::
     ├── ProviderError                   exit 69  (EX_UNAVAILABLE)
     │   ├── BackendUnavailableError              onnxruntime / LiteRT not installed
     │   └── ProviderFallbackError                strict_providers and the runtime fell back
-    └── StateError                      exit 70  a closed model used, a resource misused
+    ├── StateError                      exit 70  a closed model used, a resource misused
+    └── OtaError                        exit 65  a model update cannot be sent or applied
+        └── OtaRejected                          a device refuses an update; ``.reason`` says why
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ __all__ = [
     "ModelMemoryError",
     "ModelNotFoundError",
     "ModelTooLargeError",
+    "OtaError",
+    "OtaRejected",
     "ProviderError",
     "ProviderFallbackError",
     "SourceError",
@@ -143,3 +147,18 @@ class StateError(EdgeInferError):
     """An object was used in a state that does not allow it (a closed model, a dead worker)."""
 
     exit_code = 70
+
+
+class OtaError(EdgeInferError):
+    """A model update cannot be pushed, received or applied (see ``docs/ota.md``)."""
+
+    exit_code = 65
+
+
+class OtaRejected(OtaError):
+    """An update refused with a reason code (``bad_signature``, ``sha256_mismatch``, ...) that
+    goes on the device's OTA status topic next to the message."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason

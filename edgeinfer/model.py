@@ -107,6 +107,12 @@ class Model:
     def closed(self) -> bool:
         return self._session is None
 
+    @property
+    def worker_pid(self) -> int | None:
+        """The worker process's id with ``isolation="process"`` (None otherwise, or closed)."""
+        pid = getattr(self._session, "pid", None)
+        return pid if isinstance(pid, int) else None
+
     # -- running --------------------------------------------------------------------------------
     def run(self, inputs: Mapping[str, Any] | np.ndarray) -> dict[str, np.ndarray]:
         """Run once. ``inputs`` is a dict of name -> array, or a bare array for one input.
@@ -198,6 +204,7 @@ def load_model(
     state_dir: str | os.PathLike[str] | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     optimized_model_cache: bool = True,
+    worker_timeout_s: float | None = None,
 ) -> Model:
     """Load an ONNX or TFLite model (format detected from its bytes) on the best provider.
 
@@ -221,6 +228,8 @@ def load_model(
         name, version: identity reported in results (default name: the file's stem).
         state_dir, cache_dir: override the state and cache directories.
         optimized_model_cache: keep the optimized ONNX graph for faster later loads.
+        worker_timeout_s: with ``isolation="process"``, a load or a run longer than this kills
+            the worker (default: 60 s to load, runs unlimited).
 
     Raises:
         ModelNotFoundError, ModelFormatError, UnsafeModelError, ModelTooLargeError,
@@ -261,7 +270,7 @@ def load_model(
         external_data=bool(info.onnx is not None and info.onnx.external_data),
     )
     with _load_lock:
-        session = _open(spec, isolation, memory_limit_mb)
+        session = _open(spec, isolation, memory_limit_mb, worker_timeout_s)
         try:
             cost = _admit(session.report, model_name, memory_limit_mb)
             key = next(_ids)
@@ -279,11 +288,15 @@ def load_model(
     return Model(session, info, spec, model_name, version, key)
 
 
-def _open(spec: SessionSpec, isolation: str, memory_limit_mb: float | None) -> Session:
+def _open(spec: SessionSpec, isolation: str, memory_limit_mb: float | None,
+          timeout_s: float | None) -> Session:
     if isolation == "process":
         from .runtime.worker import WorkerSession
 
-        return WorkerSession(spec, memory_limit_mb)
+        if timeout_s is None:
+            return WorkerSession(spec, memory_limit_mb)
+        return WorkerSession(spec, memory_limit_mb, start_timeout_s=timeout_s,
+                             run_timeout_s=timeout_s)
     from .runtime import open_session
 
     return open_session(spec)

@@ -89,6 +89,9 @@ class Pipeline:
         self._policy = Emission(self.emit)
         self._last: tuple[Frame, TaskResult] | None = None
         self._seq = seq_start
+        # Since the last swap_model: inferences decoded and errors (the OTA health gate reads them).
+        self.model_ok = 0
+        self.model_errors = 0
 
     # -- building -------------------------------------------------------------------------------
     @classmethod
@@ -187,13 +190,19 @@ class Pipeline:
 
     # -- model swap (OTA) -----------------------------------------------------------------------
     def swap_model(self, model: Model, task: Task) -> Model:
-        """Switch to ``model`` (already loaded and warmed) between two frames; returns the old
-        model, which the caller closes. Results carry the new model from the next frame on."""
+        """Switch to ``model`` (already loaded and warmed) and its ``task`` between two frames;
+        returns the old model, which the caller closes.
+
+        A frame preprocessed for the old task is preprocessed again for the new one; a frame
+        already inferred is emitted with the old model's name, so every result names the model
+        that produced it. ``model_ok``/``model_errors`` count from zero again.
+        """
         with self._swap_lock:
             old = self.model
             self.model, self.task = model, task
             self._ref = ModelRef(model.name, model.version, model.sha256)
             self._provider = model.provider
+            self.model_ok = self.model_errors = 0
         return old
 
     # -- control (commands) ---------------------------------------------------------------------
@@ -281,15 +290,16 @@ class Pipeline:
                     stats.paused += 1
                     continue
                 t0 = clock()
+                task = self.task
                 try:
-                    feeds, context = self.task.preprocess(frame)
+                    feeds, context = task.preprocess(frame)
                 except DropFrame:
                     stats.dropped_by_task += 1
                     continue
                 stats.pre.add((clock() - t0) * 1000)
                 stats.frames_in += 1
                 try:
-                    if self._prepared.put((frame, feeds, context)):
+                    if self._prepared.put((frame, feeds, context, task)):
                         stats.dropped_queue += 1
                 except Closed:  # a later stage ended the pipeline
                     return
@@ -302,28 +312,36 @@ class Pipeline:
         try:
             while True:
                 try:
-                    frame, feeds, context = self._prepared.get()
+                    frame, feeds, context, prepared_by = self._prepared.get()
                 except Closed:
                     return
                 with self._swap_lock:
-                    model, task = self.model, self.task
+                    model, task, ref = self.model, self.task, (self._ref, self._provider)
+                if prepared_by is not task:  # a swap came between: prepare it for the new model
+                    try:
+                        feeds, context = task.preprocess(frame)
+                    except DropFrame:
+                        stats.dropped_by_task += 1
+                        continue
                 t0 = clock()
                 try:
                     outputs = model.run(task.inject_state(feeds))
                 except WorkerCrashedError as exc:
                     stats.errors += 1
+                    self.model_errors += 1
                     self._restart_worker(model, exc)
                     continue
                 except (InferenceError, InvalidInputError) as exc:
                     # One bad frame (a camera that changed resolution, data the runtime
                     # refuses) is skipped and counted; the stream goes on.
                     stats.errors += 1
+                    self.model_errors += 1
                     stats.last_error = str(exc)
                     continue
                 task.update_state(outputs)
                 stats.infer.add((clock() - t0) * 1000)
                 try:
-                    self._inferred.put((frame, outputs, context, task))
+                    self._inferred.put((frame, outputs, context, task, ref))
                 except Closed:
                     return
         finally:
@@ -340,7 +358,7 @@ class Pipeline:
         clock = time.perf_counter
         while True:
             try:
-                frame, outputs, context, task = self._inferred.get()
+                frame, outputs, context, task, ref = self._inferred.get()
             except Closed:
                 break
             t0 = clock()
@@ -351,6 +369,8 @@ class Pipeline:
                 continue
             except Exception as exc:  # a decoding failure costs one frame, not the pipeline
                 stats.errors += 1
+                if task is self.task:
+                    self.model_errors += 1
                 stats.last_error = f"postprocess: {type(exc).__name__}: {exc}"
                 if stats.errors == 1 or logger.isEnabledFor(logging.DEBUG):
                     logger.error("pipeline %s: postprocessing frame %d failed", self.name,
@@ -359,21 +379,24 @@ class Pipeline:
             post_ms = (clock() - t0) * 1000
             stats.post.add(post_ms)
             stats.processed += 1
+            if task is self.task:
+                self.model_ok += 1
             self._last = (frame, part)
             ready = self._policy.offer(frame, part, post_ms)
             if ready is not None:
-                self._deliver(*ready)
+                self._deliver(*ready, ref)
         pending = self._policy.flush()
         if pending is not None:
-            self._deliver(*pending)
+            self._deliver(*pending, ref)
 
-    def _deliver(self, frame: Frame, part: TaskResult, post_ms: float) -> None:
+    def _deliver(self, frame: Frame, part: TaskResult, post_ms: float,
+                 ref: tuple[ModelRef, str]) -> None:
         stats = self.stats
         stats.emitted += 1
         self._seq += 1
         result = Result(
-            seq=self._seq, ts=time.time(), pipeline=self.name, frame=frame, model=self._ref,
-            provider=self._provider,
+            seq=self._seq, ts=time.time(), pipeline=self.name, frame=frame, model=ref[0],
+            provider=ref[1],
             latency_ms=(stats.pre.last, stats.infer.last, post_ms), task=part,
         )
         stats.latency.add((time.monotonic() - frame.ts) * 1000)

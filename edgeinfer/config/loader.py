@@ -149,7 +149,11 @@ def _resolve_paths(config: Config, base: Path) -> Config:
         if outbox.path:
             outbox = replace(outbox, path=absolute(outbox.path))
         mqtt = replace(mqtt, tls=tls, outbox=outbox)
-    return replace(config, runtime=runtime, pipelines=pipelines, mqtt=mqtt)
+    ota = config.ota
+    if ota is not None:  # key files relative to the config; inline "ed25519:..." keys as written
+        ota = replace(ota, trusted_keys=[k if k.lstrip().startswith(("ed25519:", "-----"))
+                                         else absolute(k) for k in ota.trusted_keys])
+    return replace(config, runtime=runtime, pipelines=pipelines, mqtt=mqtt, ota=ota)
 
 
 def _resolve_source(source: SourceConfig, absolute: Callable[[str], str]) -> SourceConfig:

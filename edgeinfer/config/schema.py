@@ -18,6 +18,7 @@ from msgspec import Meta
 from ..paths import cache_dir, state_dir
 from .metrics import MetricsConfig
 from .mqtt import MqttConfig
+from .ota import OtaConfig
 from .pipeline import EmitConfig, RawTask, SinkConfig, SourceConfig, StdoutSink, TaskConfig
 
 __all__ = [
@@ -218,6 +219,7 @@ class Config(_Struct):
         mqtt: The MQTT broker results, status and stats go to, and commands come from;
             ``None``: no MQTT.
         metrics: The Prometheus endpoint; ``None``: none.
+        ota: Signed model updates over MQTT; ``None``: the device takes none.
     """
 
     device_id: DeviceId | None = None
@@ -226,8 +228,11 @@ class Config(_Struct):
     logging: LoggingConfig = msgspec.field(default_factory=LoggingConfig)
     mqtt: MqttConfig | None = None
     metrics: MetricsConfig | None = None
+    ota: OtaConfig | None = None
 
     def __post_init__(self) -> None:
+        if self.ota is not None and self.mqtt is None:
+            raise ValueError("ota: model updates arrive over MQTT; add an mqtt: section")
         if self.device_id is not None:
             _check_topic_level(self.device_id, "device_id")
         first: dict[str, int] = {}

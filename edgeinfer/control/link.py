@@ -70,8 +70,7 @@ class MqttLink:
     def ready(self) -> None:
         """The pipelines run: announce them, answer commands, publish discovery."""
         client = self.plumbing.client
-        client.publish(client.topics.status, json.dumps(self.birth_message()), qos=1,
-                       retain=True)
+        self.publish_birth()
         if self.mqtt.commands:
             self.commands = CommandServer(client, self.handlers(),
                                           max_bytes=self.mqtt.max_command_bytes)
@@ -111,7 +110,14 @@ class MqttLink:
                                 "sha256": p.model.sha256} for p in pipes if not p.model.closed},
             "providers": {p.name: p.model.provider for p in pipes if not p.model.closed},
             "failed": dict(self.daemon.failed),
+            "groups": list(self.config.ota.groups) if self.config.ota is not None else [],
         }
+
+    def publish_birth(self) -> None:
+        """Publish the retained birth again (the models changed: an update)."""
+        client = self.plumbing.client
+        client.publish(client.topics.status, json.dumps(self.birth_message()), qos=1,
+                       retain=True)
 
     def stats_message(self) -> dict[str, Any]:
         from ..runtime.memory import rss_mb
@@ -124,6 +130,7 @@ class MqttLink:
             "pipelines": {p.name: p.snapshot() for p in self.daemon.pipelines},
             "outbox": self.plumbing.stats(),
             "commands": self.commands.stats() if self.commands else None,
+            "ota": self.daemon.ota.stats() if self.daemon.ota is not None else None,
             "failed": dict(self.daemon.failed),
         }
 

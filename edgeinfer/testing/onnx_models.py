@@ -221,3 +221,90 @@ def external_data_model(path: Path, location: str | None = None, k: int = 64, n:
                     entry.value = location
         onnx.save(m, str(path))
     return path
+
+
+def tiny_classifier(path: Path, classes: int = 10, size: int = 32, seed: int = 0,
+                    doc: str = "") -> Path:
+    """A small image classifier: ``image`` 1x3xSxS float -> Conv 3x3 (8) -> Relu ->
+    GlobalAveragePool -> Flatten -> Gemm -> ``logits`` 1xclasses. ``seed`` picks the weights
+    (two seeds: two "versions" of one model); ``doc`` changes the bytes, not the behaviour."""
+    rng = np.random.default_rng(seed)
+    w = numpy_helper.from_array(rng.normal(0, 0.3, (8, 3, 3, 3)).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.normal(0, 0.1, 8).astype(np.float32), "b")
+    fc = numpy_helper.from_array(rng.normal(0, 0.5, (classes, 8)).astype(np.float32), "fc")
+    fcb = numpy_helper.from_array(np.zeros(classes, np.float32), "fcb")
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["image", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", ["c"], ["r"]),
+            helper.make_node("GlobalAveragePool", ["r"], ["g"]),
+            helper.make_node("Flatten", ["g"], ["f"]),
+            helper.make_node("Gemm", ["f", "fc", "fcb"], ["logits"], transB=1),
+        ],
+        "tiny_classifier",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, size, size])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, classes])],
+        initializer=[w, b, fc, fcb],
+    )
+    graph.doc_string = doc
+    return _save(graph, path)
+
+
+def quantized_classifier(src: Path, path: Path, samples: int = 8) -> Path:
+    """``src`` (a `tiny_classifier`) quantized to INT8 QDQ by onnxruntime's tooling on random
+    calibration images."""
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
+    model = onnx.load(str(src))
+    dims = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    rng = np.random.default_rng(1)
+    batches = iter([{"image": rng.random(dims, dtype=np.float32)} for _ in range(samples)])
+
+    class Reader(CalibrationDataReader):
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(batches, None)
+
+    quantize_static(str(src), str(path), Reader(), quant_format=QuantFormat.QDQ,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                    per_channel=True)
+    return Path(path)
+
+
+def spatial_output_model(path: Path, size: int = 32) -> Path:
+    """An image model whose output is a 1x8xSxS feature map: no classifier or detector can
+    decode it (a model for the wrong task)."""
+    rng = np.random.default_rng(2)
+    w = numpy_helper.from_array(rng.normal(0, 0.3, (8, 3, 3, 3)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["image", "w"], ["features"], pads=[1, 1, 1, 1])],
+        "features",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, size, size])],
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, [1, 8, size, size])],
+        initializer=[w],
+    )
+    return _save(graph, path)
+
+
+def memory_hog_model(path: Path, size: int = 32, mib: int = 1024) -> Path:
+    """An image classifier that builds a ``mib`` MiB tensor on every run (Expand of its input to
+    a huge shape, then reduced away): it loads, and exhausts a worker's memory limit."""
+    n = mib * 1024 * 1024 // 4 // (3 * size * size)
+    shape = numpy_helper.from_array(np.array([n, 3, size, size], dtype=np.int64), "shape")
+    graph = helper.make_graph(
+        [
+            helper.make_node("Expand", ["image", "shape"], ["big"]),
+            helper.make_node("ReduceMean", ["big"], ["m"], axes=[0, 2, 3], keepdims=0),
+            helper.make_node("Unsqueeze", ["m", "zero"], ["logits"]),
+        ],
+        "memory_hog",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, size, size])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 3])],
+        initializer=[shape,
+                     numpy_helper.from_array(np.array([0], dtype=np.int64), "zero")],
+    )
+    return _save(graph, path)

@@ -1,0 +1,525 @@
+"""The signed manifest, the offer that carries it, and the signed rollback request.
+
+Signatures are Ed25519 over ``DOMAIN + text``, where ``text`` is the exact UTF-8 JSON text that
+travels in the offer (``docs/ota.md``): a device verifies those bytes before it trusts any field,
+then decodes them into a ``Manifest`` whose construction checks every field rule.
+
+Rejections raise ``OtaRejected`` with the protocol's reason codes: ``unsigned``,
+``unknown_key``, ``bad_signature``, ``bad_manifest``, ``bad_name`` (``name`` or ``filename``)
+and ``bad_transfer``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import math
+import os
+import re
+import secrets
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+from ..errors import OtaRejected, UnsafeModelError
+from . import protocol
+from .keys import PrivateKey, PublicKey
+
+__all__ = [
+    "DOMAIN",
+    "Golden",
+    "Manifest",
+    "Offer",
+    "RollbackRequest",
+    "TransferInfo",
+    "build_manifest",
+    "decode_manifest",
+    "encode",
+    "golden_bytes",
+    "make_offer",
+    "make_rollback",
+    "now_iso",
+    "open_offer",
+    "open_rollback",
+    "parse_offer",
+    "parse_time",
+    "sign_bytes",
+    "transfer_id",
+    "verify_bytes",
+]
+
+DOMAIN = b"edgeinfer-ota/1\n"
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_PIPELINE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_TASK = re.compile(r"[a-z0-9_-]{1,32}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_HEX16 = re.compile(r"[0-9a-f]{16}")
+_NONCE = re.compile(r"[0-9a-f]{8,64}")
+_MAX_ROLLBACK_BYTES = 64 * 1024
+_FUTURE_SKEW_S = 60.0
+
+
+def _bad(field: str, why: str, reason: str = "bad_manifest") -> OtaRejected:
+    return OtaRejected(reason, f"manifest field {field!r} {why}")
+
+
+def _check_sha(value: str, field: str) -> None:
+    if not _SHA256.fullmatch(value):
+        raise _bad(field, f"must be 64 lowercase hex digits, got {value[:80]!r}")
+
+
+def _check_base_name(value: str, field: str, reason: str) -> None:
+    if (not value or len(value) > 255 or "/" in value or "\\" in value or ".." in value
+            or value.startswith(".") or not value.isprintable()):
+        raise _bad(field, f"must be a plain file name (no '/', '\\', '..' or leading '.'), "
+                          f"got {value[:80]!r}", reason)
+
+
+def _check_created(value: str, field: str = "created") -> None:
+    try:
+        parse_time(value)
+    except ValueError:
+        raise _bad(field, f"must be an ISO-8601 UTC time, got {value[:80]!r}") from None
+
+
+class Golden(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """The golden ``.npz`` sent with an offer: its identity and the tolerances of the check.
+
+    Attributes:
+        sha256: of the ``.npz`` bytes.
+        size: its size in bytes.
+        atol: absolute tolerance of ``numpy.allclose``.
+        rtol: relative tolerance.
+    """
+
+    sha256: str
+    size: int
+    atol: float = 1e-3
+    rtol: float = 1e-3
+
+    def __post_init__(self) -> None:
+        _check_sha(self.sha256, "golden.sha256")
+        if self.size <= 0:
+            raise _bad("golden.size", f"must be > 0, got {self.size}")
+        for field, value in (("golden.atol", self.atol), ("golden.rtol", self.rtol)):
+            if not (math.isfinite(value) and value >= 0):
+                raise _bad(field, f"must be a finite number >= 0, got {value}")
+
+
+class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """What a pushed model is: checked on construction (and so on decoding).
+
+    Raises ``OtaRejected`` (``bad_name`` for ``name``/``filename``, ``bad_manifest`` for the
+    rest) naming the field that breaks a rule of ``docs/ota.md``.
+    """
+
+    schema: Literal["edgeinfer-ota/1"] = "edgeinfer-ota/1"
+    name: str
+    pipeline: str
+    version: str
+    sha256: str
+    size: int
+    format: Literal["onnx", "tflite"]
+    filename: str
+    task: str | None = None
+    preprocess: dict[str, Any] | None = None
+    golden: Golden | None = None
+    created: str
+    key_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if not _NAME.fullmatch(self.name) or ".." in self.name:
+            raise _bad("name", "must match [A-Za-z0-9][A-Za-z0-9._-]{0,63} without '..', "
+                               f"got {self.name[:80]!r}", "bad_name")
+        _check_base_name(self.filename, "filename", "bad_name")
+        if not _PIPELINE.fullmatch(self.pipeline):
+            raise _bad("pipeline", f"must match [A-Za-z0-9_-]{{1,64}}, got {self.pipeline[:80]!r}")
+        if not (1 <= len(self.version) <= 64 and self.version.isprintable() and "/" not in self.version):
+            raise _bad("version", f"must be 1-64 printable characters without '/', "
+                                  f"got {self.version[:80]!r}")
+        _check_sha(self.sha256, "sha256")
+        if self.size <= 0:
+            raise _bad("size", f"must be > 0, got {self.size}")
+        if self.task is not None and not _TASK.fullmatch(self.task):
+            raise _bad("task", f"must be a task name such as 'detect', got {self.task[:80]!r}")
+        _check_created(self.created)
+        if self.key_id is not None and not _HEX16.fullmatch(self.key_id):
+            raise _bad("key_id", f"must be 16 lowercase hex digits, got {self.key_id[:80]!r}")
+
+
+class TransferInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """How the model file is cut into chunks: ``id`` (16 hex), ``chunk_size``, ``chunks``."""
+
+    id: str
+    chunk_size: int
+    chunks: int
+
+
+class Offer(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """The offer message: the manifest text as sent, its signature, the transfer, the golden
+    file (base64)."""
+
+    manifest: str
+    signature: str | None = None
+    transfer: TransferInfo
+    golden: str | None = None
+
+
+class RollbackRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """A signed request to put a pipeline back on its previous model."""
+
+    schema: Literal["edgeinfer-ota/1"] = "edgeinfer-ota/1"
+    action: Literal["rollback"] = "rollback"
+    pipeline: str
+    created: str
+    nonce: str
+    key_id: str | None = None
+
+
+class _RollbackEnvelope(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    request: str
+    signature: str | None = None
+
+
+# -- helpers -----------------------------------------------------------------------------------
+def transfer_id(sha256: str) -> str:
+    """The transfer id of a model: the first 16 hex digits of its sha256."""
+    return sha256[:16]
+
+
+def now_iso(ts: float | None = None) -> str:
+    """``ts`` (default now) as ``YYYY-MM-DDTHH:MM:SSZ``."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if ts is None else ts))
+
+
+def parse_time(value: str) -> float:
+    """An ISO-8601 time as a Unix timestamp (no zone: UTC); ``ValueError`` if it is not one."""
+    if not value or len(value) > 64:
+        raise ValueError(f"not an ISO-8601 time: {value[:80]!r}")
+    dt = datetime.fromisoformat(value)
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return dt.timestamp()
+
+
+def encode(struct: Any) -> bytes:
+    """The JSON bytes of a message (``msgspec.json.encode``)."""
+    return msgspec.json.encode(struct)
+
+
+def _sanitise(name: str) -> str:
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", name)
+    name = re.sub(r"\.{2,}", ".", name)
+    name = name.lstrip("._-")[:64].rstrip(".")
+    return name or "model"
+
+
+def build_manifest(
+    model_path: str | os.PathLike[str],
+    *,
+    pipeline: str,
+    version: str,
+    name: str | None = None,
+    task: str | None = None,
+    preprocess: dict[str, Any] | None = None,
+    golden: Golden | None = None,
+    key_id: str | None = None,
+) -> Manifest:
+    """The manifest of a model file, ``created`` now.
+
+    Args:
+        model_path: the ONNX or TFLite file to push (one file: no external data).
+        pipeline: the device pipeline whose model it replaces.
+        version: shown in results' ``model.version``.
+        name: the store's folder name; default the file's stem, sanitised.
+        task: the task the model is for (``detect``, ``classify``, ...), checked by the device.
+        preprocess: informational preprocessing notes.
+        golden: the golden file's identity, when one goes with the offer.
+        key_id: the signing key's id (``PrivateKey.key_id``); None for an unsigned push.
+
+    Raises:
+        ModelError: the file is missing, not a model, or (``UnsafeModelError``) has external data.
+        OtaRejected: a field breaks the manifest's rules (a bad name, pipeline or version).
+    """
+    from ..runtime.modelfile import inspect_model
+
+    path = Path(model_path)
+    info = inspect_model(path)
+    if info.onnx is not None and info.onnx.external_data:
+        raise UnsafeModelError(f"{path}: a pushed model must be one file, but it has external data "
+                               f"({', '.join(sorted(info.onnx.external_data))})")
+    return Manifest(
+        name=_sanitise(path.stem) if name is None else name,
+        pipeline=pipeline,
+        version=version,
+        sha256=info.sha256,
+        size=path.stat().st_size,
+        format=info.format,  # type: ignore[arg-type]  # detect_format returns one of the two
+        filename=_sanitise(path.name),
+        task=task,
+        preprocess=preprocess,
+        golden=golden,
+        created=now_iso(),
+        key_id=key_id,
+    )
+
+
+# -- signatures --------------------------------------------------------------------------------
+def sign_bytes(data: bytes, key: PrivateKey) -> str:
+    """The base64 Ed25519 signature of ``DOMAIN + data``."""
+    return base64.b64encode(key.sign(DOMAIN + data)).decode("ascii")
+
+
+def verify_bytes(
+    data: bytes,
+    signature: str | None,
+    key_id: str | None,
+    trusted: Mapping[str, PublicKey],
+    *,
+    allow_unsigned: bool,
+) -> None:
+    """Check the signature of ``data``; a signed payload is always checked.
+
+    Raises:
+        OtaRejected: ``unsigned`` (no signature and ``allow_unsigned`` off), ``unknown_key``
+            (signed by a key not in ``trusted``, or no key id), ``bad_signature`` (not base64,
+            or it does not verify).
+    """
+    if signature is None:
+        if allow_unsigned:
+            return
+        raise OtaRejected("unsigned", "the update is not signed and ota.allow_unsigned is off")
+    key = trusted.get(key_id) if key_id is not None else None
+    if key is None:
+        raise OtaRejected("unknown_key", f"signed by key {key_id!r}, which this device does not trust"
+                          if key_id is not None else "signed, but no key_id says by which key")
+    try:
+        raw = base64.b64decode(signature, validate=True)
+    except (binascii.Error, ValueError):
+        raise OtaRejected("bad_signature", "the signature is not valid base64") from None
+    if not key.verify(DOMAIN + data, raw):
+        raise OtaRejected("bad_signature", f"the signature does not verify with key {key_id}")
+
+
+def _signed_key_id(text: str, what: str) -> str | None:
+    """The ``key_id`` of a JSON object text, read before anything in it is trusted."""
+    try:
+        obj = msgspec.json.decode(text.encode("utf-8", "surrogatepass"))
+    except msgspec.DecodeError as exc:
+        raise OtaRejected("bad_manifest", f"the {what} is not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise OtaRejected("bad_manifest", f"the {what} is not a JSON object")
+    kid = obj.get("key_id")
+    return kid if isinstance(kid, str) else None
+
+
+# -- offers ------------------------------------------------------------------------------------
+def make_offer(manifest: Manifest, key: PrivateKey | None, chunk_size: int,
+               golden: bytes | None = None) -> bytes:
+    """The offer JSON for ``manifest``, signed with ``key`` (None: unsigned).
+
+    Raises:
+        ValueError: ``chunk_size`` outside ``MIN_CHUNK..MAX_CHUNK``, ``manifest.key_id`` not
+            ``key.key_id``, golden bytes that do not match ``manifest.golden``, or an offer over
+            ``MAX_OFFER_BYTES``.
+    """
+    if not protocol.MIN_CHUNK <= chunk_size <= protocol.MAX_CHUNK:
+        raise ValueError(f"chunk size {chunk_size} is outside {protocol.MIN_CHUNK}..{protocol.MAX_CHUNK}")
+    if key is not None and manifest.key_id != key.key_id:
+        raise ValueError(f"the manifest's key_id {manifest.key_id!r} is not the signing key's "
+                         f"{key.key_id!r} (build it with key_id=key.key_id)")
+    if (golden is None) != (manifest.golden is None):
+        raise ValueError("golden bytes go with an offer exactly when the manifest has a golden entry")
+    if golden is not None and manifest.golden is not None and (
+            len(golden) != manifest.golden.size
+            or hashlib.sha256(golden).hexdigest() != manifest.golden.sha256):
+        raise ValueError("the golden bytes do not match the manifest's golden sha256/size")
+    text = encode(manifest)
+    offer = Offer(
+        manifest=text.decode("utf-8"),
+        signature=sign_bytes(text, key) if key is not None else None,
+        transfer=TransferInfo(id=transfer_id(manifest.sha256), chunk_size=chunk_size,
+                              chunks=math.ceil(manifest.size / chunk_size)),
+        golden=base64.b64encode(golden).decode("ascii") if golden is not None else None,
+    )
+    payload = encode(offer)
+    if len(payload) > protocol.MAX_OFFER_BYTES:
+        raise ValueError(f"the offer is {len(payload)} bytes, over the protocol's "
+                         f"{protocol.MAX_OFFER_BYTES} (a smaller golden file?)")
+    return payload
+
+
+def parse_offer(payload: bytes) -> Offer:
+    """Decode an offer message and check its transfer section's shape.
+
+    Raises:
+        OtaRejected: ``bad_transfer`` for an offer over ``MAX_OFFER_BYTES`` or a malformed
+            transfer section (``id`` not 16 hex, ``chunk_size`` out of range, ``chunks`` < 1);
+            ``bad_manifest`` for bad JSON, wrong types or unknown fields elsewhere.
+    """
+    if len(payload) > protocol.MAX_OFFER_BYTES:
+        raise OtaRejected("bad_transfer", f"the offer is {len(payload)} bytes, over "
+                                          f"{protocol.MAX_OFFER_BYTES}")
+    try:
+        offer = msgspec.json.decode(payload, type=Offer)
+    except msgspec.ValidationError as exc:
+        reason = "bad_transfer" if "$.transfer" in str(exc) else "bad_manifest"
+        raise OtaRejected(reason, f"malformed offer: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise OtaRejected("bad_manifest", f"the offer is not valid JSON: {exc}") from None
+    t = offer.transfer
+    if not _HEX16.fullmatch(t.id):
+        raise OtaRejected("bad_transfer", f"transfer id must be 16 lowercase hex digits, got {t.id[:40]!r}")
+    if not protocol.MIN_CHUNK <= t.chunk_size <= protocol.MAX_CHUNK:
+        raise OtaRejected("bad_transfer", f"chunk size {t.chunk_size} is outside "
+                                          f"{protocol.MIN_CHUNK}..{protocol.MAX_CHUNK}")
+    if t.chunks < 1:
+        raise OtaRejected("bad_transfer", f"chunk count must be >= 1, got {t.chunks}")
+    return offer
+
+
+def decode_manifest(text: bytes | str) -> Manifest:
+    """Decode and check a manifest's JSON text (signature not checked: see ``open_offer``).
+
+    Raises:
+        OtaRejected: ``bad_manifest`` / ``bad_name`` naming the field.
+    """
+    data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
+    try:
+        return msgspec.json.decode(data, type=Manifest)
+    except msgspec.ValidationError as exc:
+        raise OtaRejected("bad_manifest", f"malformed manifest: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise OtaRejected("bad_manifest", f"the manifest is not valid JSON: {exc}") from None
+
+
+def open_offer(offer: Offer, trusted: Mapping[str, PublicKey], *, allow_unsigned: bool) -> Manifest:
+    """Verify an offer's signature, then decode and check its manifest and transfer.
+
+    Raises:
+        OtaRejected: ``unsigned``/``unknown_key``/``bad_signature`` (``verify_bytes``),
+            ``bad_manifest``/``bad_name`` for a manifest field, ``bad_transfer`` for a transfer
+            that does not fit the manifest, ``bad_manifest`` for a golden file that does not.
+    """
+    kid = _signed_key_id(offer.manifest, "manifest")
+    data = offer.manifest.encode("utf-8", "surrogatepass")
+    verify_bytes(data, offer.signature, kid, trusted, allow_unsigned=allow_unsigned)
+    manifest = decode_manifest(data)
+    t = offer.transfer
+    if t.id != transfer_id(manifest.sha256):
+        raise OtaRejected("bad_transfer", f"transfer id {t.id} is not the first 16 hex digits of "
+                                          "the manifest's sha256")
+    expected = math.ceil(manifest.size / t.chunk_size)
+    if t.chunks != expected:
+        raise OtaRejected("bad_transfer", f"{t.chunks} chunks announced, but {manifest.size} bytes "
+                                          f"in chunks of {t.chunk_size} make {expected}")
+    golden = golden_bytes(offer)
+    if (golden is None) != (manifest.golden is None):
+        raise OtaRejected("bad_manifest", "a golden file must come with the offer exactly when the "
+                                          "manifest names one")
+    if golden is not None and manifest.golden is not None and (
+            len(golden) != manifest.golden.size
+            or hashlib.sha256(golden).hexdigest() != manifest.golden.sha256):
+        raise OtaRejected("bad_manifest", "the golden file does not match the manifest's "
+                                          "golden sha256/size")
+    return manifest
+
+
+def golden_bytes(offer: Offer) -> bytes | None:
+    """The golden ``.npz`` bytes an offer carries, or None.
+
+    Raises:
+        OtaRejected: ``bad_manifest`` when it is not base64.
+    """
+    if offer.golden is None:
+        return None
+    try:
+        return base64.b64decode(offer.golden, validate=True)
+    except (binascii.Error, ValueError):
+        raise OtaRejected("bad_manifest", "the offer's golden file is not valid base64") from None
+
+
+# -- rollback requests -------------------------------------------------------------------------
+def make_rollback(pipeline: str, key: PrivateKey | None) -> bytes:
+    """A rollback request for ``pipeline``, created now with a random nonce, signed with
+    ``key`` (None: unsigned).
+
+    Raises:
+        ValueError: ``pipeline`` is not a valid pipeline name.
+    """
+    if not _PIPELINE.fullmatch(pipeline):
+        raise ValueError(f"pipeline {pipeline!r} must match [A-Za-z0-9_-]{{1,64}}")
+    text = encode(RollbackRequest(pipeline=pipeline, created=now_iso(), nonce=secrets.token_hex(8),
+                                  key_id=key.key_id if key is not None else None))
+    return encode(_RollbackEnvelope(
+        request=text.decode("utf-8"),
+        signature=sign_bytes(text, key) if key is not None else None,
+    ))
+
+
+def open_rollback(
+    payload: bytes,
+    trusted: Mapping[str, PublicKey],
+    *,
+    allow_unsigned: bool,
+    seen: set[str],
+    max_age_s: float = 900,
+    now: float | None = None,
+) -> RollbackRequest:
+    """Verify and decode a rollback request; its nonce is added to ``seen``.
+
+    Args:
+        payload: the message.
+        trusted: the device's trusted keys.
+        allow_unsigned: accept an unsigned request.
+        seen: nonces of requests already taken (updated).
+        max_age_s: refuse requests created longer ago than this.
+        now: the current Unix time (default ``time.time()``).
+
+    Raises:
+        OtaRejected: the ``verify_bytes`` reasons; ``bad_manifest`` for a malformed, stale
+            (or more than 60 s in the future) or replayed request.
+    """
+    if len(payload) > _MAX_ROLLBACK_BYTES:
+        raise OtaRejected("bad_manifest", f"the rollback request is {len(payload)} bytes, over "
+                                          f"{_MAX_ROLLBACK_BYTES}")
+    try:
+        env = msgspec.json.decode(payload, type=_RollbackEnvelope)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise OtaRejected("bad_manifest", f"malformed rollback request: {exc}") from None
+    kid = _signed_key_id(env.request, "rollback request")
+    data = env.request.encode("utf-8", "surrogatepass")
+    verify_bytes(data, env.signature, kid, trusted, allow_unsigned=allow_unsigned)
+    try:
+        req = msgspec.json.decode(data, type=RollbackRequest)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise OtaRejected("bad_manifest", f"malformed rollback request: {exc}") from None
+    if not _PIPELINE.fullmatch(req.pipeline):
+        raise OtaRejected("bad_manifest", f"rollback request field 'pipeline' must match "
+                                          f"[A-Za-z0-9_-]{{1,64}}, got {req.pipeline[:80]!r}")
+    if not _NONCE.fullmatch(req.nonce):
+        raise OtaRejected("bad_manifest", "rollback request field 'nonce' must be 8-64 lowercase "
+                                          "hex digits")
+    try:
+        created = parse_time(req.created)
+    except ValueError:
+        raise OtaRejected("bad_manifest", f"rollback request field 'created' is not an ISO-8601 "
+                                          f"time: {req.created[:80]!r}") from None
+    now = time.time() if now is None else now
+    if now - created > max_age_s:
+        raise OtaRejected("bad_manifest", f"stale rollback request: created {req.created}, "
+                                          f"{now - created:.0f} s ago (limit {max_age_s:g} s)")
+    if created - now > _FUTURE_SKEW_S:
+        raise OtaRejected("bad_manifest", f"rollback request created in the future ({req.created}, "
+                                          f"{created - now:.0f} s ahead): check the clocks")
+    if req.nonce in seen:
+        raise OtaRejected("bad_manifest", f"replayed rollback request (nonce {req.nonce} already seen)")
+    seen.add(req.nonce)
+    return req
+

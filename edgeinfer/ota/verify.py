@@ -1,0 +1,511 @@
+"""Verification of a pushed model before it is used (``docs/ota.md``, "Verification").
+
+``check_file`` looks at the staged file's bytes only: size, sha256, the format read from the
+bytes, no external data, the size limit. ``trial_run`` loads the candidate in an isolated worker
+process under a memory limit, with the pipeline's model options, runs the golden inputs (or a
+synthetic frame through the pipeline's own task, exactly as the pipeline does: ``preprocess``,
+``inject_state``, the model, ``update_state``, ``postprocess``), checks that the task decodes
+finite outputs, and times it against the running model. Every refusal is an ``OtaRejected``
+whose ``reason`` is one of the status reason codes.
+
+A watchdog thread bounds the whole trial (load and runs) by ``timeout_s``: when it fires it
+kills the worker process, which makes the blocked call return, and the trial is refused with
+``timeout``. The daemon's own model is never touched.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import statistics
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..errors import (
+    EdgeInferError,
+    InferenceError,
+    InvalidInputError,
+    ModelError,
+    ModelFormatError,
+    ModelMemoryError,
+    ModelTooLargeError,
+    OtaRejected,
+    UnsafeModelError,
+    WorkerCrashedError,
+)
+
+if TYPE_CHECKING:
+    from ..config import PipelineConfig, RuntimeConfig
+    from ..frames import Frame
+    from ..model import Model
+    from ..tasks import Task
+
+__all__ = ["GOLDEN_OUTPUT_PREFIX", "VerifyReport", "check_file", "trial_run"]
+
+logger = logging.getLogger(__name__)
+
+SLOWDOWN_FLOOR_MS = 1.0
+
+GOLDEN_OUTPUT_PREFIX = "out:"
+"""Keys of a golden ``.npz`` that hold expected outputs (``out:<output name>``); the others are
+inputs by name."""
+
+_MiB = 1024 * 1024
+_FORMATS = ("onnx", "tflite")
+_DEFAULT_SIZE = (640, 480)  # width, height of an image source that configures none
+# How native code that ignores a failed allocation under RLIMIT_AS usually dies (worker.py).
+_ALLOC_SIGNALS = ("SIGABRT", "SIGSEGV", "SIGBUS")
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyReport:
+    """What a successful ``trial_run`` measured.
+
+    Attributes:
+        latency_ms: Median of the timed runs in the worker (inter-process copy included).
+        baseline_ms: The running model's latency it was compared with (``None``: not compared).
+        outputs: Output name -> shape seen on the trial input.
+        checks: What passed, in order, readable (``"golden (1 inputs, 1 outputs)"``, ...).
+        provider: The provider the candidate ran on.
+    """
+
+    latency_ms: float
+    baseline_ms: float | None
+    outputs: dict[str, list[int]]
+    checks: list[str]
+    provider: str
+
+
+# --- the file ----------------------------------------------------------------------------------
+
+
+def check_file(path: Path, *, sha256: str, size: int, format: str,
+               max_model_mb: float) -> None:
+    """Check a staged model file against its manifest, from its bytes alone.
+
+    In order: the size (cheap), the size limit, the sha256, the format read from the bytes, ONNX
+    external data (refused: a pushed model is one file), then the whole ``inspect_model`` walk.
+
+    Args:
+        path: The staged file.
+        sha256: The manifest's sha256 (lowercase hex).
+        size: The manifest's size in bytes.
+        format: The manifest's format, ``"onnx"`` or ``"tflite"``.
+        max_model_mb: ``ota.max_model_mb``.
+
+    Raises:
+        OtaRejected: ``size_mismatch``, ``oversize``, ``sha256_mismatch``, ``bad_format`` or
+            ``unsafe_model``.
+    """
+    from ..runtime.modelfile import detect_format, file_sha256, inspect_model
+
+    path = Path(path)
+    try:
+        actual = path.stat().st_size
+    except OSError as exc:
+        raise OtaRejected("size_mismatch", f"the staged file {path} cannot be read: "
+                                           f"{exc.strerror or exc}") from exc
+    if actual != size:
+        raise OtaRejected("size_mismatch",
+                          f"the file has {actual} bytes, the manifest says {size}")
+    if actual > max_model_mb * _MiB:
+        raise OtaRejected("oversize", f"the model is {actual / _MiB:.1f} MiB, over "
+                                      f"max_model_mb={max_model_mb:g}")
+    digest = file_sha256(path)
+    if digest != sha256.lower():
+        raise OtaRejected("sha256_mismatch",
+                          f"the file's sha256 is {digest}, the manifest says {sha256}")
+    if format not in _FORMATS:
+        raise OtaRejected("bad_format", f"format must be onnx or tflite, the manifest says "
+                                        f"{format!r}")
+    with open(path, "rb") as f:
+        head = f.read(64)
+    try:
+        found = detect_format(head)
+    except ModelFormatError as exc:
+        raise OtaRejected("bad_format", str(exc)) from exc
+    if found != format:
+        raise OtaRejected("bad_format", f"the file is a {found} model, the manifest says "
+                                        f"{format}")
+    if found == "onnx":
+        external = _external_data(path)
+        if external:
+            raise OtaRejected("unsafe_model", "the ONNX model keeps tensors in external data "
+                                              f"files ({', '.join(sorted(external))}); a pushed "
+                                              "model must be one file")
+    try:
+        inspect_model(path, max_model_mb=max_model_mb, digest=False)  # hashed above
+    except ModelTooLargeError as exc:
+        raise OtaRejected("oversize", str(exc)) from exc
+    except UnsafeModelError as exc:
+        raise OtaRejected("unsafe_model", str(exc)) from exc
+    except ModelError as exc:  # ModelFormatError, or the file vanished under us
+        raise OtaRejected("bad_format", str(exc)) from exc
+
+
+def _external_data(path: Path) -> set[str]:
+    """The external-data locations an ONNX file names (empty when it cannot be read: the full
+    inspection that follows reports that with its own message)."""
+    import mmap
+
+    from ..runtime.modelfile import _scan_onnx
+
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            view = memoryview(mm)
+            try:
+                return set(_scan_onnx(view, path).external_data)
+            finally:
+                view.release()
+    except (OSError, ValueError, ModelFormatError):
+        return set()
+
+
+# --- the trial run -----------------------------------------------------------------------------
+
+
+def trial_run(path: Path, pipeline: PipelineConfig, runtime: RuntimeConfig, *,
+              golden: Mapping[str, np.ndarray] | None = None, atol: float = 1e-3,
+              rtol: float = 1e-3, baseline_ms: float | None = None, max_slowdown: float = 2.0,
+              memory_limit_mb: float | None = 512, timeout_s: float = 120.0,
+              runs: int = 5) -> VerifyReport:
+    """Load ``path`` in an isolated worker as ``pipeline`` would, run it, decode it, time it.
+
+    Args:
+        path: The candidate model (already through ``check_file``).
+        pipeline: The pipeline whose model it replaces: model options, task and source.
+        runtime: The daemon's runtime settings (state directory, model size limit).
+        golden: Inputs by input name and expected outputs as ``out:<output name>``.
+        atol, rtol: Tolerances of the golden comparison (``np.allclose``).
+        baseline_ms: The running model's latency; ``None``: latency is measured, not compared.
+        max_slowdown: Refuse a median latency above ``baseline_ms * max_slowdown`` (and more
+            than ``SLOWDOWN_FLOOR_MS`` above ``baseline_ms``).
+        memory_limit_mb: The worker's memory limit (``ota.verify.memory_limit_mb``).
+        timeout_s: Loading and all runs together; past it the worker is killed.
+        runs: Timed runs of the trial input.
+
+    Returns:
+        The measurements and the checks that passed.
+
+    Raises:
+        OtaRejected: ``load_failed``, ``out_of_memory``, ``worker_crashed``, ``timeout``,
+            ``golden_mismatch``, ``undecodable``, ``too_slow`` (also ``oversize`` and
+            ``unsafe_model`` if the file changed since ``check_file``).
+    """
+    watchdog = _Watchdog(timeout_s)
+    model: Model | None = None
+    try:
+        with watchdog:
+            try:
+                model = _load(Path(path), pipeline, runtime, memory_limit_mb,
+                              watchdog.remaining())
+                watchdog.model = model
+                watchdog.check()
+                return _exercise(model, pipeline, watchdog, golden=golden, atol=atol,
+                                 rtol=rtol, baseline_ms=baseline_ms, max_slowdown=max_slowdown,
+                                 runs=runs)
+            except OtaRejected:
+                if watchdog.fired:
+                    raise watchdog.rejection() from None
+                raise
+            except EdgeInferError as exc:
+                raise _rejection(exc, watchdog, memory_limit_mb) from exc
+    finally:
+        if model is not None:
+            model.close()
+
+
+def _load(path: Path, pipeline: PipelineConfig, runtime: RuntimeConfig,
+          memory_limit_mb: float | None, timeout_s: float) -> Model:
+    """The candidate with the pipeline's options, in a worker, without the optimized-model
+    cache (a rejected candidate must leave nothing behind)."""
+    from ..assembly import _task_load_options
+    from ..model import load_model
+
+    kwargs = pipeline.model.load_kwargs(default_max_model_mb=runtime.max_model_mb)
+    for key, value in _task_load_options(pipeline, path).items():
+        if not kwargs.get(key):  # what the config says explicitly wins, as in assembly
+            kwargs[key] = value
+            if key == "input_shapes":
+                _check_task_inputs(path, pipeline, value)
+    kwargs.update(isolation="process", memory_limit_mb=memory_limit_mb,
+                  worker_timeout_s=max(0.1, timeout_s))
+    return load_model(path, **kwargs, state_dir=runtime.resolved_state_dir(),
+                      cache_dir=runtime.resolved_cache_dir(), optimized_model_cache=False)
+
+
+def _check_task_inputs(path: Path, pipeline: PipelineConfig,
+                       shapes: Mapping[str, object]) -> None:
+    """A task that implies input shapes (``vad``: Silero's ``input`` and ``state``) refuses a
+    model without those inputs before the load would fail on them."""
+    from ..runtime.modelfile import inspect_model
+
+    try:
+        info = inspect_model(path, digest=False)
+    except EdgeInferError:
+        return  # the load reports it with its own message
+    if info.onnx is None:
+        return
+    missing = sorted(set(shapes) - set(info.onnx.inputs))
+    if missing:
+        tag = type(pipeline.task).__struct_config__.tag
+        raise OtaRejected("undecodable", f"the {tag} task feeds inputs {missing} that the "
+                                         f"model does not have (its inputs: "
+                                         f"{sorted(info.onnx.inputs)})")
+
+
+def _exercise(model: Model, pipeline: PipelineConfig, watchdog: _Watchdog, *,
+              golden: Mapping[str, np.ndarray] | None, atol: float, rtol: float,
+              baseline_ms: float | None, max_slowdown: float, runs: int) -> VerifyReport:
+    checks = [f"loads in an isolated worker ({model.provider})"]
+    shapes: dict[str, list[int]] = {}
+    timed: dict[str, np.ndarray] | None = None
+    if golden is not None:
+        timed = dict(_golden_inputs(golden))
+        outputs = _run_golden(model, golden, atol, rtol)
+        shapes.update({k: list(v.shape) for k, v in outputs.items()})
+        compared = sum(1 for k in golden if k.startswith(GOLDEN_OUTPUT_PREFIX))
+        checks.append(f"golden ({len(timed)} inputs, {compared} outputs compared)")
+        watchdog.check()
+    tag, feeds, outputs = _run_task(model, pipeline)
+    if timed is None:
+        timed = feeds
+        shapes.update({k: list(v.shape) for k, v in outputs.items()})
+    checks.append(f"task {tag} decodes")
+    checks.append("outputs finite")
+    watchdog.check()
+    latency = _time_runs(model, timed, runs, watchdog)
+    # Below a millisecond, per-call overhead and scheduling noise dwarf the model: a slowdown
+    # counts only when it is also more than SLOWDOWN_FLOOR_MS in absolute terms.
+    if baseline_ms is not None and latency > max(baseline_ms * max_slowdown,
+                                                 baseline_ms + SLOWDOWN_FLOOR_MS):
+        raise OtaRejected("too_slow", f"the new model takes {latency:.1f} ms vs "
+                                      f"{baseline_ms:.1f} ms now (limit {max_slowdown:g}x)")
+    checks.append(f"latency {latency:.2f} ms" + (
+        "" if baseline_ms is None else f" vs {baseline_ms:.2f} ms (limit {max_slowdown:g}x)"))
+    logger.info("candidate %s passed its trial run: %s", model.path, "; ".join(checks))
+    return VerifyReport(latency_ms=latency, baseline_ms=baseline_ms, outputs=shapes,
+                        checks=checks, provider=model.provider)
+
+
+def _golden_inputs(golden: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {k: np.asarray(v) for k, v in golden.items()
+            if not k.startswith(GOLDEN_OUTPUT_PREFIX)}
+
+
+def _run_golden(model: Model, golden: Mapping[str, np.ndarray], atol: float,
+                rtol: float) -> dict[str, np.ndarray]:
+    """Run the golden inputs; compare every ``out:`` array with the output of that name."""
+    feeds = _golden_inputs(golden)
+    try:
+        outputs = model.run(feeds)
+    except InvalidInputError as exc:
+        raise OtaRejected("golden_mismatch", f"the model does not take the golden inputs "
+                                             f"{sorted(feeds)}: {exc}") from exc
+    except WorkerCrashedError:
+        raise
+    except InferenceError as exc:
+        raise OtaRejected("golden_mismatch", f"the model failed on the golden inputs: "
+                                             f"{exc}") from exc
+    _check_finite(outputs, "the golden inputs")
+    for key, value in golden.items():
+        if not key.startswith(GOLDEN_OUTPUT_PREFIX):
+            continue
+        name = key[len(GOLDEN_OUTPUT_PREFIX):]
+        if name not in outputs:
+            raise OtaRejected("golden_mismatch", f"the golden file expects output {name!r}; "
+                                                 f"the model has {sorted(outputs)}")
+        got, want = np.asarray(outputs[name]), np.asarray(value)
+        if got.shape != want.shape:
+            raise OtaRejected("golden_mismatch", f"output {name!r} has shape {list(got.shape)},"
+                                                 f" the golden file {list(want.shape)}")
+        g64, w64 = got.astype(np.float64), want.astype(np.float64)
+        if not np.allclose(g64, w64, atol=atol, rtol=rtol):
+            err = float(np.max(np.abs(g64 - w64))) if got.size else 0.0
+            raise OtaRejected("golden_mismatch", f"output {name!r} differs from the golden "
+                                                 f"output by up to {err:.6g} (atol {atol:g}, "
+                                                 f"rtol {rtol:g})")
+    return outputs
+
+
+def _run_task(model: Model, pipeline: PipelineConfig
+              ) -> tuple[str, dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """One synthetic frame through the pipeline's task, in the pipeline's call order.
+
+    Returns:
+        The task's tag, the feeds the model got (state included) and its outputs.
+    """
+    from ..frames import DropFrame
+    from ..tasks import make_task
+
+    tag = str(type(pipeline.task).__struct_config__.tag)
+    frame = synthetic_frame(pipeline)
+
+    def undecodable(what: str, exc: BaseException) -> OtaRejected:
+        detail = str(exc) or type(exc).__name__
+        return OtaRejected("undecodable", f"the {tag} task {what}: {detail}")
+
+    try:
+        task: Task = make_task(pipeline.task, model)
+    except Exception as exc:  # the task's own check of the model's shapes (ConfigError...)
+        raise undecodable("does not accept the model", exc) from exc
+    try:
+        feeds, context = task.preprocess(frame)
+        feeds = task.inject_state(dict(feeds))
+    except DropFrame as exc:
+        raise undecodable(f"dropped a synthetic {frame.kind} frame", exc) from exc
+    except Exception as exc:
+        raise undecodable(f"cannot prepare a {frame.kind} frame for the model", exc) from exc
+    try:
+        outputs = model.run(feeds)
+    except InvalidInputError as exc:
+        raise undecodable("feeds input the model does not take", exc) from exc
+    except WorkerCrashedError:
+        raise
+    except InferenceError as exc:
+        raise undecodable("input made the model fail", exc) from exc
+    _check_finite(outputs, f"the {tag} task's input")
+    try:
+        task.update_state(outputs)
+        task.postprocess(outputs, frame, context)
+    except DropFrame:
+        pass  # the task read the outputs and chose not to report this frame
+    except Exception as exc:
+        raise undecodable("cannot decode the outputs", exc) from exc
+    return tag, feeds, outputs
+
+
+def _check_finite(outputs: Mapping[str, np.ndarray], what: str) -> None:
+    for name, value in outputs.items():
+        a = np.asarray(value)
+        if a.dtype.kind in "fc" and not np.isfinite(a).all():
+            bad = int(a.size - np.count_nonzero(np.isfinite(a)))
+            raise OtaRejected("undecodable", f"output {name!r} holds {bad} NaN or infinite "
+                                             f"values on {what}")
+
+
+def _time_runs(model: Model, feeds: dict[str, np.ndarray], runs: int,
+               watchdog: _Watchdog) -> float:
+    """Median wall time of ``runs`` calls (at least one), in milliseconds."""
+    clock = time.perf_counter
+    times = []
+    for _ in range(max(1, runs)):
+        t0 = clock()
+        model.run(feeds)
+        times.append((clock() - t0) * 1000)
+        watchdog.check()
+    return float(statistics.median(times))
+
+
+def synthetic_frame(pipeline: PipelineConfig) -> Frame:
+    """A frame like the pipeline's source produces: the synthetic test pattern at the source's
+    size (640 x 480 where it sets none) for image sources, a window of low noise for audio, a
+    window of readings for sensors."""
+    from ..config.pipeline import AudioSource, MqttSource, SerialSource
+    from ..frames import Frame
+
+    src = pipeline.source
+    now, wall = time.monotonic(), time.time()
+    rng = np.random.default_rng(0)
+    if isinstance(src, AudioSource):
+        # Low noise in [-1, 1], mono: what a quiet microphone gives.
+        data = (rng.standard_normal(src.window) * 0.01).astype(np.float32)
+        return Frame(0, now, wall, data, "audio", src.sample_rate, start=0.0)
+    if isinstance(src, (SerialSource, MqttSource)):
+        data = rng.standard_normal((src.window, max(1, len(src.fields)))).astype(np.float32)
+        return Frame(0, now, wall, data, "series", fields=tuple(src.fields), start=0.0)
+    from ..sources.synthetic import TestPattern
+
+    width = getattr(src, "width", None) or _DEFAULT_SIZE[0]
+    height = getattr(src, "height", None) or _DEFAULT_SIZE[1]
+    return Frame(0, now, wall, TestPattern(width, height).draw(0))
+
+
+# --- failures ----------------------------------------------------------------------------------
+
+
+def _rejection(exc: EdgeInferError, watchdog: _Watchdog,
+               memory_limit_mb: float | None) -> OtaRejected:
+    """The status reason for an error the load or a run raised."""
+    if watchdog.fired:
+        return watchdog.rejection()
+    text = str(exc)
+    if isinstance(exc, ModelMemoryError):
+        return OtaRejected("out_of_memory", text)
+    if isinstance(exc, WorkerCrashedError):
+        if " timed out after " in text:  # WorkerSession's own start timeout
+            return OtaRejected("timeout", text)
+        if memory_limit_mb is not None and any(s in text for s in _ALLOC_SIGNALS):
+            return OtaRejected("out_of_memory", text)
+        return OtaRejected("worker_crashed", text)
+    if isinstance(exc, ModelTooLargeError):
+        return OtaRejected("oversize", text)
+    if isinstance(exc, UnsafeModelError):
+        return OtaRejected("unsafe_model", text)
+    if isinstance(exc, InvalidInputError):
+        return OtaRejected("undecodable", text)
+    # ModelLoadError, ModelFormatError, ProviderError, a ConfigError of the options (an
+    # input_shapes entry the model has no input for), an InferenceError of the warm-up.
+    return OtaRejected("load_failed", f"{type(exc).__name__}: {text}")
+
+
+class _Watchdog:
+    """Kills the trial's worker once ``timeout_s`` has passed. The load itself is bounded by the
+    worker's own start timeout (``load_model(worker_timeout_s=...)``); this covers the runs and
+    the work between them."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.model: Model | None = None
+        self.fired = False
+        self._done = threading.Event()
+        self._deadline = 0.0
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> _Watchdog:
+        self._deadline = time.monotonic() + self.timeout_s
+        self._thread = threading.Thread(target=self._watch, name="ota-verify-watchdog",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def remaining(self) -> float:
+        return self._deadline - time.monotonic()
+
+    def check(self) -> None:
+        """Raise ``timeout`` once the deadline has passed (for work done outside the worker)."""
+        if self.fired or time.monotonic() > self._deadline:
+            self.fired = True
+            raise self.rejection()
+
+    def rejection(self) -> OtaRejected:
+        return OtaRejected("timeout", f"the trial run took longer than {self.timeout_s:g} s "
+                                      "(loading and runs); the worker was killed")
+
+    def _watch(self) -> None:
+        if self._done.wait(max(0.0, self._deadline - time.monotonic())):
+            return
+        self.fired = True
+        logger.warning("trial run past %g s: killing its worker", self.timeout_s)
+        while True:  # until the trial notices (a load still under way ends by its own timeout)
+            model = self.model
+            pid = model.worker_pid if model is not None else None
+            if pid is not None:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            if self._done.wait(0.05):
+                return

@@ -1,0 +1,288 @@
+"""Model updates end to end: real daemons as subprocesses on a real mosquitto, real models
+(a float classifier and its INT8 QDQ version made by onnxruntime's quantizer, a model of the
+wrong task, a corrupted copy, one that exhausts memory), every bad input of docs/ota.md, and
+the daemon killed with SIGKILL at each step of an update."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edgeinfer.testing import onnx_models
+from rig import PREFIX, Rig
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("ota-models")
+    v1 = onnx_models.tiny_classifier(d / "classifier.onnx")
+    v2 = onnx_models.quantized_classifier(v1, d / "classifier-int8.onnx")
+    corrupt = d / "classifier-int8-corrupt.onnx"
+    data = bytearray(v2.read_bytes())
+    for i in range(len(data) // 3, len(data) // 3 + 64):
+        data[i] ^= 0x5A
+    corrupt.write_bytes(bytes(data))
+    return {
+        "v1": v1, "v2": v2, "corrupt": corrupt,
+        "v3": onnx_models.tiny_classifier(d / "classifier-v3.onnx", seed=3),
+        "wrong_task": onnx_models.spatial_output_model(d / "features.onnx"),
+        "hog": onnx_models.memory_hog_model(d / "hog.onnx"),
+        "not_onnx": _write(d / "notes.onnx", b"these are not the weights you are looking for\n"),
+    }
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+@pytest.fixture
+def rig(mqtt_broker: tuple[str, int], tmp_path: Path) -> Iterator[Rig]:
+    r = Rig(tmp_path, *mqtt_broker)
+    try:
+        yield r
+    finally:
+        r.close()
+
+
+def _base(device: Any) -> str:
+    return f"{PREFIX}/{device.id}"
+
+
+def _sha(path: Path) -> str:
+    from edgeinfer.runtime.modelfile import file_sha256
+
+    return file_sha256(path)
+
+
+def test_update_commits_and_results_carry_the_new_model(rig: Rig, models: dict[str, Path]
+                                                        ) -> None:
+    dev = rig.device(models["v1"]).start()
+    first = dev.wait_running()
+    assert first["model"]["sha256"] == _sha(models["v1"])
+
+    rig.push(models["v2"], version="2.0.0", base=_base(dev), name="classifier")
+    states = []
+    final = dev.status(where=lambda s: states.append(s["state"]) or s["state"] in
+                       ("committed", "rejected", "rolled_back"))
+    assert final["state"] == "committed", (final, dev.tail())
+    assert "receiving" in states and "verifying" in states and "applied" in states
+    assert final["previous"]["sha256"] == _sha(models["v1"])
+
+    after = dev.result(where=lambda r: r["model"]["version"] == "2.0.0")
+    assert after["model"] == {"name": "classifier", "version": "2.0.0",
+                              "sha256": _sha(models["v2"])}
+    store = dev.state / "ota"
+    current = (store / "pipelines" / "cls" / "current")
+    previous = (store / "pipelines" / "cls" / "previous")
+    assert current.is_symlink() and not os.path.isabs(os.readlink(current))
+    assert current.resolve().read_bytes() == models["v2"].read_bytes()
+    assert previous.resolve().read_bytes() == models["v1"].read_bytes()
+    assert not (store / "pipelines" / "cls" / "pending.json").exists()
+    assert dev.staging() == []
+
+    # a restarted daemon runs the updated model, not the configured one
+    dev.stop()
+    dev.start()
+    assert dev.wait_running()["model"]["version"] == "2.0.0"
+
+    # the same model again: already running, nothing transferred
+    rig.offer(models["v2"], version="2.0.0", base=_base(dev), name="classifier")
+    again = dev.status()
+    assert again["state"] == "committed" and "already" in again["message"]
+
+
+def _unknown_op_model(path: Path) -> Path:
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("NoSuchOperator", ["image"], ["logits"], domain="com.example")],
+        "unknown", [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, 32, 32])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.example", 1)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def test_bad_updates_are_rejected_with_a_reason_and_the_model_untouched(
+        rig: Rig, models: dict[str, Path], yolo_path: Path, tmp_path: Path) -> None:
+    from edgeinfer.ota.keys import PrivateKey
+
+    dev = rig.device(models["v1"], ota={"max_model_mb": 4}).start()
+    dev.wait_running()
+    base, v1 = _base(dev), _sha(models["v1"])
+    stranger = PrivateKey.generate()
+    v2_sha, v2_size = _sha(models["v2"]), models["v2"].stat().st_size
+
+    def expect(reason: str, send: Any) -> dict[str, Any]:
+        send()
+        status = dev.status()
+        assert status["state"] == "rejected" and status["reason"] == reason, (status, dev.tail())
+        assert status["message"]
+        # the stream goes on, on the old model
+        assert dev.result()["model"]["sha256"] == v1
+        return status
+
+    expect("unsigned", lambda: rig.push(models["v2"], version="u", base=base, key=None))
+    expect("unknown_key", lambda: rig.push(models["v2"], version="k", base=base, key=stranger))
+
+    def tampered(m: dict[str, Any]) -> None:
+        m["version"] = "9.9.9"
+    expect("bad_signature", lambda: rig.offer(models["v2"], version="s", base=base,
+                                              tamper=tampered))
+    for name in ("../../etc/cron.d/x", "a/b", ".hidden"):
+        expect("bad_name", lambda name=name: rig.offer_dict(
+            {"name": name, "version": "n", "sha256": v2_sha, "size": v2_size,
+             "filename": "m.onnx"}, base=base))
+    expect("bad_name", lambda: rig.offer_dict(
+        {"name": "ok", "version": "n", "sha256": v2_sha, "size": v2_size,
+         "filename": "../m.onnx"}, base=base))
+    expect("unknown_pipeline", lambda: rig.offer(models["v2"], version="p", base=base,
+                                                 pipeline="nope"))
+    expect("wrong_task", lambda: rig.offer(models["v2"], version="t", base=base, task="detect"))
+    expect("oversize", lambda: rig.offer(yolo_path, version="big", base=base))
+
+    # the bytes that arrive are not the ones signed for
+    def corrupt() -> None:
+        m, n = rig.offer(models["v2"], version="c", base=base)
+        rig.chunks(models["v2"], m, base, range(n), data=models["corrupt"].read_bytes())
+    expect("sha256_mismatch", corrupt)
+    # checked and signed, but not a model, not loadable, not this task's, too hungry
+    def not_a_model() -> None:
+        data, sha = models["not_onnx"].read_bytes(), _sha(models["not_onnx"])
+        rig.offer_dict({"name": "notes", "version": "f", "sha256": sha, "size": len(data),
+                        "filename": "notes.onnx"}, base=base)
+        rig.peer.publish(f"{base}/ota/chunk/{sha[:16]}/0", data)
+    expect("bad_format", not_a_model)
+    bad_op = _unknown_op_model(tmp_path / "unknown-op.onnx")
+    expect("load_failed", lambda: rig.push(bad_op, version="l", base=base))
+    status = expect("undecodable", lambda: rig.push(models["wrong_task"], version="w",
+                                                    base=base))
+    assert "classify" in status["message"]
+    expect("out_of_memory", lambda: rig.push(models["hog"], version="h", base=base))
+
+    # nothing of the refused updates is left: no staging, no store link
+    assert dev.staging() == []
+    assert not (dev.state / "ota" / "pipelines" / "cls" / "current").exists()
+    assert dev.proc is not None and dev.proc.poll() is None
+
+
+def test_transfer_resends_missing_ranges_and_takes_duplicates_and_any_order(
+        rig: Rig, models: dict[str, Path], tmp_path: Path) -> None:
+    big = onnx_models.tiny_classifier(tmp_path / "wide.onnx", classes=8192, seed=4)
+    dev = rig.device(models["v1"]).start()
+    dev.wait_running()
+    base = _base(dev)
+    m, n = rig.offer(big, version="wide-1", base=base)
+    assert n >= 4
+    data = big.read_bytes()
+    tid = m.sha256[:16]
+    # a short chunk and a chunk of another transfer are dropped; a duplicate is harmless
+    rig.peer.publish(f"{base}/ota/chunk/{tid}/1", data[65536:65536 + 100])
+    rig.peer.publish(f"{base}/ota/chunk/{'0' * 16}/0", data[:65536])
+    rig.chunks(big, m, base, [3, 1, 3])
+    # the device says what it misses once chunks stop coming
+    missing = dev.status(where=lambda s: s["state"] == "receiving" and s["received"] == 2)
+    ranges = missing["missing"]
+    from edgeinfer.ota.protocol import expand_ranges
+
+    assert sorted(expand_ranges(ranges, n)) == [i for i in range(n) if i not in (1, 3)]
+    rig.chunks(big, m, base, reversed(list(expand_ranges(ranges, n))))
+    final = dev.status()
+    assert final["state"] == "committed", (final, dev.tail())
+    assert dev.result(where=lambda r: r["model"]["version"] == "wide-1")["model"]["sha256"] \
+        == _sha(big)
+
+
+def test_rollback_request_returns_to_the_previous_model(rig: Rig, models: dict[str, Path]
+                                                       ) -> None:
+    from edgeinfer.ota import manifest as mf
+
+    dev = rig.device(models["v1"]).start()
+    dev.wait_running()
+    base = _base(dev)
+    rig.push(models["v2"], version="2.0.0", base=base)
+    assert dev.status()["state"] == "committed"
+    rig.peer.publish(f"{base}/ota/rollback", mf.make_rollback("cls", None))
+    assert dev.status()["reason"] == "unsigned"
+    request = mf.make_rollback("cls", rig.key)
+    rig.peer.publish(f"{base}/ota/rollback", request)
+    status = dev.status()
+    assert status["state"] == "rolled_back" and status["reason"] == "requested", status
+    assert status["sha256"] == _sha(models["v1"])
+    assert dev.result(where=lambda r: r["model"]["sha256"] == _sha(models["v1"]))
+    rig.peer.publish(f"{base}/ota/rollback", request)  # a replay is refused
+    assert dev.status()["state"] == "rejected"
+
+
+def test_an_update_failing_the_health_gate_is_rolled_back(rig: Rig, models: dict[str, Path]
+                                                         ) -> None:
+    # The stream runs at 20 fps: 500 inferences in 3 s cannot happen, so the gate fails and
+    # the device goes back to the model it ran, with the reason on its status.
+    dev = rig.device(models["v1"], ota={"health": {"min_inferences": 500, "window_s": 3}}).start()
+    dev.wait_running()
+    rig.push(models["v2"], version="2.0.0", base=_base(dev))
+    status = dev.status()
+    assert status["state"] == "rolled_back" and status["reason"] == "health_gate", status
+    assert "of 500 inferences" in status["message"]
+    assert dev.result(where=lambda r: r["model"]["sha256"] == _sha(models["v1"]))
+    link = dev.state / "ota" / "pipelines" / "cls" / "current"
+    assert link.resolve().read_bytes() == models["v1"].read_bytes()
+    assert not (link.parent / "pending.json").exists()
+
+
+@pytest.mark.parametrize("point", ["chunk", "verify", "store", "link", "swap", "gate"])
+def test_kill_9_at_any_step_leaves_a_complete_verified_model(
+        rig: Rig, models: dict[str, Path], tmp_path: Path, point: str) -> None:
+    from edgeinfer.ota.protocol import expand_ranges
+
+    v1 = models["v1"]
+    v2 = onnx_models.tiny_classifier(tmp_path / "wide.onnx", classes=4096, seed=6)  # 3+ chunks
+    dev = rig.device(v1).start({"EDGEINFER_OTA_CRASH_AT": point})
+    dev.wait_running()
+    base = _base(dev)
+    if point == "chunk":  # half the chunks, then the daemon dies once they are on disk
+        m, n = rig.offer(v2, version="2.0.0", base=base)
+        rig.chunks(v2, m, base, range(n // 2))
+    else:
+        m = rig.push(v2, version="2.0.0", base=base)
+    assert dev.wait_exit(60) == -signal.SIGKILL, dev.tail()
+
+    rig.peer.drain(dev.status_topic)
+    dev.start()  # no crash point now
+    first = dev.wait_running()
+    if point == "chunk":  # the transfer resumes from the staged file
+        assert first["model"]["sha256"] == _sha(v1)
+        status = dev.status(where=lambda s: s["state"] == "receiving")
+        n = status["chunks"]
+        assert 0 < status["received"] < n
+        rig.chunks(v2, m, base, expand_ranges(status["missing"], n))
+        assert dev.status()["state"] == "committed"
+        want = v2
+    elif point in ("verify", "store"):  # the complete staged file is verified again
+        status = dev.status()
+        assert status["state"] == "committed", (status, dev.tail())
+        want = v2
+    else:  # swapped but not committed: undone at boot
+        status = dev.status()
+        assert status["state"] == "rolled_back" and status["reason"] == "interrupted", status
+        want = v1
+    result = dev.result(where=lambda r: r["model"]["sha256"] == _sha(want))
+    assert result["model"]["sha256"] == _sha(want)
+    store = dev.state / "ota"
+    assert dev.staging() == []
+    assert not list(store.rglob("*.tmp"))
+    assert not (store / "pipelines" / "cls" / "pending.json").exists()
+    current = store / "pipelines" / "cls" / "current"
+    if current.exists():
+        assert current.resolve().read_bytes() == want.read_bytes()
+    else:
+        assert want == v1
