@@ -205,6 +205,7 @@ def load_model(
     cache_dir: str | os.PathLike[str] | None = None,
     optimized_model_cache: bool = True,
     worker_timeout_s: float | None = None,
+    worker_nice: int = 0,
 ) -> Model:
     """Load an ONNX or TFLite model (format detected from its bytes) on the best provider.
 
@@ -230,6 +231,7 @@ def load_model(
         optimized_model_cache: keep the optimized ONNX graph for faster later loads.
         worker_timeout_s: with ``isolation="process"``, a load or a run longer than this kills
             the worker (default: 60 s to load, runs unlimited).
+        worker_nice: with ``isolation="process"``, run the worker this much nicer.
 
     Raises:
         ModelNotFoundError, ModelFormatError, UnsafeModelError, ModelTooLargeError,
@@ -270,7 +272,7 @@ def load_model(
         external_data=bool(info.onnx is not None and info.onnx.external_data),
     )
     with _load_lock:
-        session = _open(spec, isolation, memory_limit_mb, worker_timeout_s)
+        session = _open(spec, isolation, memory_limit_mb, worker_timeout_s, worker_nice)
         try:
             cost = _admit(session.report, model_name, memory_limit_mb)
             key = next(_ids)
@@ -289,14 +291,14 @@ def load_model(
 
 
 def _open(spec: SessionSpec, isolation: str, memory_limit_mb: float | None,
-          timeout_s: float | None) -> Session:
+          timeout_s: float | None, nice: int) -> Session:
     if isolation == "process":
         from .runtime.worker import WorkerSession
 
         if timeout_s is None:
-            return WorkerSession(spec, memory_limit_mb)
+            return WorkerSession(spec, memory_limit_mb, nice=nice)
         return WorkerSession(spec, memory_limit_mb, start_timeout_s=timeout_s,
-                             run_timeout_s=timeout_s)
+                             run_timeout_s=timeout_s, nice=nice)
     from .runtime import open_session
 
     return open_session(spec)

@@ -52,6 +52,7 @@ __all__ = ["GOLDEN_OUTPUT_PREFIX", "VerifyReport", "check_file", "trial_run"]
 logger = logging.getLogger(__name__)
 
 SLOWDOWN_FLOOR_MS = 1.0
+VERIFY_NICE = 10  # the trial run yields the CPU to the running pipelines
 
 GOLDEN_OUTPUT_PREFIX = "out:"
 """Keys of a golden ``.npz`` that hold expected outputs (``out:<output name>``); the others are
@@ -236,7 +237,7 @@ def _load(path: Path, pipeline: PipelineConfig, runtime: RuntimeConfig,
             if key == "input_shapes":
                 _check_task_inputs(path, pipeline, value)
     kwargs.update(isolation="process", memory_limit_mb=memory_limit_mb,
-                  worker_timeout_s=max(0.1, timeout_s))
+                  worker_timeout_s=max(0.1, timeout_s), worker_nice=VERIFY_NICE)
     return load_model(path, **kwargs, state_dir=runtime.resolved_state_dir(),
                       cache_dir=runtime.resolved_cache_dir(), optimized_model_cache=False)
 

@@ -75,6 +75,8 @@ class WorkerSession:
         memory_limit_mb: the model's share of the worker's ``RLIMIT_AS``; ``None``: no limit.
         start_timeout_s: loading and warming up longer than this kills the worker.
         run_timeout_s: a ``run`` longer than this kills the worker; ``None``: no limit.
+        nice: added to the worker's scheduling niceness (a background job, such as checking a
+            model update, must not slow the pipelines down).
 
     Raises:
         ModelLoadError, ModelMemoryError: the worker could not load the model (an
@@ -89,8 +91,9 @@ class WorkerSession:
         *,
         start_timeout_s: float = 60,
         run_timeout_s: float | None = None,
+        nice: int = 0,
     ) -> None:
-        self._spec, self._limit_mb = spec, memory_limit_mb
+        self._spec, self._limit_mb, self._nice = spec, memory_limit_mb, nice
         self._start_timeout_s, self._run_timeout_s = start_timeout_s, run_timeout_s
         self._lock = threading.Lock()
         self._closed = False
@@ -210,6 +213,9 @@ class WorkerSession:
                     pass_fds=(child.fileno(),), env=_child_env(), stdin=subprocess.DEVNULL,
                     stdout=2,  # our stderr: a pipe nobody reads would block the worker
                 )
+                if self._nice:  # set before the child imports the runtime and starts threads
+                    os.setpriority(os.PRIO_PROCESS, self._proc.pid,
+                                   os.getpriority(os.PRIO_PROCESS, 0) + self._nice)
                 socket.send_fds(parent, [b"m"], [self._fd])
                 self._conn = Connection(parent.detach())
             msg = ("load", self._spec, self._limit_mb, self.region_bytes)

@@ -378,3 +378,16 @@ def test_killed_worker_leaves_nothing_in_dev_shm(tmp_path: Path, make_worker: Ma
         worker.run({"x": np.zeros((1, 3, 64, 64), np.float32)})
     worker.close()
     assert set(os.listdir("/dev/shm")) == before
+
+
+def test_worker_nice_and_timeout_through_load_model(tmp_path: Path) -> None:
+    import edgeinfer
+
+    with edgeinfer.load_model(add_model(tmp_path / "m.onnx"), isolation="process",
+                              worker_nice=5, worker_timeout_s=30) as m:
+        pid = m.worker_pid
+        assert pid is not None and pid != os.getpid()
+        assert os.getpriority(os.PRIO_PROCESS, pid) == os.getpriority(os.PRIO_PROCESS, 0) + 5
+        assert m.run(np.ones((1, 4), np.float32))["y"].tolist() == [[2.0] * 4]
+    with edgeinfer.load_model(add_model(tmp_path / "m.onnx")) as m:
+        assert m.worker_pid is None  # in-process
