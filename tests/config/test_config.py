@@ -356,7 +356,7 @@ def test_unknown_top_level_key(tmp_path: Path) -> None:
     assert message.endswith(":2: $.mqtt_host: unknown field; did you mean 'mqtt'?")
 
     message = config_error(tmp_path, "pipelines: []\nbroker: x\n")
-    valid = "device_id, runtime, pipelines, logging, mqtt, metrics"
+    valid = "device_id, runtime, pipelines, logging, mqtt, metrics, ota"
     assert message.endswith(f":2: $.broker: unknown field; valid: {valid}")
 
 
@@ -1099,3 +1099,35 @@ def test_alias_expansion_is_bounded(tmp_path: Path) -> None:
     )
 
     assert "config too large" in config_error(tmp_path, text)
+
+
+# --- ota ----------------------------------------------------------------------------------------
+
+
+def test_ota_section_resolves_key_files_and_keeps_inline_keys(tmp_path: Path) -> None:
+    file = write(tmp_path, """\
+        mqtt: {host: 127.0.0.1}
+        ota:
+          trusted_keys: [keys/ota.pub, "ed25519:AAAA key"]
+          groups: [line-3]
+          health: {min_inferences: 3}
+        pipelines: []
+        """)
+    config = load_config(file)
+    assert config.ota is not None
+    assert config.ota.trusted_keys == [str(tmp_path / "keys" / "ota.pub"), "ed25519:AAAA key"]
+    assert config.ota.groups == ["line-3"] and config.ota.health.min_inferences == 3
+    assert config.ota.verify.max_slowdown == 2.0 and config.ota.keep_versions == 3
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("mqtt: {host: h}\nota: {}\n", "$.ota: ota: list the public keys to trust"),
+    ("ota: {allow_unsigned: true}\n", "ota: model updates arrive over MQTT; add an mqtt: section"),
+    ("mqtt: {host: h}\nota: {allow_unsigned: true, groups: [a/b]}\n", "$.ota.groups[0]"),
+    ("mqtt: {host: h}\nota: {allow_unsigned: true, verify: {max_slowdown: 0.5}}\n",
+     "$.ota.verify.max_slowdown: expected float >= 1.0"),
+    ("mqtt: {host: h}\nota: {allow_unsigned: true, health: {max_error_rate: 2}}\n",
+     "$.ota.health.max_error_rate"),
+])
+def test_ota_section_errors_name_the_path(tmp_path: Path, text: str, problem: str) -> None:
+    assert problem in config_error(tmp_path, "pipelines: []\n" + text)
