@@ -295,7 +295,7 @@ def test_config_schema_describes_the_tree() -> None:
 
     defs = schema["$defs"]
     assert set(defs["Config"]["properties"]) == {"device_id", "runtime", "pipelines", "logging",
-                                                 "mqtt", "metrics"}
+                                                 "mqtt", "metrics", "ota"}
     assert defs["ModelConfig"]["required"] == ["path"]
     assert defs["ModelConfig"]["additionalProperties"] is False
     assert defs["PipelineConfig"]["required"] == ["name", "model", "source"]
