@@ -21,6 +21,9 @@ from edgeinfer.ota.keys import (
     parse_public_keys,
 )
 
+# Signatures are checked on the device: these run in the arm64 subset too.
+pytestmark = pytest.mark.arm64
+
 
 @pytest.fixture(scope="module")
 def rsa_pem() -> bytes:

@@ -37,6 +37,9 @@ from edgeinfer.ota.manifest import (
 )
 from edgeinfer.testing import onnx_models, tflite_models
 
+# Signatures are checked on the device: these run in the arm64 subset too.
+pytestmark = pytest.mark.arm64
+
 CHUNK = protocol.MIN_CHUNK
 SHA = "ab" * 32
 
