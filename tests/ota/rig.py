@@ -192,8 +192,9 @@ class Rig:
         self.peer = Peer(host, port)
         self.devices: list[Device] = []
 
-    def device(self, model: Path, *, task: dict[str, Any] | None = None, **kw: Any) -> Device:
-        d = Device(self, f"dev{uuid.uuid4().hex[:6]}", model,
+    def device(self, model: Path, *, task: dict[str, Any] | None = None,
+               device_id: str | None = None, **kw: Any) -> Device:
+        d = Device(self, device_id or f"dev{uuid.uuid4().hex[:6]}", model,
                    task=task or {"type": "classify", "top_k": 1}, **kw)
         self.devices.append(d)
         return d

@@ -5,6 +5,7 @@ the daemon killed with SIGKILL at each step of an update."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from collections.abc import Iterator
@@ -286,3 +287,49 @@ def test_kill_9_at_any_step_leaves_a_complete_verified_model(
         assert current.resolve().read_bytes() == want.read_bytes()
     else:
         assert want == v1
+
+
+def test_fleet_push_with_canary_and_wait_through_the_cli(rig: Rig, models: dict[str, Path]
+                                                        ) -> None:
+    from edgeinfer.ota.keys import generate_keypair
+
+    uid = os.urandom(3).hex()
+    group = f"line-{uid}"
+    _, other_pub, _ = generate_keypair(rig.tmp / "other-key")
+    # "a" sorts first, so it is the canary; it trusts another key and refuses the update.
+    a = rig.device(models["v1"], device_id=f"a-{uid}", groups=[group],
+                   trusted=[str(other_pub)])
+    b = rig.device(models["v1"], device_id=f"b-{uid}", groups=[group])
+    c = rig.device(models["v1"], device_id=f"c-{uid}", groups=[group])
+    for d in (a, b, c):
+        d.start()
+    for d in (a, b, c):
+        d.wait_running()
+    for d in (b, c):
+        rig.peer.drain(d.status_topic)
+
+    push = ["push-model", str(models["v2"]), "--group", group, "--pipeline", "cls",
+            "--version", "2.0.0", "--key", str(rig.private), "--chunk-kb", "64", "--wait",
+            "--timeout", "120"]
+    canary = rig.cli(*push, "--canary", "1")
+    assert canary.returncode != 0, canary
+    assert "canary" in (canary.stdout + canary.stderr).lower()
+    assert f"a-{uid}" in canary.stdout and "unknown_key" in canary.stdout
+    for d in (b, c):  # the rest of the group got nothing
+        assert [json.loads(m.payload)["state"] for m in rig.peer.drain(d.status_topic)] == []
+        assert d.result()["model"]["sha256"] == _sha(models["v1"])
+
+    fleet = rig.cli(*push, "--json")
+    assert fleet.returncode != 0, fleet
+    final = {s["device"]: s for s in json.loads(fleet.stdout)["devices"]}
+    assert final[f"a-{uid}"]["state"] == "rejected"
+    assert final[f"a-{uid}"]["reason"] == "unknown_key"
+    assert final[f"b-{uid}"]["state"] == final[f"c-{uid}"]["state"] == "committed"
+    for d in (b, c):
+        assert d.result(where=lambda r: r["model"]["version"] == "2.0.0")
+
+    back = rig.cli("push-model", "--device", f"b-{uid}", "--pipeline", "cls", "--rollback",
+                   "--key", str(rig.private), "--wait", "--timeout", "60")
+    assert back.returncode == 0, back
+    assert "rolled_back" in back.stdout
+    assert b.result(where=lambda r: r["model"]["sha256"] == _sha(models["v1"]))
