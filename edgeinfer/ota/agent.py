@@ -305,7 +305,7 @@ class OtaAgent:
                 self.counters["stray_chunks"] += 1
                 return
             try:
-                staged.write(index, message.payload)
+                new = staged.write(index, message.payload)
             except OtaRejected as exc:
                 self.counters["bad_chunks"] += 1
                 logger.warning("ota: chunk dropped: %s", exc)
@@ -315,7 +315,8 @@ class OtaAgent:
                 staged.flush()
                 self._active = None
                 self._queue_apply(staged)
-            elif time.monotonic() - self._last_status_at > PROGRESS_EVERY_S:
+            elif new and time.monotonic() - self._last_status_at > PROGRESS_EVERY_S:
+                # only on progress: a status with the same count reads as a stall report
                 self._publish_progress(staged)
 
     def _on_rollback(self, message: Message, group: str | None) -> None:

@@ -1,0 +1,298 @@
+"""``edgeinfer keygen`` and ``edgeinfer push-model``: sign and send model updates over MQTT.
+
+    $ edgeinfer push-model face-v2.onnx --group line-3 --pipeline faces --version 2.0.0 \\
+          --key ota-key --wait
+    DEVICE  STATE      VERSION  REASON / MESSAGE                 SECONDS
+    pi-a    committed  2.0.0    -                                3.0
+    pi-b    committed  2.0.0    -                                5.9
+    pi-c    rejected   2.0.0    wrong_task; refused: wrong_task  1.6
+    edgeinfer: error: 1 of 3 devices not committed: pi-c rejected (wrong_task)
+
+Progress and state changes go to stderr (a bar on a terminal, else a line per 10 %); the table
+(or ``--json``: ``{"devices": [...], "skipped": [...]}``) to stdout; SECONDS count from the
+start of the command to the device's last status. The exit code is 0 only when every target
+committed (without ``--wait``: received the whole file; ``--rollback``: rolled back), else 65
+(`edgeinfer.errors.OtaError`) with a one-line summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import uuid
+from typing import IO, TYPE_CHECKING, Any
+
+import msgspec
+
+from ..errors import ConfigError, OtaError
+
+if TYPE_CHECKING:
+    from ..config.mqtt import MqttConfig
+    from ..ota.protocol import OtaStatus
+
+__all__ = ["cmd_keygen", "cmd_push_model", "mqtt_config"]
+
+_BAR_WIDTH = 30
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    """Write the key pair; refuse to overwrite without ``--force``."""
+    from ..ota.keys import generate_keypair
+
+    private, public, key_id = generate_keypair(args.out, force=args.force)
+    print(f"wrote {private} (private key, mode 0600: keep it secret) and {public}")
+    print(f"key id {key_id}; list {public} in each device's ota.trusted_keys")
+    return 0
+
+
+def cmd_push_model(args: argparse.Namespace) -> int:
+    """Push MODEL (or a rollback request) and report each target's outcome."""
+    from ..mqtt.client import MqttClient
+    from ..ota.push import Pusher
+
+    _check(args)
+    key = _key(args)
+    config = mqtt_config(args)
+    try:
+        client = MqttClient(config, "push", announce=False)
+    except ValueError as exc:  # a --prefix that is no topic level
+        raise ConfigError(f"--prefix: {exc}") from exc
+    out = _Reporter(sys.stderr, quiet=args.json)
+    pusher = Pusher(client, config.prefix)
+    devices = args.device or None
+    client.start()
+    try:
+        if args.rollback:
+            statuses = pusher.rollback(devices=devices, group=args.group, pipeline=args.pipeline,
+                                       key=key, wait=args.wait, timeout_s=args.timeout,
+                                       on_status=out.status)
+            if not args.wait:
+                print(f"rollback of {args.pipeline} requested on "
+                      f"{', '.join(devices or [f'group {args.group}'])}", file=sys.stderr)
+                return 0
+        else:
+            statuses = pusher.push(
+                args.model, devices=devices, group=args.group, pipeline=args.pipeline,
+                version=args.model_version, key=key, name=args.name, task=args.task,
+                golden_path=args.golden, tolerance=args.tolerance,
+                chunk_size=args.chunk_kb * 1024, canary=args.canary, wait=args.wait,
+                timeout_s=args.timeout, on_progress=out.progress, on_status=out.status)
+    finally:
+        out.end_bar()
+        client.stop(timeout_s=1.0)
+    goal = "rolled_back" if args.rollback else ("committed" if args.wait else "received")
+    rows = _rows(statuses, pusher.timed_out, out.seen_at, goal)
+    if args.json:
+        print(json.dumps({"devices": rows, "skipped": pusher.skipped}, separators=(",", ":")))
+    else:
+        print(_table(rows))
+    failed = [r for r in rows if not r["ok"]]
+    if pusher.skipped:
+        raise OtaError(f"canary failed ({_summary(failed)}); not pushed to "
+                       f"{', '.join(pusher.skipped)}")
+    if failed:
+        wanted = {"rolled_back": "rolled back", "received": "received it"}.get(goal, goal)
+        raise OtaError(f"{len(failed)} of {len(rows)} devices not {wanted}: {_summary(failed)}")
+    return 0
+
+
+def _check(args: argparse.Namespace) -> None:
+    """Option errors the parser cannot see, before anything connects."""
+    if args.rollback:
+        if args.model:
+            raise ConfigError("--rollback takes no MODEL")
+        if args.canary:
+            raise ConfigError("--canary does not apply to --rollback")
+        return
+    if not args.model:
+        raise ConfigError("MODEL is required (or --rollback)")
+    if not args.model_version:
+        raise ConfigError("--version is required: the manifest needs a version string")
+    if not 64 <= args.chunk_kb <= 512:
+        raise ConfigError(f"--chunk-kb {args.chunk_kb}: must be 64-512")
+    if args.canary < 0:
+        raise ConfigError(f"--canary {args.canary}: must be >= 0")
+    if args.canary and not args.group:
+        raise ConfigError("--canary needs --group (it picks devices of the group)")
+    if not args.tolerance > 0:
+        raise ConfigError(f"--tolerance {args.tolerance}: must be > 0")
+    if not args.timeout > 0:
+        raise ConfigError(f"--timeout {args.timeout}: must be > 0")
+
+
+def _key(args: argparse.Namespace) -> Any:
+    if args.key:
+        from ..ota.keys import load_private_key
+
+        return load_private_key(args.key)
+    print("edgeinfer: WARNING: no --key: this push is UNSIGNED; only devices with "
+          "ota.allow_unsigned: true (development only) will take it", file=sys.stderr)
+    return None
+
+
+def mqtt_config(args: argparse.Namespace) -> MqttConfig:
+    """The broker connection from ``-c`` and the ``--broker``/``--prefix``/credential/TLS
+    options (options win over the config's ``mqtt:`` section)."""
+    from ..config.mqtt import MqttConfig, TlsConfig
+    from ..config.pipeline import ReconnectConfig
+
+    if args.config:
+        from ..config import load_config
+
+        loaded = load_config(args.config).mqtt
+        if loaded is None:
+            raise ConfigError(f"{args.config}: no mqtt: section; give --broker instead")
+        config = loaded
+    else:
+        config = MqttConfig(protocol="v3.1.1")  # also reaches the embedded broker (amqtt)
+    changes: dict[str, Any] = {
+        "client_id": f"edgeinfer-push-{os.getpid()}-{uuid.uuid4().hex[:6]}",
+        "reconnect": ReconnectConfig(initial_s=0.2, max_s=2.0),
+        "embedded": False,  # a pusher is a client of a device's broker, never one itself
+    }
+    if args.broker:
+        changes.update(_broker(args.broker))
+    if args.prefix:
+        changes["prefix"] = args.prefix
+    if args.username:
+        changes["username"] = args.username
+    password = args.password or os.environ.get("EDGEINFER_MQTT_PASSWORD")
+    if password:
+        changes["password"] = password
+    if args.tls or args.ca or args.cert or args.cert_key:
+        if bool(args.cert) != bool(args.cert_key):
+            raise ConfigError("give both --cert and --cert-key, or neither")
+        base = config.tls or TlsConfig()
+        changes["tls"] = msgspec.structs.replace(
+            base, ca_file=args.ca or base.ca_file, cert_file=args.cert or base.cert_file,
+            key_file=args.cert_key or base.key_file)
+    try:
+        return msgspec.structs.replace(config, **changes)
+    except (ValueError, msgspec.ValidationError) as exc:
+        raise ConfigError(f"broker options: {exc}") from exc
+
+
+def _broker(text: str) -> dict[str, Any]:
+    host, port = text, None
+    if text.startswith("["):  # [v6 address]:port
+        host, _, rest = text[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else None
+    elif text.count(":") == 1:
+        host, port = text.split(":")
+    out: dict[str, Any] = {"host": host}
+    if not host:
+        raise ConfigError(f"--broker {text}: no host")
+    if port is not None:
+        if not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ConfigError(f"--broker {text}: {port!r} is not a TCP port (1-65535)")
+        out["port"] = int(port)
+    return out
+
+
+class _Reporter:
+    """Progress on stderr: a bar on a terminal, else a line per 10 %; state changes as lines."""
+
+    def __init__(self, stream: IO[str], *, quiet: bool) -> None:
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.quiet = quiet
+        self.t0 = time.monotonic()
+        self.seen_at: dict[str, float] = {}
+        self._states: dict[str, str] = {}
+        self._decile = -1
+        self._last = -1
+        self._bar_open = False
+
+    def progress(self, done: int, total: int) -> None:
+        if done < self._last:  # a new phase (the group after the canary)
+            self.end_bar()
+            self._decile = -1
+        self._last = done
+        fraction = done / total if total else 1.0
+        if self.tty:
+            filled = int(fraction * _BAR_WIDTH)
+            self.stream.write(f"\r[{'#' * filled}{'.' * (_BAR_WIDTH - filled)}] "
+                              f"{fraction:4.0%}  {_mib(done)}/{_mib(total)} MiB")
+            self.stream.flush()
+            self._bar_open = True
+        elif int(fraction * 10) > self._decile:
+            self._decile = int(fraction * 10)
+            print(f"edgeinfer push-model: {self._decile * 10}% ({_mib(done)}/{_mib(total)} MiB)",
+                  file=self.stream, flush=True)
+
+    def status(self, status: OtaStatus) -> None:
+        self.seen_at[status.device] = time.monotonic() - self.t0
+        if self._states.get(status.device) == status.state:
+            return
+        self._states[status.device] = status.state
+        if self.quiet and not self.tty:
+            return
+        self.end_bar()
+        why = f" ({status.reason})" if status.reason else ""
+        print(f"edgeinfer push-model: {status.device} {status.state}{why}", file=self.stream,
+              flush=True)
+
+    def end_bar(self) -> None:
+        if self._bar_open:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._bar_open = False
+
+
+def _mib(n: int) -> str:
+    return f"{n / 1048576:.1f}"
+
+
+def _rows(statuses: dict[str, OtaStatus], timed_out: list[str], seen_at: dict[str, float],
+          goal: str) -> list[dict[str, Any]]:
+    """A row per target; ``ok`` when it reached ``goal`` (``committed``, ``rolled_back``, or
+    ``received``: past ``receiving`` and neither rejected nor rolled back)."""
+    from ..ota.push import PAST_RECEIVING
+
+    rows = []
+    for device in sorted(set(statuses) | set(timed_out)):
+        s = statuses.get(device)
+        late = device in timed_out
+        if s is None:
+            ok = False
+        elif goal == "received":
+            ok = s.state in PAST_RECEIVING and s.state not in ("rejected", "rolled_back")
+        else:
+            ok = s.state == goal
+        rows.append({
+            "device": device,
+            "state": s.state if s is not None else None,
+            "version": s.version if s is not None else None,
+            "reason": s.reason if s is not None else None,
+            "message": s.message if s is not None else "no answer",
+            "seconds": round(seen_at[device], 1) if device in seen_at else None,
+            "timed_out": late,
+            "ok": ok and not late,
+            "status": msgspec.to_builtins(s) if s is not None else None,
+        })
+    return rows
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    head = ("DEVICE", "STATE", "VERSION", "REASON / MESSAGE", "SECONDS")
+    lines = [head]
+    for r in rows:
+        note = "; ".join(str(v) for v in (r["reason"], r["message"]) if v)
+        if r["timed_out"]:
+            note = "; ".join(v for v in ("timed out", note) if v)
+        seconds = f"{r['seconds']:.1f}" if r["seconds"] is not None else "-"
+        lines.append((r["device"], r["state"] or "-", r["version"] or "-", note or "-", seconds))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head) - 1)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line[:-1], widths, strict=True))
+                     + "  " + line[-1] for line in lines)
+
+
+def _summary(rows: list[dict[str, Any]]) -> str:
+    parts = []
+    for r in rows:
+        what = "timed out" if r["timed_out"] else (r["state"] or "no answer")
+        parts.append(f"{r['device']} {what}" + (f" ({r['reason']})" if r["reason"] else ""))
+    return ", ".join(parts) or "no device answered"

@@ -1,0 +1,601 @@
+"""The push side of an over-the-air model update (``docs/ota.md``): offer a signed manifest to
+devices or a fleet group, send the chunks each device reports missing, and collect the
+devices' statuses until they reach a final state.
+
+    pusher = Pusher(client, config.prefix)          # client: a started MqttClient
+    statuses = pusher.push("face-v2.tflite", devices=["pi-kitchen"], group=None,
+                           pipeline="faces", version="2.0.0", key=load_private_key("ota-key"))
+
+The pusher prints nothing: progress and statuses go to the ``on_progress`` and ``on_status``
+callbacks, which run in the calling thread.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+import msgspec
+
+from ..errors import ConfigError, OtaError, OtaRejected
+from .protocol import (
+    MAX_CHUNK,
+    MIN_CHUNK,
+    OtaStatus,
+    base_topic,
+    chunk_topic,
+    expand_ranges,
+    offer_topic,
+    rollback_topic,
+    status_topic,
+)
+
+if TYPE_CHECKING:
+    from ..mqtt.client import Message, MqttClient
+    from .keys import PrivateKey
+
+__all__ = ["PAST_RECEIVING", "Pusher"]
+
+logger = logging.getLogger(__name__)
+
+ProgressFn = Callable[[int, int], None]
+StatusFn = Callable[[OtaStatus], None]
+
+PAST_RECEIVING = frozenset({"verifying", "applied", "committed", "rejected", "rolled_back"})
+MAX_UNACKED = 8  # chunks handed to paho and not yet acknowledged by the broker
+RESEND_AFTER_S = 2.0  # a chunk is not sent again sooner (the device reports a stall after 2 s)
+CLOCK_SLACK_S = 2.0  # a status stamped this long before the push began still counts as fresh
+STUCK_ACKS_S = 15.0  # no PUBACK for this long while connected: count the unacked chunks as lost
+CONNECT_TIMEOUT_S = 30.0
+
+
+@dataclass(eq=False)
+class _Channel:
+    """One base topic the offer and chunks go to, and the devices listening there."""
+
+    base: str
+    devices: frozenset[str]
+    group: bool = False
+    pending: deque[int] = field(default_factory=deque)
+    queued: set[int] = field(default_factory=set)
+    sent_at: dict[int, float] = field(default_factory=dict)
+
+    def add(self, indices: Iterable[int], *, now: float, dedupe: bool, skip_sent: bool) -> int:
+        added = 0
+        for i in indices:
+            if i in self.queued:
+                continue
+            sent = self.sent_at.get(i)
+            if sent is not None and (skip_sent or (dedupe and now - sent < RESEND_AFTER_S)):
+                continue
+            self.pending.append(i)
+            self.queued.add(i)
+            added += 1
+        return added
+
+
+@dataclass(frozen=True)
+class _Offer:
+    payload: bytes
+    transfer: str
+    sha256: str
+    size: int
+    chunk_size: int
+    chunks: int
+    pipeline: str
+    path: Path
+    name: str
+    version: str
+
+
+class Pusher:
+    """Pushes model updates and rollback requests over one MQTT connection.
+
+    Args:
+        client: A started `edgeinfer.mqtt.client.MqttClient` (``announce=False``); it
+            reconnects by itself, and the pusher re-offers after every reconnect.
+        prefix: The devices' first topic level (``mqtt.prefix``).
+        discover_s: How long a group's retained birth messages are collected.
+
+    Attributes:
+        members: The group members found by the last push or rollback (empty for devices).
+        skipped: Members the last push did not reach because its canary failed.
+        timed_out: Targets of the last push or rollback without a final (or, without ``wait``,
+            a post-``receiving``) status when the time ran out.
+    """
+
+    def __init__(self, client: MqttClient, prefix: str, *, discover_s: float = 1.5) -> None:
+        self.client = client
+        self.prefix = prefix
+        self.discover_s = discover_s
+        self.members: list[str] = []
+        self.skipped: list[str] = []
+        self.timed_out: list[str] = []
+        self._events: queue.Queue[tuple[Any, ...]] | None = None
+        self._unsubscribe: list[Callable[[], None]] = []
+        client.on_connect(self._reconnected)
+
+    # -- public -------------------------------------------------------------------------------
+    def push(self, model_path: str | Path, *, devices: list[str] | None, group: str | None,
+             pipeline: str, version: str, key: PrivateKey | None, name: str | None = None,
+             task: str | None = None, golden_path: str | Path | None = None,
+             tolerance: float = 1e-3, chunk_size: int = 262144, canary: int = 0,
+             wait: bool = True, timeout_s: float = 300.0, on_progress: ProgressFn | None = None,
+             on_status: StatusFn | None = None) -> dict[str, OtaStatus]:
+        """Offer ``model_path`` and send it until every target is done.
+
+        Args:
+            model_path: The ONNX or TFLite file.
+            devices: Target device ids (each by its own topics), or ``None`` with ``group``.
+            group: A fleet group (one offer and one set of chunks on the group's topics).
+            pipeline: The devices' pipeline whose model is replaced.
+            version: The manifest's version string.
+            key: The signing key; ``None`` sends an unsigned offer (only devices with
+                ``ota.allow_unsigned`` take it).
+            name: Model name (default: the file's stem).
+            task: The task the model is for; devices refuse it for a pipeline of another task.
+            golden_path: A golden ``.npz`` the devices check the model's outputs against.
+            tolerance: ``atol`` and ``rtol`` for the golden outputs.
+            chunk_size: Bytes per chunk, 64-512 KiB.
+            canary: With ``group``: push to this many members first (the first by id) and go
+                on to the group only when all of them committed.
+            wait: Wait for final states (``rejected``, ``committed``, ``rolled_back``); else
+                return once every target has received the whole file.
+            timeout_s: Give up waiting after this long (the whole push, canary included).
+            on_progress: ``(bytes, total)``: the bytes every target confirmed (the least of
+                them, from the devices' ``receiving`` statuses); called when it grows, and
+                from 0 again for the group after a canary.
+            on_status: Every status of this transfer from a target, as it arrives.
+
+        Returns:
+            The last status of every target, by device id. A target that never answered gets a
+            ``receiving`` status with ``message`` saying so; see `timed_out`.
+
+        Raises:
+            ConfigError: Bad options (no version, a chunk size out of range, a canary without a
+                group or not smaller than the group, an unreadable golden file).
+            ModelNotFoundError: No model file.
+            OtaError: The broker cannot be reached, or the group has no online member.
+        """
+        from .manifest import Golden, build_manifest, make_offer, transfer_id
+
+        self._check_targets(devices, group, canary)
+        if not version:
+            raise ConfigError("--version is required: the manifest needs a version string")
+        if not MIN_CHUNK <= chunk_size <= MAX_CHUNK:
+            raise ConfigError(f"chunk size {chunk_size} bytes is outside {MIN_CHUNK // 1024}-"
+                              f"{MAX_CHUNK // 1024} KiB")
+        if not tolerance > 0:
+            raise ConfigError(f"--tolerance {tolerance}: must be > 0")
+        golden_bytes = _read_golden(golden_path) if golden_path is not None else None
+        golden = None if golden_bytes is None else Golden(
+            sha256=hashlib.sha256(golden_bytes).hexdigest(), size=len(golden_bytes),
+            atol=tolerance, rtol=tolerance)
+        try:
+            manifest = build_manifest(model_path, pipeline=pipeline, version=version, name=name,
+                                      task=task, golden=golden,
+                                      key_id=key.key_id if key is not None else None)
+            payload = make_offer(manifest, key, chunk_size, golden_bytes)
+        except OtaRejected as exc:  # a field the manifest's rules refuse: an option's fault
+            raise ConfigError(str(exc)) from exc
+        except ValueError as exc:  # an offer over MAX_OFFER_BYTES (a large golden file)
+            raise ConfigError(str(exc)) from exc
+        offer = _Offer(payload, transfer_id(manifest.sha256), manifest.sha256, manifest.size,
+                       chunk_size, -(-manifest.size // chunk_size), pipeline, Path(model_path),
+                       manifest.name, manifest.version)
+        self.members, self.skipped, self.timed_out = [], [], []
+        deadline = time.monotonic() + timeout_s
+        start = time.time()
+        self._connect(deadline)
+        if group is not None:
+            self.members = self._discover(group)
+            if canary >= len(self.members):
+                raise ConfigError(f"--canary {canary} needs a group of more than {canary} online "
+                                  f"devices; {group} has {len(self.members)}")
+        with self._session(), offer.path.open("rb") as file:
+            run = _Run(self, offer, file, start, deadline, on_progress, on_status)
+            if group is None:
+                assert devices is not None
+                return run.transfer([_channel(self.prefix, device=d)
+                                     for d in dict.fromkeys(devices)], wait=wait)
+            if canary:
+                first = self.members[:canary]
+                statuses = run.transfer([_channel(self.prefix, device=d) for d in first],
+                                        wait=True)
+                if any(s.state != "committed" for s in statuses.values()):
+                    self.skipped = self.members[canary:]
+                    return statuses
+                rest = self.members[canary:]
+            else:
+                statuses, rest = {}, self.members
+            base = base_topic(self.prefix, group=group)
+            statuses.update(run.transfer([_Channel(base, frozenset(rest), group=True)],
+                                         wait=wait))
+            return statuses
+
+    def rollback(self, *, devices: list[str] | None, group: str | None, pipeline: str,
+                 key: PrivateKey | None, wait: bool = True, timeout_s: float = 300.0,
+                 on_status: StatusFn | None = None) -> dict[str, OtaStatus]:
+        """Ask the targets to go back to their previous model for ``pipeline``.
+
+        Returns:
+            With ``wait``: each target's ``rolled_back`` or ``rejected`` status (a target that
+            did not answer in time is in `timed_out`, with its last status if it had one).
+            Without: ``{}`` once the broker took the request.
+
+        Raises:
+            ConfigError: Bad targets.
+            OtaError: The broker cannot be reached, or the group has no online member.
+        """
+        from .manifest import make_rollback
+
+        self._check_targets(devices, group, 0)
+        self.members, self.skipped, self.timed_out = [], [], []
+        deadline = time.monotonic() + timeout_s
+        start = time.time()
+        self._connect(deadline)
+        targets = list(devices or [])
+        if group is not None:
+            self.members = targets = self._discover(group)
+        bases = [base_topic(self.prefix, group=group)] if group is not None else [
+            base_topic(self.prefix, device=d) for d in targets]
+        try:
+            payload = make_rollback(pipeline, key)
+        except ValueError as exc:
+            raise ConfigError(f"--pipeline: {exc}") from exc
+        with self._session() as events:
+            self._watch_statuses(targets, group is not None, events)
+            acked = threading.Semaphore(0)
+            sent_at = time.monotonic()
+            for base in bases:
+                while not self.client.publish(rollback_topic(base), payload, qos=1,
+                                              on_ack=acked.release):
+                    if time.monotonic() > deadline:
+                        raise OtaError("lost the MQTT broker before the rollback request went out")
+                    time.sleep(0.1)
+            if not wait:
+                for _ in bases:
+                    acked.acquire(timeout=max(0.1, min(10.0, deadline - time.monotonic())))
+                return {}
+            return self._collect_rollback(targets, pipeline, start, sent_at, deadline, events,
+                                          on_status)
+
+    # -- helpers ------------------------------------------------------------------------------
+    @staticmethod
+    def _check_targets(devices: list[str] | None, group: str | None, canary: int) -> None:
+        if (not devices) == (group is None):
+            raise ConfigError("name the target: one or more --device, or --group")
+        if canary < 0:
+            raise ConfigError(f"--canary {canary}: must be >= 0")
+        if canary and group is None:
+            raise ConfigError("--canary needs --group (it picks devices of the group)")
+        try:
+            for d in devices or ():
+                base_topic("x", device=d)
+            if group is not None:
+                base_topic("x", group=group)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+
+    def _connect(self, deadline: float) -> None:
+        wait_s = max(0.0, min(CONNECT_TIMEOUT_S, deadline - time.monotonic()))
+        if not self.client.wait_connected(wait_s):
+            why = self.client.last_error or self.client.state
+            raise OtaError(f"cannot reach the MQTT broker {self.client.config.host}:"
+                           f"{self.client.config.resolved_port()} ({why})")
+
+    def _discover(self, group: str) -> list[str]:
+        """Online devices whose retained birth message lists ``group``."""
+        births: dict[str, Any] = {}
+        lock = threading.Lock()
+        cut = len(self.prefix) + 1
+
+        def on_birth(msg: Message) -> None:
+            try:
+                data = json.loads(msg.payload)
+            except ValueError:
+                return
+            with lock:
+                births[msg.topic[cut:].split("/", 1)[0]] = data
+
+        unsubscribe = self.client.subscribe(f"{self.prefix}/+/status", 1, on_birth)
+        try:
+            time.sleep(self.discover_s)
+        finally:
+            unsubscribe()
+        with lock:
+            members = sorted(d for d, b in births.items() if isinstance(b, dict)
+                             and b.get("state") == "online"
+                             and group in (b.get("groups") or ()))
+        if not members:
+            raise OtaError(f"no online device announces group {group}")
+        logger.info("group %s: %d online members: %s", group, len(members), ", ".join(members))
+        return members
+
+    def _session(self) -> _Session:
+        return _Session(self)
+
+    def _reconnected(self) -> None:
+        events = self._events
+        if events is not None:
+            events.put(("connect",))
+
+    def _watch_statuses(self, devices: Iterable[str], wildcard: bool,
+                        events: queue.Queue[tuple[Any, ...]]) -> None:
+        """Subscribe to the targets' status topics; the subscriptions end with the session."""
+        cut = len(self.prefix) + 1
+
+        def on_status(msg: Message) -> None:
+            try:
+                status = OtaStatus.decode(msg.payload)
+            except (msgspec.ValidationError, msgspec.DecodeError):
+                logger.debug("ignored a malformed OTA status on %s", msg.topic)
+                return
+            device = msg.topic[cut:].split("/", 1)[0]
+            events.put(("status", device, status, msg.retain, time.monotonic()))
+
+        topics = [f"{self.prefix}/+/ota/status"] if wildcard else [
+            status_topic(self.prefix, d) for d in devices]
+        self._unsubscribe += [self.client.subscribe(t, 1, on_status) for t in topics]
+
+    def _collect_rollback(self, targets: list[str], pipeline: str, start: float, sent_at: float,
+                          deadline: float, events: queue.Queue[tuple[Any, ...]],
+                          on_status: StatusFn | None) -> dict[str, OtaStatus]:
+        done: dict[str, OtaStatus] = {}
+        last: dict[str, OtaStatus] = {}
+        wanted = set(targets)
+        while len(done) < len(wanted):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                event = events.get(timeout=min(left, 0.5))
+            except queue.Empty:
+                continue
+            if event[0] != "status":
+                continue
+            _, device, status, retained, arrived = event
+            if device not in wanted or device in done:
+                continue
+            last[device] = status
+            fresh = status.ts >= start - CLOCK_SLACK_S or (not retained and arrived >= sent_at)
+            if (fresh and status.state in ("rolled_back", "rejected")
+                    and status.pipeline in (None, pipeline)):
+                done[device] = status
+                if on_status is not None:
+                    on_status(status)
+        self.timed_out = sorted(wanted - set(done))
+        return {**{d: last[d] for d in self.timed_out if d in last}, **done}
+
+
+class _Session:
+    """The pusher's event queue and status subscriptions for one push or rollback."""
+
+    def __init__(self, pusher: Pusher) -> None:
+        self._pusher = pusher
+
+    def __enter__(self) -> queue.Queue[tuple[Any, ...]]:
+        events: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self._pusher._events = events
+        return events
+
+    def __exit__(self, *exc: object) -> None:
+        unsubscribe, self._pusher._unsubscribe = self._pusher._unsubscribe, []
+        for fn in unsubscribe:
+            fn()
+        self._pusher._events = None
+
+
+def _channel(prefix: str, *, device: str) -> _Channel:
+    return _Channel(base_topic(prefix, device=device), frozenset({device}))
+
+
+def _read_golden(path: str | Path) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"--golden {path}: {exc.strerror or exc}") from exc
+
+
+class _Run:
+    """The transfer loop of one push: offers, chunks with flow control, resends, statuses.
+
+    Everything runs in the calling thread; MQTT callbacks only queue events.
+    """
+
+    def __init__(self, pusher: Pusher, offer: _Offer, file: IO[bytes], start: float,
+                 deadline: float, on_progress: ProgressFn | None,
+                 on_status: StatusFn | None) -> None:
+        self.pusher = pusher
+        self.client = pusher.client
+        self.offer = offer
+        self.file = file
+        self.start = start
+        self.deadline = deadline
+        self.on_progress = on_progress
+        self.on_status = on_status
+        assert pusher._events is not None
+        self.events = pusher._events
+        self.subscribed: set[str] = set()
+        self.wildcard = False
+        self.unacked = 0
+        self.last_ack = time.monotonic()
+        self.reported = -1
+
+    def transfer(self, channels: list[_Channel], *, wait: bool) -> dict[str, OtaStatus]:
+        """Offer on every channel and run until every device is done or the deadline."""
+        targets = {d for ch in channels for d in ch.devices}
+        self._subscribe(channels)
+        statuses: dict[str, OtaStatus] = {}
+        seen: set[str] = set()  # devices whose first answer to the offer arrived
+        resync: set[str] = set()  # devices not heard from since the broker came back
+        by_device = {d: ch for ch in channels for d in ch.devices}
+        offered_at = self._offer(channels)
+        self.reported = -1
+        want = (lambda s: s.final) if wait else (lambda s: s.state in PAST_RECEIVING)
+        while not (len(statuses) == len(targets) and all(want(s) for s in statuses.values())):
+            now = time.monotonic()
+            if now >= self.deadline:
+                break
+            self._check_acks()
+            self._pump(channels, statuses)
+            try:
+                event = self.events.get(timeout=min(0.2, self.deadline - now))
+            except queue.Empty:
+                continue
+            kind = event[0]
+            if kind == "ack":
+                self.unacked = max(0, self.unacked - 1)
+                self.last_ack = time.monotonic()
+            elif kind == "connect":
+                logger.info("reconnected to the MQTT broker; offering %s again",
+                            self.offer.transfer)
+                self._offer(channels)
+                resync = set(targets)
+                self.last_ack = time.monotonic()
+            elif kind == "status":
+                _, device, status, retained, arrived = event
+                if device not in targets or not self._ours(status, retained, arrived, offered_at):
+                    continue
+                previous = statuses.get(device)
+                if previous is not None and previous.final:
+                    continue  # its outcome is known; a late echo does not change it
+                statuses[device] = status
+                if self.on_status is not None:
+                    self.on_status(status)
+                if status.state == "receiving":
+                    self._missing(by_device[device], status, first=device not in seen,
+                                  resync=device in resync, previous=previous)
+                    seen.add(device)
+                resync.discard(device)
+                self._progress(statuses, targets)
+        return self._finish(targets, statuses, wait)
+
+    # -- steps --------------------------------------------------------------------------------
+    def _subscribe(self, channels: list[_Channel]) -> None:
+        if any(ch.group for ch in channels) and not self.wildcard:
+            self.wildcard = True
+            self.pusher._watch_statuses((), True, self.events)
+        elif not self.wildcard:
+            new = {d for ch in channels for d in ch.devices} - self.subscribed
+            self.subscribed |= new
+            self.pusher._watch_statuses(sorted(new), False, self.events)
+
+    def _offer(self, channels: list[_Channel]) -> float:
+        """Publish the offer on every channel; returns when it began (answers come after)."""
+        began = time.monotonic()
+        for ch in channels:
+            if not self.client.publish(offer_topic(ch.base), self.offer.payload, qos=1):
+                logger.debug("offer on %s waits for the broker", ch.base)  # see "connect"
+        return began
+
+    def _ours(self, status: OtaStatus, retained: bool, arrived: float, offered_at: float) -> bool:
+        """Is this status about this transfer, and newer than the push?"""
+        o = self.offer
+        if status.transfer is not None and status.transfer != o.transfer:
+            return False
+        if status.sha256 is not None and status.sha256 != o.sha256:
+            return False
+        if status.transfer is None and status.sha256 is None and retained:
+            return False
+        if status.pipeline is not None and status.pipeline != o.pipeline:
+            return False
+        # A retained status from an earlier push of the same file is not an answer to this
+        # one; a live one after our offer is, whatever the device's clock says (a Pi without
+        # an RTC may not have the time yet).
+        return status.ts >= self.start - CLOCK_SLACK_S or (not retained and arrived >= offered_at)
+
+    def _missing(self, ch: _Channel, status: OtaStatus, *, first: bool, resync: bool,
+                 previous: OtaStatus | None) -> None:
+        """Queue the chunks a ``receiving`` status lists as missing.
+
+        A device's first answer gets every chunk it lists (on a group topic: those not already
+        sent to the group). After a reconnect, the next status gets what it lists at once.
+        Otherwise a status counts once the first pass is out and the device reports no
+        progress since its previous status (its 2-s stall report: a progress report while
+        chunks are still on their way over a slow link would list those too), and gets what
+        was not sent in the last 2 s.
+        """
+        missing = expand_ranges(status.missing, self.offer.chunks)
+        now = time.monotonic()
+        if first:
+            ch.add(missing, now=now, dedupe=False, skip_sent=ch.group)
+            return
+        if not resync and (ch.pending or previous is None or previous.state != "receiving"
+                           or status.received > previous.received):
+            return
+        added = ch.add(missing, now=now, dedupe=True, skip_sent=False)
+        if added:
+            logger.info("%s misses %d chunks of %s; sending them again", status.device, added,
+                        self.offer.transfer)
+
+    def _pump(self, channels: list[_Channel], statuses: dict[str, OtaStatus]) -> None:
+        """Publish pending chunks, round robin over channels, keeping few unacknowledged."""
+        o = self.offer
+        while self.unacked < MAX_UNACKED:
+            busy = [ch for ch in channels if ch.pending and not all(
+                d in statuses and statuses[d].state in PAST_RECEIVING for d in ch.devices)]
+            if not busy:
+                return
+            for ch in busy:
+                if self.unacked >= MAX_UNACKED:
+                    return
+                index = ch.pending[0]
+                self.file.seek(index * o.chunk_size)
+                data = self.file.read(o.chunk_size)
+                if not self.client.publish(chunk_topic(ch.base, o.transfer, index), data, qos=1,
+                                           on_ack=functools.partial(self.events.put, ("ack",))):
+                    return  # not connected: the reconnect event resumes
+                ch.pending.popleft()
+                ch.queued.discard(index)
+                ch.sent_at[index] = time.monotonic()
+                self.unacked += 1
+
+    def _check_acks(self) -> None:
+        if (self.unacked and self.client.connected
+                and time.monotonic() - self.last_ack > STUCK_ACKS_S):
+            logger.debug("%d chunks unacknowledged for %.0f s; not waiting for them",
+                         self.unacked, STUCK_ACKS_S)
+            self.unacked = 0
+
+    def _progress(self, statuses: dict[str, OtaStatus], targets: set[str]) -> None:
+        """Report the bytes every target still receiving has confirmed (the least of them),
+        from the devices' ``receiving`` statuses: what the broker took may still be queued
+        for a slow device."""
+        if self.on_progress is None:
+            return
+        o = self.offer
+        confirmed = [o.size]
+        for d in targets:
+            s = statuses.get(d)
+            if s is None:
+                confirmed.append(0)
+            elif s.state == "receiving":
+                confirmed.append(min(o.size, s.received * o.chunk_size))
+        done = min(confirmed)
+        if done > self.reported:
+            self.reported = done
+            self.on_progress(done, o.size)
+
+    def _finish(self, targets: set[str], statuses: dict[str, OtaStatus],
+                wait: bool) -> dict[str, OtaStatus]:
+        o = self.offer
+        for d in sorted(targets - set(statuses)):
+            statuses[d] = OtaStatus(device=d, state="receiving", transfer=o.transfer,
+                                    pipeline=o.pipeline, name=o.name, version=o.version,
+                                    sha256=o.sha256, chunks=o.chunks,
+                                    message="no answer from the device")
+        late = sorted(d for d, s in statuses.items()
+                      if not (s.final if wait else s.state in PAST_RECEIVING))
+        self.pusher.timed_out = sorted(set(self.pusher.timed_out) | set(late))
+        return dict(sorted(statuses.items()))
