@@ -24,6 +24,12 @@ VERBS = {
     "models": ("edgeinfer.cli.model_cmds:cmd_models", "list or pull the example models"),
     "validate-config": ("edgeinfer.cli.config_cmds:cmd_validate", "check a config file"),
     "watch": ("edgeinfer.cli.watch_cmd:cmd_watch", "print devices' results and status from MQTT"),
+    "bench": ("edgeinfer.cli.bench_cmd:cmd_bench", "measure a model's latency, throughput and memory"),
+    "quantize": ("edgeinfer.cli.quantize_cmd:cmd_quantize",
+                 "INT8-quantize an ONNX model with calibration data, with an accuracy report"),
+    "keygen": ("edgeinfer.cli.ota_cmds:cmd_keygen", "make an Ed25519 key pair for signing models"),
+    "push-model": ("edgeinfer.cli.ota_cmds:cmd_push_model",
+                   "push a signed model to devices over MQTT (or roll one back)"),
 }
 
 EXIT_INTERNAL = 70
@@ -98,6 +104,113 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true",
                    help="one JSON object per message: topic, device, kind, retained, payload")
     p.add_argument("--count", type=int, metavar="N", help="exit after N results")
+
+    p = sub.add_parser("bench", help=VERBS["bench"][1],
+                       description="Warm up, then time N runs of MODEL per provider and thread "
+                       "count: latency p50/p90/p99, throughput, load time, peak resident memory.")
+    p.add_argument("model", help="ONNX or TFLite file, or an example model name (see `models`)")
+    p.add_argument("--providers", default="auto",
+                   help="auto (the provider auto picks), all (every working one), or a "
+                   "comma-separated list; each is measured on its own")
+    p.add_argument("--threads", default=None, metavar="N[,N...]",
+                   help="thread counts to measure, e.g. 1,2,4 (default: the runtime's choice)")
+    p.add_argument("--runs", type=int, default=50, metavar="N", help="timed runs (default 50)")
+    p.add_argument("--warmup", type=int, default=5, metavar="N", help="untimed runs first")
+    p.add_argument("--input-shape", action="append", default=[], metavar="NAME=D1,D2,...",
+                   help="fix a dynamic input shape, e.g. images=1,3,320,320 (repeatable)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--plot", metavar="OUT.png", help="draw a latency histogram per run")
+
+    p = sub.add_parser("quantize", help=VERBS["quantize"][1],
+                       description="Static INT8 quantization (QDQ, per-channel weights) of an ONNX "
+                       "model, calibrated on data preprocessed exactly as the pipeline does; "
+                       "dynamic quantization for recurrent models. Writes OUT, a model card "
+                       "OUT.card.json with an accuracy report against the float model, and "
+                       "prints the report.")
+    p.add_argument("input", metavar="IN", help="float ONNX model (file or example model name)")
+    p.add_argument("output", metavar="OUT", help="where the INT8 model goes")
+    p.add_argument("--calibration", metavar="DIR|VIDEO|NPZ",
+                   help="images directory, video file, or .npz of ready input tensors "
+                   "(required for static quantization)")
+    p.add_argument("-c", "--config", metavar="PIPELINE.yaml",
+                   help="take preprocessing (and the task, for the accuracy report) from this "
+                   "config's pipeline")
+    p.add_argument("--pipeline", help="the pipeline of --config to use (default: the only one)")
+    p.add_argument("--mode", choices=("auto", "static", "dynamic"), default="auto",
+                   help="auto: dynamic for recurrent models, static otherwise")
+    p.add_argument("--target", choices=("auto", "x86_64", "aarch64"), default="auto",
+                   help="quantization layout for this CPU: x86_64 U8S8, aarch64 S8S8 "
+                   "(default: this machine's)")
+    p.add_argument("--method", choices=("minmax", "entropy", "percentile"), default="minmax",
+                   help="calibration method (default: %(default)s)")
+    p.add_argument("--no-per-channel", dest="per_channel", action="store_false",
+                   help="one scale per weight tensor instead of per output channel")
+    p.add_argument("--exclude-nodes", default="", metavar="NAME[,NAME...]",
+                   help="nodes to keep in float, by name")
+    p.add_argument("--exclude-types", default="", metavar="OP[,OP...]",
+                   help="operator types to keep in float, e.g. Sigmoid")
+    p.add_argument("--exclude-first-conv", action="store_true",
+                   help="keep the first convolution in float")
+    p.add_argument("--exclude-head", action="store_true",
+                   help="keep the detection head (the nodes after the last convolutions) in float")
+    p.add_argument("--samples", type=int, default=100, metavar="N",
+                   help="calibration samples to use at most (default: %(default)s)")
+    p.add_argument("--held-out", metavar="DIR|VIDEO|NPZ",
+                   help="inputs for the accuracy report (default: samples left out of "
+                   "--calibration)")
+    p.add_argument("--force", action="store_true", help="overwrite OUT")
+    p.add_argument("--json", action="store_true", help="print the model card as JSON")
+
+    p = sub.add_parser("keygen", help=VERBS["keygen"][1],
+                       description="Write OUT (the private key, PEM, mode 0600) and OUT.pub (the "
+                       "public key, one line: ed25519:<base64> <key id>) for devices' "
+                       "ota.trusted_keys.")
+    p.add_argument("out", metavar="OUT", help="private key file to write")
+    p.add_argument("--force", action="store_true", help="overwrite existing files")
+
+    p = sub.add_parser("push-model", help=VERBS["push-model"][1],
+                       description="Sign MODEL's manifest and send it in chunks over MQTT to a "
+                       "device or a group, resending what a device reports missing; with "
+                       "--wait, print each device's final status. --rollback asks the devices "
+                       "to go back to their previous model.")
+    p.add_argument("model", nargs="?", metavar="MODEL", help="ONNX or TFLite file to push")
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--device", action="append", metavar="ID",
+                        help="target device id (repeatable)")
+    target.add_argument("--group", metavar="NAME", help="target every device of this group")
+    p.add_argument("--pipeline", required=True, help="the pipeline whose model is replaced")
+    p.add_argument("--version", dest="model_version", help="version string for the manifest "
+                   "(required unless --rollback)")
+    p.add_argument("--name", help="model name (default: the file name's stem)")
+    p.add_argument("--task", help="the task the model is for (classify, detect, vad, raw); "
+                   "devices refuse it for a pipeline running another task")
+    p.add_argument("--golden", metavar="NPZ",
+                   help="golden inputs (and expected outputs as out:<name>) the devices check")
+    p.add_argument("--tolerance", type=float, default=1e-3,
+                   help="absolute tolerance for golden outputs (default: %(default)s)")
+    p.add_argument("--key", help="private key from `edgeinfer keygen` (omit only for devices "
+                   "with ota.allow_unsigned)")
+    p.add_argument("--rollback", action="store_true",
+                   help="ask the devices to return to their previous model")
+    p.add_argument("--canary", type=int, default=0, metavar="N",
+                   help="with --group: push to N devices first, go on only when they commit")
+    p.add_argument("--wait", action="store_true",
+                   help="wait for each device's final status and print a table")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="S",
+                   help="give up waiting after S seconds (default: %(default)s)")
+    p.add_argument("--chunk-kb", type=int, default=256, metavar="KB",
+                   help="chunk size, 64-512 KiB (default: %(default)s)")
+    p.add_argument("-c", "--config", help="YAML config whose mqtt: section names the broker")
+    p.add_argument("--broker", metavar="HOST[:PORT]", help="broker (default: the config's, or "
+                   "127.0.0.1:1883)")
+    p.add_argument("--prefix", help="first topic level (default: the config's, or edgeinfer)")
+    p.add_argument("--username", help="broker user name")
+    p.add_argument("--password", help="broker password (or EDGEINFER_MQTT_PASSWORD)")
+    p.add_argument("--tls", action="store_true", help="connect with TLS")
+    p.add_argument("--ca", metavar="FILE", help="CA certificate for TLS")
+    p.add_argument("--cert", metavar="FILE", help="client certificate for TLS")
+    p.add_argument("--cert-key", metavar="FILE", help="client certificate's key for TLS")
+    p.add_argument("--json", action="store_true", help="final statuses as JSON")
     return parser
 
 
