@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import shutil
 import signal
 import threading
 import time
@@ -46,6 +47,7 @@ logger = logging.getLogger(__name__)
 RESEND_AFTER_S = 2.0  # no chunk for this long while some are missing: say which again
 PROGRESS_EVERY_S = 0.5  # status updates while chunks arrive, at most this often
 CRASH_ENV = "EDGEINFER_OTA_CRASH_AT"
+FREE_MARGIN = 16 * 1024 * 1024  # what an update leaves free on the state filesystem, at least
 
 
 def crash_point(name: str) -> None:
@@ -257,9 +259,15 @@ class OtaAgent:
                 logger.info("ota: transfer %s replaced by %s", active.id, offer.transfer.id)
                 active.remove()
                 self._active = None
-            staged = StagedTransfer.create(self.store.staging_dir(offer.transfer.id),
-                                           message.payload, offer, manifest, group)
-            staged.remember_group()
+            try:
+                staged = StagedTransfer.create(self.store.staging_dir(offer.transfer.id),
+                                               message.payload, offer, manifest, group)
+                staged.remember_group()
+            except OSError as exc:
+                self.store.clear_staging(offer.transfer.id)
+                self.publish("rejected", manifest=manifest, transfer=offer.transfer.id,
+                             group=group, reason="storage", message=f"cannot stage it: {exc}")
+                return
             if staged.complete:
                 self._queue_apply(staged)
             else:
@@ -279,6 +287,10 @@ class OtaAgent:
         if manifest.size > self.max_model_mb * 1024 * 1024:
             raise OtaRejected("oversize", f"the model has {manifest.size / 2**20:.1f} MiB; this "
                               f"device takes at most {self.max_model_mb:g} MiB (ota.max_model_mb)")
+        free = shutil.disk_usage(self.store.root).free
+        if free < 2 * manifest.size + FREE_MARGIN:  # the staged file, then its copy in the store
+            raise OtaRejected("storage", f"{free / 2**20:.0f} MiB free in {self.store.root}; the "
+                              f"update needs {2 * manifest.size / 2**20:.0f} MiB and a margin")
 
     def _reject_offer(self, payload: bytes, exc: OtaRejected, group: str | None) -> None:
         import json
@@ -309,6 +321,12 @@ class OtaAgent:
             except OtaRejected as exc:
                 self.counters["bad_chunks"] += 1
                 logger.warning("ota: chunk dropped: %s", exc)
+                return
+            except OSError as exc:  # a full or failing disk: the transfer cannot finish
+                self._active = None
+                staged.remove()
+                self.publish("rejected", staged=staged, reason="storage",
+                             message=f"cannot write chunk {index}: {exc}")
                 return
             self.counters["chunks"] += 1
             if staged.complete:

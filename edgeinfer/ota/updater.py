@@ -53,6 +53,10 @@ class Updater:
             staged.remove()
             agent.publish("rejected", staged=staged, reason=exc.reason, message=str(exc))
             return
+        except OSError as exc:  # the store cannot take it (disk full, read-only)
+            staged.remove()
+            agent.publish("rejected", staged=staged, reason="storage", message=str(exc))
+            return
         staged.remove()
         logger.info("ota: %s %s verified; swapping it into pipeline %s", m.name, m.version,
                     m.pipeline)

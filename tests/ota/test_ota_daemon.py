@@ -333,3 +333,36 @@ def test_fleet_push_with_canary_and_wait_through_the_cli(rig: Rig, models: dict[
     assert back.returncode == 0, back
     assert "rolled_back" in back.stdout
     assert b.result(where=lambda r: r["model"]["sha256"] == _sha(models["v1"]))
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """An 8 MiB tmpfs: a state directory that is nearly full for an update."""
+    import subprocess
+
+    mount = tmp_path / "small"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        if os.environ.get("CI"):
+            raise RuntimeError(f"cannot mount a tmpfs: {done.stderr}")
+        pytest.skip(f"cannot mount a tmpfs (not root?): {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_an_update_the_disk_cannot_hold_is_refused_at_the_offer(
+        rig: Rig, models: dict[str, Path], small_disk: Path) -> None:
+    dev = rig.device(models["v1"])
+    config = json.loads(dev.config.read_text())
+    config["runtime"]["state_dir"] = str(small_disk / "state")
+    dev.config.write_text(json.dumps(config))
+    dev.start().wait_running()
+    rig.offer(models["v2"], version="2.0.0", base=_base(dev))
+    status = dev.status()
+    assert status["state"] == "rejected" and status["reason"] == "storage", status
+    assert "MiB free" in status["message"]
+    assert dev.result()["model"]["sha256"] == _sha(models["v1"])
