@@ -366,3 +366,77 @@ def test_an_update_the_disk_cannot_hold_is_refused_at_the_offer(
     assert status["state"] == "rejected" and status["reason"] == "storage", status
     assert "MiB free" in status["message"]
     assert dev.result()["model"]["sha256"] == _sha(models["v1"])
+
+
+@pytest.fixture(scope="module")
+def yolo_int8(yolo_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """YOLOv8n-320 quantized by edgeinfer itself, calibrated on real photographs."""
+    import cv2
+
+    from edgeinfer import samples
+    from edgeinfer.config.pipeline import DetectTask, PreprocessConfig
+    from edgeinfer.quantize import quantize_model
+
+    d = tmp_path_factory.mktemp("yolo-int8")
+    photos = d / "photos"
+    photos.mkdir()
+    for p in samples.sample_images():
+        img = cv2.imread(str(p))
+        cv2.imwrite(str(photos / f"{p.stem}.png"), img)
+        cv2.imwrite(str(photos / f"{p.stem}-mirror.png"), img[:, ::-1])
+    task = DetectTask(decoder="yolov8", preprocess=PreprocessConfig(size=[320, 320]))
+    card = quantize_model(yolo_path, d / "yolo-int8.onnx", photos, config=task,
+                          method="minmax", samples=12)
+    return Path(card.path)
+
+
+@pytest.mark.slow
+def test_real_models_float_to_int8_with_golden_and_wrong_task(
+        rig: Rig, yolo_path: Path, yolo_int8: Path, blazeface_path: Path, tmp_path: Path
+        ) -> None:
+    import numpy as np
+
+    import edgeinfer
+    from edgeinfer import samples
+
+    video = samples.demo_video(tmp_path / "clip.avi", frames=30, fps=10)
+    task = {"type": "detect", "decoder": "yolov8",
+            "preprocess": {"size": [320, 320], "scale": 0.00392157}}
+    dev = rig.device(yolo_path, task=task, ota={"health": {"min_inferences": 5, "window_s": 30}})
+    config = json.loads(dev.config.read_text())
+    config["pipelines"][0]["source"] = {"type": "video", "uri": str(video), "fps": 10,
+                                        "loop": True}
+    dev.config.write_text(json.dumps(config))
+    dev.start().wait_running()
+    base = _base(dev)
+
+    # A copy whose weights were damaged before signing: its golden outputs (from the good
+    # model) do not match, so it never runs.
+    x = np.random.default_rng(0).random((1, 3, 320, 320), dtype=np.float32)
+    with edgeinfer.load_model(yolo_path, input_shapes={"images": [1, 3, 320, 320]}) as m:
+        expected = m.run({"images": x})["output0"]
+    golden = tmp_path / "golden.npz"
+    np.savez(golden, images=x, **{"out:output0": expected})
+    damaged = tmp_path / "yolo-damaged.onnx"
+    data = bytearray(yolo_path.read_bytes())
+    for i in range(len(data) // 2, len(data) // 2 + 4096):
+        data[i] ^= 0x01  # low bits: the weights change, nothing becomes NaN
+    damaged.write_bytes(bytes(data))
+    push = ["push-model", "--device", dev.id, "--pipeline", "cls", "--key", str(rig.private),
+            "--wait", "--timeout", "120", "--json"]
+    done = rig.cli(*push, str(damaged), "--version", "bad", "--golden", str(golden))
+    assert done.stdout, done
+    status = json.loads(done.stdout)["devices"][0]
+    assert done.returncode != 0 and status["reason"] == "golden_mismatch", (done, dev.tail())
+
+    # BlazeFace (TFLite) is a fine model, but not one this pipeline's YOLOv8 decoder can read.
+    done = rig.cli(*push, str(blazeface_path), "--version", "face")
+    status = json.loads(done.stdout)["devices"][0]
+    assert status["reason"] == "undecodable", (done, dev.tail())
+
+    # The INT8 version of the running model: verified, swapped in, committed.
+    done = rig.cli(*push, str(yolo_int8), "--version", "2.0.0-int8")
+    status = json.loads(done.stdout)["devices"][0]
+    assert done.returncode == 0 and status["state"] == "committed", (done, dev.tail())
+    after = dev.result(where=lambda r: r["model"]["version"] == "2.0.0-int8")
+    assert after["model"]["sha256"] == _sha(yolo_int8)
