@@ -408,7 +408,6 @@ def test_real_models_float_to_int8_with_golden_and_wrong_task(
                                         "loop": True}
     dev.config.write_text(json.dumps(config))
     dev.start().wait_running()
-    base = _base(dev)
 
     # A copy whose weights were damaged before signing: its golden outputs (from the good
     # model) do not match, so it never runs.
