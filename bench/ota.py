@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _report import machine_facts, write_section  # noqa: E402
+from _report import machine_facts, write_section
 
 
 class Watcher:
