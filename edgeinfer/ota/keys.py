@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
+from ._durable import write_atomic, write_new
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -149,12 +150,12 @@ def generate_keypair(out: str | os.PathLike[str], *, force: bool = False) -> tup
     pub_text = (key.public.line() + "\n").encode("ascii")
     try:
         if force:
-            _write_replace(priv_path, key.pem(), 0o600)
-            _write_replace(pub_path, pub_text, 0o644)
+            write_atomic(priv_path, key.pem(), 0o600)
+            write_atomic(pub_path, pub_text, 0o644)
         else:
-            _write_new(priv_path, key.pem(), 0o600)
+            write_new(priv_path, key.pem(), 0o600)
             try:
-                _write_new(pub_path, pub_text, 0o644)
+                write_new(pub_path, pub_text, 0o644)
             except BaseException:
                 priv_path.unlink(missing_ok=True)
                 raise
@@ -163,47 +164,6 @@ def generate_keypair(out: str | os.PathLike[str], *, force: bool = False) -> tup
     except OSError as exc:
         raise ConfigError(f"cannot write key file {exc.filename or priv_path}: {exc.strerror}") from exc
     return priv_path, pub_path, key.key_id
-
-
-def _write_new(path: Path, data: bytes, mode: int) -> None:
-    """Create ``path`` exclusively with ``mode``; a failed write leaves no file behind."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    try:
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-        except BaseException:
-            path.unlink(missing_ok=True)
-            raise
-    finally:
-        _fsync_dir(path.parent)
-
-
-def _write_replace(path: Path, data: bytes, mode: int) -> None:
-    """Write a temporary file created with ``mode``, fsync it, rename it over ``path``."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), mode)  # O_CREAT's mode is masked by umask, and tmp may be old
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def load_private_key(path: str | os.PathLike[str]) -> PrivateKey:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import OtaRejected
+from ._durable import fsync_dir, remove_path, write_atomic
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -71,13 +72,13 @@ class StagedTransfer:
                           offer.transfer.chunks)
         if have is None:
             for child in folder.iterdir():
-                _remove(child)
-            _write_atomic(folder / DATA, b"")
+                remove_path(child)
+            write_atomic(folder / DATA, b"")
             os.truncate(folder / DATA, manifest.size)
             have = bytearray(offer.transfer.chunks)
-            _write_atomic(folder / HAVE, bytes(have))
-        _write_atomic(folder / OFFER, payload)
-        _fsync_dir(folder)
+            write_atomic(folder / HAVE, bytes(have))
+        write_atomic(folder / OFFER, payload)
+        fsync_dir(folder)
         return cls(folder, payload, offer, manifest, group, have)
 
     @classmethod
@@ -111,7 +112,7 @@ class StagedTransfer:
     def remember_group(self) -> None:
         """Keep the group a transfer came through, for its status after a restart."""
         if self.group:
-            _write_atomic(self.folder / "group", self.group.encode())
+            write_atomic(self.folder / "group", self.group.encode())
 
     # -- chunks ------------------------------------------------------------------------------
     @property
@@ -165,7 +166,7 @@ class StagedTransfer:
         if not self._dirty or self._fd is None:
             return
         os.fsync(self._fd)
-        _write_atomic(self.folder / HAVE, bytes(self._have))
+        write_atomic(self.folder / HAVE, bytes(self._have))
         self._dirty = False
 
     def close(self) -> None:
@@ -205,29 +206,3 @@ def _resumable(folder: Path, sha256: str, size: int, chunk_size: int,
             or len(have) != chunks or data_size != size or any(b > 1 for b in have)):
         return None
     return have
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)

@@ -31,6 +31,7 @@ from typing import Any
 import msgspec
 
 from ..errors import OtaRejected
+from ._durable import fsync_dir, remove_path, write_atomic
 from .manifest import decode_manifest
 
 __all__ = ["ModelStore", "StoreEntry"]
@@ -63,35 +64,12 @@ class StoreEntry:
 
 
 # -- durable file operations -------------------------------------------------------------------
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    """``path`` holds ``data`` or its old content, never a mix, even across a power cut."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
 def _switch_link(link: Path, target: Path | None) -> None:
     """Point ``link`` at ``target`` with a relative symlink renamed over it (None: remove it)."""
     if target is None:
         if os.path.lexists(link):
             os.unlink(link)
-            _fsync_dir(link.parent)
+            fsync_dir(link.parent)
         return
     rel = os.path.relpath(target, link.parent)
     tmp = link.with_name(link.name + ".tmp")
@@ -99,14 +77,7 @@ def _switch_link(link: Path, target: Path | None) -> None:
         os.unlink(tmp)
     os.symlink(rel, tmp)
     os.replace(tmp, link)
-    _fsync_dir(link.parent)
-
-
-def _remove_tree_or_file(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
+    fsync_dir(link.parent)
 
 
 class ModelStore:
@@ -162,7 +133,7 @@ class ModelStore:
             self._write_meta(folder, m.sha256, manifest_text, signature)
             if tmp is not None:
                 os.replace(tmp, dest)
-                _fsync_dir(folder)
+                fsync_dir(folder)
         finally:
             if tmp is not None:
                 tmp.unlink(missing_ok=True)
@@ -176,10 +147,10 @@ class ModelStore:
     def _write_meta(folder: Path, sha256: str, manifest_text: bytes, signature: str | None) -> None:
         meta = folder / f"{sha256}.manifest.json"
         if not meta.exists() or meta.read_bytes() != manifest_text:
-            _atomic_write(meta, manifest_text)
+            write_atomic(meta, manifest_text)
         sig = folder / f"{sha256}.sig"
         if signature is not None and (not sig.exists() or sig.read_bytes() != signature.encode()):
-            _atomic_write(sig, signature.encode("ascii"))
+            write_atomic(sig, signature.encode("ascii"))
 
     @staticmethod
     def _copy_checked(src: Path, dest: Path, size: int, sha256: str) -> Path:
@@ -315,7 +286,7 @@ class ModelStore:
             raise ValueError(f"{entry.path} is not a model in the store {self.root}")
         old = self._target(folder / "current")
         old_previous = self._target(folder / "previous")
-        _atomic_write(folder / _PENDING, msgspec.json.encode({
+        write_atomic(folder / _PENDING, msgspec.json.encode({
             "new": self._rel(new),
             "old": self._rel(old) if old is not None else None,
             "old_previous": self._rel(old_previous) if old_previous is not None else None,
@@ -335,7 +306,7 @@ class ModelStore:
         if pend is None:
             return
         (folder / _PENDING).unlink(missing_ok=True)
-        _fsync_dir(folder)
+        fsync_dir(folder)
         logger.info("store: pipeline %s committed %s", pipeline, pend.get("new"))
         names = {p.parent.name for key in ("new", "old")
                  if (p := self._object(pend.get(key))) is not None}
@@ -364,7 +335,7 @@ class ModelStore:
         _switch_link(folder / "current", old)
         _switch_link(folder / "previous", old_previous)
         (folder / _PENDING).unlink(missing_ok=True)
-        _fsync_dir(folder)
+        fsync_dir(folder)
         logger.info("store: pipeline %s rolled back from %s to %s", pipeline, pend.get("new"),
                     self._rel(old) if old is not None else "its configured model")
         return self._entry(old) if old is not None else None
@@ -404,7 +375,7 @@ class ModelStore:
         """
         for tmp in sorted(self.root.rglob("*.tmp"), key=lambda p: len(p.parts), reverse=True):
             logger.info("store: removing leftover %s", tmp)
-            _remove_tree_or_file(tmp)
+            remove_path(tmp)
         rolled: dict[str, StoreEntry | None] = {}
         for folder in self._pipeline_dirs():
             if (folder / _PENDING).exists():
@@ -457,7 +428,7 @@ class ModelStore:
                     path.unlink()
                     removed.append(path)
         if removed:
-            _fsync_dir(folder)
+            fsync_dir(folder)
             logger.info("store: pruned %d old object(s) of %s", len(models) - self.keep, name)
         return removed
 
@@ -478,4 +449,4 @@ class ModelStore:
             shutil.rmtree(self.staging / transfer, ignore_errors=True)
             return
         for path in self.staging.iterdir():
-            _remove_tree_or_file(path)
+            remove_path(path)

@@ -24,46 +24,9 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.packettypes import PacketTypes
 
 from edgeinfer import samples
+from edgeinfer.testing.peer import Peer
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-class Peer:
-    """A paho MQTT 5 client collecting messages per topic."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.messages: dict[str, queue.Queue[Any]] = {}
-        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2,
-                                  client_id=f"peer-{uuid.uuid4().hex[:8]}", protocol=mqtt.MQTTv5)
-        self.client.on_message = self._on_message
-        self.client.connect(host, port)
-        self.client.loop_start()
-
-    def _on_message(self, client: Any, userdata: Any, msg: Any) -> None:
-        self.messages.setdefault(msg.topic, queue.Queue()).put(msg)
-
-    def subscribe(self, topic: str) -> None:
-        done: queue.Queue[bool] = queue.Queue()
-        self.client.on_subscribe = lambda *a: done.put(True)
-        self.client.subscribe(topic, qos=1)
-        done.get(timeout=10)
-
-    def next(self, topic: str, timeout: float = 20.0, where: Any = None) -> Any:
-        q = self.messages.setdefault(topic, queue.Queue())
-        deadline = time.monotonic() + timeout
-        while True:
-            msg = q.get(timeout=max(0.01, deadline - time.monotonic()))
-            if where is None or where(msg):
-                return msg
-
-    def request(self, topic: str, body: Any, reply: str, **kw: Any) -> dict[str, Any]:
-        payload = body if isinstance(body, (bytes, str)) else json.dumps(body)
-        self.client.publish(topic, payload, qos=1, **kw)
-        return json.loads(self.next(reply).payload)
-
-    def close(self) -> None:
-        self.client.loop_stop()
-        self.client.disconnect()
 
 
 @pytest.fixture

@@ -8,69 +8,20 @@ from __future__ import annotations
 import json
 import math
 import os
-import queue
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-import paho.mqtt.client as mqtt
 
 from edgeinfer.ota import manifest as mf
+from edgeinfer.testing.peer import Peer
 from edgeinfer.ota.keys import PrivateKey, load_private_key
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "edgeinfer"
-
-
-class Peer:
-    """A paho client collecting every message per topic (retained ones included)."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.messages: dict[str, queue.Queue[Any]] = {}
-        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2,
-                                  client_id=f"peer-{uuid.uuid4().hex[:8]}", protocol=mqtt.MQTTv5)
-        self.client.on_message = self._on_message
-        self.client.connect(host, port)
-        self.client.loop_start()
-
-    def _on_message(self, client: Any, userdata: Any, msg: Any) -> None:
-        self.messages.setdefault(msg.topic, queue.Queue()).put(msg)
-
-    def subscribe(self, topic: str) -> None:
-        done: queue.Queue[bool] = queue.Queue()
-        self.client.on_subscribe = lambda *a: done.put(True)
-        self.client.subscribe(topic, qos=1)
-        done.get(timeout=10)
-
-    def publish(self, topic: str, payload: bytes | str, qos: int = 1) -> None:
-        self.client.publish(topic, payload, qos=qos).wait_for_publish(10)
-
-    def next(self, topic: str, timeout: float = 30.0,
-             where: Callable[[Any], bool] | None = None) -> Any:
-        q = self.messages.setdefault(topic, queue.Queue())
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                msg = q.get(timeout=max(0.01, deadline - time.monotonic()))
-            except queue.Empty:
-                raise AssertionError(f"nothing matching on {topic} within {timeout} s") from None
-            if where is None or where(msg):
-                return msg
-
-    def drain(self, topic: str) -> list[Any]:
-        q = self.messages.setdefault(topic, queue.Queue())
-        out = []
-        while not q.empty():
-            out.append(q.get_nowait())
-        return out
-
-    def close(self) -> None:
-        self.client.loop_stop()
-        self.client.disconnect()
 
 
 class Device:
