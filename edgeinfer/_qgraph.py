@@ -1,0 +1,160 @@
+"""The graph side of quantization: onnxruntime's pre-processing, node names, and which nodes
+and operator types stay in float (first convolution, detection head, output writers)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .errors import ConfigError, ModelError
+
+if TYPE_CHECKING:
+    import onnx
+
+__all__ = ["exclusions", "first_conv", "graph_op_types", "head_nodes", "name_nodes", "op_types",
+           "output_nodes", "prepare"]
+
+logger = logging.getLogger(__name__)
+
+_CWD_LOCK = threading.Lock()  # the working directory is the process's: one change at a time
+
+
+# --- graph ------------------------------------------------------------------------------------
+
+def prepare(src: Path, work: Path) -> tuple[Path, str]:
+    """onnxruntime's pre-processing (shape inference, graph optimization); without symbolic
+    shape inference when that fails (it does on YOLOv8n-320), the model as it is when both do."""
+    from onnxruntime.quantization import quant_pre_process
+
+    out = work / "prepared.onnx"
+    attempts: tuple[tuple[str, dict[str, Any]], ...] = (("symbolic shape inference + optimization", {}),
+                ("ONNX shape inference + optimization (symbolic shape inference failed)",
+                 {"skip_symbolic_shape": True}))
+    for note, kwargs in attempts:
+        try:
+            # A failed symbolic shape inference dumps sym_shape_infer_temp.onnx (and its weights)
+            # into the current directory: let that be the work folder, removed afterwards.
+            with _CWD_LOCK, contextlib.chdir(work):
+                quant_pre_process(str(src.resolve()), str(out), **kwargs)
+            return out, note
+        except Exception as exc:  # onnxruntime raises bare Exceptions here
+            logger.info("quantization pre-processing (%s) failed: %s", note, exc)
+    return src, "none (pre-processing failed; the model as it is)"
+
+
+def name_nodes(path: Path) -> onnx.ModelProto:
+    """The model with every node named (exclusion and onnxruntime's quantizer go by names)."""
+    import onnx
+
+    proto = onnx.load(str(path))
+    seen = {n.name for n in proto.graph.node if n.name}
+    for i, node in enumerate(proto.graph.node):
+        if not node.name:
+            name = f"{node.op_type}_{i}"
+            while name in seen:
+                name += "_"
+            node.name = name
+            seen.add(name)
+    return proto
+
+
+def graph_op_types(graph: onnx.GraphProto) -> set[str]:
+    """Operator types of ``graph`` and its subgraphs."""
+    ops: set[str] = set()
+    for node in graph.node:
+        ops.add(node.op_type)
+        for attr in node.attribute:
+            for g in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                ops |= graph_op_types(g)
+    return ops
+
+
+def first_conv(proto: onnx.ModelProto) -> str | None:
+    """The first ``Conv`` in topological order (ONNX graphs are stored sorted)."""
+    return next((n.name for n in proto.graph.node if n.op_type == "Conv"), None)
+
+
+def head_nodes(proto: onnx.ModelProto) -> list[str]:
+    """The nodes after the last feature convolution: those from which no ``Conv`` with more
+    than one output channel can be reached.
+
+    Why this rule: what follows a backbone's last convolutions is decoding arithmetic (YOLOv8's
+    Concat/Reshape/Split, the DFL softmax and its one-channel Conv, the box Sub/Add/Mul, the
+    class Sigmoid; a classifier's pooling/Gemm/Softmax). It mixes tensors of different ranges
+    (box pixels 0..320 next to scores 0..1 in one Concat), which one INT8 scale cannot hold. A
+    one-output-channel Conv (the DFL expectation) is a fixed weighted sum, not a feature layer,
+    so it belongs to the head too.
+    """
+    inits = {t.name: t for t in proto.graph.initializer}
+    consumers: dict[str, list[Any]] = {}
+    for node in proto.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+
+    def feature_conv(node: Any) -> bool:
+        w = inits.get(node.input[1]) if node.op_type == "Conv" and len(node.input) > 1 else None
+        return node.op_type == "Conv" and (w is None or not w.dims or w.dims[0] > 1)
+
+    feeds_conv: dict[str, bool] = {}
+    for node in reversed(proto.graph.node):  # consumers come later in topological order
+        feeds_conv[node.name] = any(
+            feature_conv(c) or feeds_conv.get(c.name, False)
+            for out in node.output for c in consumers.get(out, ()))
+    return [n.name for n in proto.graph.node if not feeds_conv[n.name] and not feature_conv(n)]
+
+
+_COMPUTE_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
+
+
+def output_nodes(proto: onnx.ModelProto) -> list[str]:
+    """Nodes that write a graph output and do no heavy compute: kept in float always.
+
+    Quantizing a model's output saves nothing (the caller wants floats) and can ruin it: YOLOv8
+    ends in a Concat of box pixels (0..320) and class scores (0..1), and one INT8 scale for both
+    rounds every score to 0 or 1.25. Left float, the Concat's inputs keep scales of their own.
+    """
+    outputs = {o.name for o in proto.graph.output}
+    return [n.name for n in proto.graph.node
+            if n.op_type not in _COMPUTE_OPS and outputs.intersection(n.output)]
+
+
+def exclusions(proto: onnx.ModelProto, src: Path, names: Iterable[str], first: bool,
+                head: bool, warnings: list[str]) -> list[str]:
+    import onnx
+
+    wanted = [n for n in names if n]
+    present = {n.name for n in proto.graph.node}
+    if wanted:
+        original = {n.name for n in onnx.load(str(src), load_external_data=False).graph.node}
+        unknown = [n for n in wanted if n not in original and n not in present]
+        if unknown:
+            raise ConfigError(f"exclude_nodes: no node named {', '.join(unknown)} in {src.name}")
+        gone = [n for n in wanted if n not in present]
+        if gone:
+            msg = f"exclude_nodes: {', '.join(gone)} fused away by pre-processing"
+            warnings.append(msg)
+            logger.warning("%s", msg)
+    excluded = [n for n in wanted if n in present]
+    if first:
+        conv = first_conv(proto)
+        if conv is None:
+            raise ConfigError(f"exclude_first_conv: {src.name} has no Conv")
+        excluded.append(conv)
+    if head:
+        excluded += head_nodes(proto)
+    return list(dict.fromkeys(excluded))
+
+
+def op_types(proto: onnx.ModelProto, allowed: Iterable[str], exclude: Iterable[str],
+              src: str, what: str, subgraphs: bool = False) -> list[str]:
+    """The graph's operator types onnxruntime can quantize, less those kept in float."""
+    present = graph_op_types(proto.graph) if subgraphs else {n.op_type for n in proto.graph.node}
+    ops = sorted((present & set(allowed)) - set(exclude))
+    if not ops:
+        raise ModelError(f"{src} has no operators that {what} INT8 quantization applies to "
+                         f"(its operators: {', '.join(sorted(present)) or 'none'})")
+    return ops
