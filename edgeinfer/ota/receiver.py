@@ -12,6 +12,7 @@ only once its bytes are on disk: after a crash, at worst some chunks are asked f
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -196,8 +197,6 @@ def _resumable(folder: Path, sha256: str, size: int, chunk_size: int,
         data_size = (folder / DATA).stat().st_size
     except (OSError, OtaRejected):
         return None
-    import json
-
     try:
         old_manifest = json.loads(old.manifest)
     except ValueError:
