@@ -73,8 +73,8 @@ class Pipeline:
         self.on_result = on_result
         self.stats = PipelineStats()
         self.error: BaseException | None = None
-        self._ref = ModelRef(model.name, model.version, model.sha256)
-        self._provider = model.provider
+        # What results name as their maker; one tuple, replaced whole at a swap.
+        self._made_by = (ModelRef(model.name, model.version, model.sha256), model.provider)
         self._prepared: DropOldestQueue = DropOldestQueue(queue_size, drop=source.live)
         self._inferred: DropOldestQueue = DropOldestQueue(queue_size, drop=False)
         self._threads: list[threading.Thread] = []
@@ -200,8 +200,7 @@ class Pipeline:
         with self._swap_lock:
             old = self.model
             self.model, self.task = model, task
-            self._ref = ModelRef(model.name, model.version, model.sha256)
-            self._provider = model.provider
+            self._made_by = (ModelRef(model.name, model.version, model.sha256), model.provider)
             self.model_ok = self.model_errors = 0
         return old
 
@@ -316,7 +315,7 @@ class Pipeline:
                 except Closed:
                     return
                 with self._swap_lock:
-                    model, task, ref = self.model, self.task, (self._ref, self._provider)
+                    model, task, ref = self.model, self.task, self._made_by
                 if prepared_by is not task:  # a swap came between: prepare it for the new model
                     try:
                         feeds, context = task.preprocess(frame)
@@ -418,11 +417,11 @@ class Pipeline:
     def snapshot(self) -> dict[str, Any]:
         """Stats of this pipeline for the stats topic and summaries."""
         data = self.stats.snapshot()
+        ref, provider = self._made_by
         data.update(
             pipeline=self.name,
-            model={"name": self._ref.name, "version": self._ref.version,
-                   "sha256": self._ref.sha256},
-            provider=self._provider,
+            model={"name": ref.name, "version": ref.version, "sha256": ref.sha256},
+            provider=provider,
             source=self.source.stats.to_dict(),
             queues={"prepared": len(self._prepared), "inferred": len(self._inferred)},
             state="failed" if self.error else ("done" if self._done.is_set() else

@@ -22,7 +22,6 @@ import json
 import os
 import sys
 import time
-import uuid
 from typing import IO, TYPE_CHECKING, Any
 
 import msgspec
@@ -136,23 +135,12 @@ def _key(args: argparse.Namespace) -> Any:
 def mqtt_config(args: argparse.Namespace) -> MqttConfig:
     """The broker connection from ``-c`` and the ``--broker``/``--prefix``/credential/TLS
     options (options win over the config's ``mqtt:`` section)."""
-    from ..config.mqtt import MqttConfig, TlsConfig
-    from ..config.pipeline import ReconnectConfig
+    from ..config.mqtt import TlsConfig
+    from ._broker import client_base
 
-    if args.config:
-        from ..config import load_config
-
-        loaded = load_config(args.config).mqtt
-        if loaded is None:
-            raise ConfigError(f"{args.config}: no mqtt: section; give --broker instead")
-        config = loaded
-    else:
-        config = MqttConfig(protocol="v3.1.1")  # also reaches the embedded broker (amqtt)
-    changes: dict[str, Any] = {
-        "client_id": f"edgeinfer-push-{os.getpid()}-{uuid.uuid4().hex[:6]}",
-        "reconnect": ReconnectConfig(initial_s=0.2, max_s=2.0),
-        "embedded": False,  # a pusher is a client of a device's broker, never one itself
-    }
+    config, changes = client_base(args.config, "push", instead="--broker", initial_s=0.2,
+                                  max_s=2.0)
+    changes["embedded"] = False  # a pusher is a client of a device's broker, never one itself
     if args.broker:
         changes.update(_broker(args.broker))
     if args.prefix:

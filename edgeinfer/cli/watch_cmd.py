@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import queue
 import sys
-import uuid
 from typing import Any
 
 import msgspec
 
 from ..config.mqtt import MqttConfig
-from ..config.pipeline import ReconnectConfig
 from ..errors import ConfigError
 
 __all__ = ["cmd_watch", "describe", "result_from_dict"]
@@ -84,20 +81,10 @@ def _say_state(client: Any, where: str) -> None:
 
 
 def _config(args: argparse.Namespace) -> MqttConfig:
-    if args.config:
-        from ..config import load_config
+    from ._broker import client_base
 
-        loaded = load_config(args.config).mqtt
-        if loaded is None:
-            raise ConfigError(f"{args.config}: no mqtt: section; give --host/--port instead")
-        config = loaded
-    else:
-        # 3.1.1 also reaches the embedded broker (amqtt); a subscriber needs nothing of MQTT 5.
-        config = MqttConfig(protocol="v3.1.1")
-    changes: dict[str, Any] = {
-        "client_id": f"edgeinfer-watch-{os.getpid()}-{uuid.uuid4().hex[:6]}",
-        "reconnect": ReconnectConfig(initial_s=0.5, max_s=5.0),
-    }
+    config, changes = client_base(args.config, "watch", instead="--host/--port",
+                                  initial_s=0.5, max_s=5.0)
     if args.host:
         changes["host"] = args.host
     if args.port is not None:

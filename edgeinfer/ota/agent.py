@@ -67,6 +67,7 @@ class OtaAgent:
     def __init__(self, daemon: Daemon, config: Config) -> None:
         from .keys import load_trusted_keys
         from .store import ModelStore
+        from .updater import Updater
 
         assert config.ota is not None and config.mqtt is not None
         self.daemon = daemon
@@ -91,6 +92,7 @@ class OtaAgent:
         self._seen_nonces: set[str] = set()
         self._interrupted: dict[str, Any] = {}
         self._last_status_at = 0.0
+        self.updater = Updater(self)
         if self.ota.allow_unsigned:
             logger.warning("ota.allow_unsigned is on: this device installs UNSIGNED models from "
                            "anyone who can publish to its topics; for development only")
@@ -122,10 +124,7 @@ class OtaAgent:
     def start(self, client: MqttClient) -> None:
         """Subscribe to this device's and its groups' OTA topics, report updates undone at
         boot, and resume staged transfers."""
-        from .updater import Updater
-
         self.client = client
-        self.updater = Updater(self)
         bases: list[tuple[str, str | None]] = [(base_topic(self.prefix, device=self.device),
                                                 None)]
         bases += [(base_topic(self.prefix, group=g), g) for g in self.ota.groups]

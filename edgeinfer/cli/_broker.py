@@ -1,0 +1,36 @@
+"""The broker a command-line client (``watch``, ``push-model``) connects to: the ``mqtt:``
+section of ``-c CONFIG``, else a plain MQTT 3.1.1 connection, with a client id of its own."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..config.mqtt import MqttConfig
+
+
+def client_base(config_path: str | None, verb: str, *, instead: str, initial_s: float,
+                max_s: float) -> tuple[MqttConfig, dict[str, Any]]:
+    """The config to start from and the changes every such client makes to it (its own
+    client id, its reconnect pace); ``instead`` names the options to use without a section."""
+    from ..config.mqtt import MqttConfig
+    from ..config.pipeline import ReconnectConfig
+
+    if config_path:
+        from ..config import load_config
+
+        loaded = load_config(config_path).mqtt
+        if loaded is None:
+            raise ConfigError(f"{config_path}: no mqtt: section; give {instead} instead")
+        config = loaded
+    else:
+        # 3.1.1 also reaches the embedded broker (amqtt); these clients need nothing of MQTT 5.
+        config = MqttConfig(protocol="v3.1.1")
+    return config, {
+        "client_id": f"edgeinfer-{verb}-{os.getpid()}-{uuid.uuid4().hex[:6]}",
+        "reconnect": ReconnectConfig(initial_s=initial_s, max_s=max_s),
+    }
