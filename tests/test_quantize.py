@@ -155,6 +155,9 @@ def test_target_picks_u8s8_or_s8s8(tiny: Path, calib_npz: Path, tmp_path: Path, 
     s = card.data["settings"]
     assert (s["target"], s["reduce_range"]) == (target, reduce)
     assert s["weight_type"] == "QInt8"
+    # the defaults: percentile calibration; MaxPool kept float on x86 (its uint8 kernel is slow)
+    assert s["method"] == "percentile"
+    assert s["float_types"] == (["MaxPool"] if target == "x86_64" else [])
 
 
 def test_per_channel_on_and_off(tiny: Path, calib_npz: Path, tmp_path: Path) -> None:
