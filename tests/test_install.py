@@ -1,15 +1,18 @@
 """scripts/install.sh against a temporary DESTDIR, and the unit it installs: `systemd-analyze
 verify` against that tree and `systemd-analyze security --offline=true` scored <= 2.5.
 
-The install is offline and quick: the venv sees this interpreter's site-packages
-(--system-site-packages) where the dependencies already are, and pip installs only edgeinfer
-itself (EDGEINFER_PIP_ARGS=--no-deps)."""
+The install is offline and quick: pip installs only edgeinfer itself (EDGEINFER_PIP_ARGS=--no-deps)
+and the venv finds the dependencies where this interpreter has them. With --system-site-packages
+that is enough when the tests run on the system's Python; when they run in a virtual environment
+(the README's way), a new venv's "system" is the base interpreter, which lacks them, so
+`with_deps_of_this_python` makes the venv first and adds this interpreter's site-packages to it."""
 
 from __future__ import annotations
 
 import os
 import re
 import shutil
+import site
 import stat
 import subprocess
 import sys
@@ -24,6 +27,20 @@ PREFIX = "/opt/edgeinfer"
 
 needs_analyze = pytest.mark.skipif(shutil.which("systemd-analyze") is None,
                                    reason="systemd-analyze is not installed")
+
+
+def with_deps_of_this_python(destdir: Path, prefix: str = PREFIX) -> None:
+    """Make the venv install.sh will reuse, seeing this interpreter's packages after its own."""
+    if sys.prefix == sys.base_prefix:
+        return  # the system's Python: --system-site-packages already shows its packages
+    venv = destdir / prefix.strip("/") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=180)
+    purelib = subprocess.run([str(venv / "bin/python"), "-c",
+                              "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    # Plain directory lines: appended to sys.path after the venv's own site-packages, so the
+    # edgeinfer installed there wins, and this venv's editable edgeinfer (a .pth hook) is not seen.
+    (Path(purelib) / "_edgeinfer_test_deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
 
 
 def install(destdir: Path, *args: str, check: bool = True, **env: str) -> subprocess.CompletedProcess[str]:
@@ -41,6 +58,7 @@ def install(destdir: Path, *args: str, check: bool = True, **env: str) -> subpro
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     dest = tmp_path_factory.mktemp("destdir")
+    with_deps_of_this_python(dest)
     install(dest, "--prefix", PREFIX, "--no-enable", "--system-site-packages")
     return dest
 
@@ -142,6 +160,7 @@ def test_unit_security_exposure_is_at_most_2_5(installed: Path) -> None:
 
 
 def test_prefix_is_substituted_in_exec_start_only(tmp_path: Path) -> None:
+    with_deps_of_this_python(tmp_path, "/srv/ei/")
     install(tmp_path, "--prefix", "/srv/ei/", "--no-enable", "--system-site-packages")
     unit = (tmp_path / "etc/systemd/system/edgeinfer.service").read_text()
     assert "\nExecStart=/srv/ei/venv/bin/edgeinfer run -c /etc/edgeinfer/config.yaml\n" in unit
@@ -178,8 +197,8 @@ def test_raspberry_pi_gets_system_site_packages_and_the_pi_config(tmp_path: Path
     model.write_bytes(b"Raspberry Pi 4 Model B Rev 1.5\0")
     dest = tmp_path / "root"
     dest.mkdir()
-    # No --system-site-packages here: the Pi turns it on (and without it this offline install
-    # could not see the dependencies, so `edgeinfer --help` passing shows it is on).
+    # No --system-site-packages here: the Pi turns it on.
+    with_deps_of_this_python(dest)
     install(dest, "--no-enable", EDGEINFER_INSTALL_MODEL_FILE=str(model))
     cfg = (dest / "opt/edgeinfer/venv/pyvenv.cfg").read_text()
     assert "include-system-site-packages = true" in cfg
