@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
+from .commands import CommandsConfig
 from .pipeline import ReconnectConfig
 
 __all__ = ["HomeAssistantConfig", "MqttConfig", "OutboxConfig", "TlsConfig"]
@@ -92,7 +93,8 @@ class MqttConfig(_Struct):
         reconnect: Backoff while the broker is unreachable (with jitter; never gives up).
         stats_interval_s: How often ``<prefix>/<device>/stats`` is published.
         outbox: The durable outbox.
-        commands: Answer commands on ``<prefix>/<device>/cmd/<verb>``.
+        commands: Answer commands on ``<prefix>/<device>/cmd/<verb>``: ``true``, ``false``, or
+            a policy (`CommandsConfig`: allowed and signed verbs).
         max_command_bytes: Larger command payloads are refused.
         homeassistant: Home Assistant discovery.
     """
@@ -111,7 +113,7 @@ class MqttConfig(_Struct):
         default_factory=lambda: ReconnectConfig(initial_s=1.0, max_s=60.0))
     stats_interval_s: Annotated[float, Meta(gt=0)] = 30.0
     outbox: OutboxConfig = msgspec.field(default_factory=OutboxConfig)
-    commands: bool = True
+    commands: bool | CommandsConfig = True
     max_command_bytes: Annotated[int, Meta(ge=64)] = 65536
     homeassistant: HomeAssistantConfig = msgspec.field(default_factory=HomeAssistantConfig)
 

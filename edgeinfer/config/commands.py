@@ -1,0 +1,53 @@
+"""Typed config of ``mqtt.commands``: which command verbs a device answers, which of them must
+be signed, and the arguments of the commands that take more than a pipeline name. Field names
+are a contract (``docs/mqtt.md#commands``)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
+
+__all__ = ["VERBS", "CommandsConfig", "SnapshotArgs", "Verb"]
+
+Verb = Literal["status", "pause", "resume", "reload", "snapshot", "set"]
+VERBS: tuple[str, ...] = ("status", "pause", "resume", "reload", "snapshot", "set")
+
+
+class _Struct(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    pass
+
+
+class CommandsConfig(_Struct):
+    """The command policy of a device (``mqtt.commands: {...}``; ``true`` is all defaults,
+    ``false`` answers no command).
+
+    Attributes:
+        allow: Verbs the device answers; any other gets an error reply and is not run.
+        signed: Verbs (also in ``allow``) that run only when signed with a key of
+            ``ota.trusted_keys``, for this device and verb, within ``max_age_s``, with a
+            nonce never used before (remembered in the state directory across restarts).
+        max_age_s: A signed command created longer ago than this is refused.
+    """
+
+    allow: list[Verb] = msgspec.field(default_factory=lambda: list(VERBS))  # type: ignore[arg-type]
+    signed: list[Verb] = []
+    max_age_s: Annotated[float, Meta(ge=1, le=86400)] = 300.0
+
+    def __post_init__(self) -> None:
+        loose = [v for v in self.signed if v not in self.allow]
+        if loose:
+            raise ValueError(f"signed verbs must also be in allow: {', '.join(loose)}")
+
+
+class SnapshotArgs(_Struct):
+    """The arguments of the ``snapshot`` command.
+
+    Attributes:
+        pipeline: Which pipeline (may be left out when the daemon runs one).
+        quality: JPEG quality.
+    """
+
+    pipeline: str | None = None
+    quality: Annotated[int, Meta(ge=1, le=100)] = 85
