@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .errors import *  # noqa: F403  (the error tree is part of the public API and light)
+from .errors import *
 from .errors import __all__ as _error_names
 
 __version__ = "0.1.0"

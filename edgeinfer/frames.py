@@ -16,7 +16,7 @@ import numpy as np
 FrameKind = Literal["image", "audio", "series"]
 
 
-class DropFrame(Exception):  # noqa: N818 (control flow, not an error)
+class DropFrame(Exception):
     """Raised by a stage to drop the current frame without an error (counted in stats)."""
 
 

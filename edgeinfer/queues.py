@@ -8,7 +8,7 @@ from collections import deque
 from typing import Any
 
 
-class Closed(Exception):  # noqa: N818 (a signal, like StopIteration)
+class Closed(Exception):
     """The queue is closed (and, for ``get``, empty)."""
 
 

@@ -42,7 +42,7 @@ def apply_tuning(pipeline: Pipeline, changes: dict[str, Any]) -> dict[str, Any]:
     if "min_interval_s" in changes:
         emit_changes["min_interval_s"] = changes["min_interval_s"]
     new_emit = _validated(emit, emit_changes) if emit_changes else emit
-    limiter = pipeline._limiter  # noqa: SLF001 (tuning is the pipeline's own helper)
+    limiter = pipeline._limiter
     if "max_fps" in changes:
         fps = changes["max_fps"]
         if fps is not None and (not isinstance(fps, (int, float)) or isinstance(fps, bool)
@@ -54,15 +54,15 @@ def apply_tuning(pipeline: Pipeline, changes: dict[str, Any]) -> dict[str, Any]:
         pipeline.task.config = new_task_cfg
     if emit_changes:
         pipeline.emit = new_emit
-        pipeline._policy = Emission(new_emit)  # noqa: SLF001
-    pipeline._limiter = limiter  # noqa: SLF001
+        pipeline._policy = Emission(new_emit)
+    pipeline._limiter = limiter
     return current_settings(pipeline)
 
 
 def current_settings(pipeline: Pipeline) -> dict[str, Any]:
     cfg = pipeline.task.config
     out = {f: getattr(cfg, f) for f in sorted(TASK_FIELDS) if cfg is not None and hasattr(cfg, f)}
-    limiter = pipeline._limiter  # noqa: SLF001
+    limiter = pipeline._limiter
     out["max_fps"] = round(1.0 / limiter.interval, 3) if limiter and limiter.interval else None
     out["emit_mode"] = pipeline.emit.mode
     out["min_interval_s"] = pipeline.emit.min_interval_s

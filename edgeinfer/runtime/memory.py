@@ -85,7 +85,7 @@ def heap_in_use_mb() -> float | None:
     if _mallinfo2 is None:
         return None
     info = _mallinfo2()  # type: ignore[operator]
-    return (info.uordblks + info.hblkhd) / (1024.0 * 1024.0)
+    return float(info.uordblks + info.hblkhd) / (1024.0 * 1024.0)
 
 
 class MemoryMeter:

@@ -224,7 +224,7 @@ def _create(ort: Any, spec: SessionSpec, cand: Candidate, report: LoadReport) ->
         if tmp is not None:
             tmp.unlink(missing_ok=True)
         raise _convert_load_error(exc, spec) from exc
-    if tmp is not None:
+    if tmp is not None and cache_path is not None:
         try:
             os.replace(tmp, cache_path)  # atomic: a reader sees the old entry or the whole new one
             report.cache = "miss"

@@ -170,7 +170,7 @@ class Backoff:
     def next_delay(self) -> float:
         c = self._config
         base = min(c.max_s, c.initial_s * (2 ** self.attempts))
-        return base * (1.0 + random.uniform(0.0, 0.2))
+        return float(base * (1.0 + random.uniform(0.0, 0.2)))
 
     def wait(self) -> bool:
         """Called after a failure: sleep the next delay and return ``True`` to try again, or

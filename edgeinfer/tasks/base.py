@@ -46,10 +46,10 @@ class Task(ABC):
         """Add the recurrent state to ``feeds`` (stateful tasks), in the inference thread."""
         return feeds
 
-    def update_state(self, outputs: Mapping[str, np.ndarray]) -> None:
+    def update_state(self, outputs: Mapping[str, np.ndarray]) -> None:  # noqa: B027 (optional hook)
         """Keep the recurrent state from ``outputs`` (stateful tasks), in the inference thread."""
 
-    def reset(self) -> None:
+    def reset(self) -> None:  # noqa: B027 (an optional hook: stateless tasks keep nothing)
         """Forget any state (a new stream, a swapped model)."""
 
     @abstractmethod

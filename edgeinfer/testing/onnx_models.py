@@ -265,7 +265,7 @@ def quantized_classifier(src: Path, path: Path, samples: int = 8) -> Path:
     rng = np.random.default_rng(1)
     batches = iter([{"image": rng.random(dims, dtype=np.float32)} for _ in range(samples)])
 
-    class Reader(CalibrationDataReader):
+    class Reader(CalibrationDataReader):  # type: ignore[misc]  # onnxruntime ships no types
         def get_next(self) -> dict[str, np.ndarray] | None:
             return next(batches, None)
 

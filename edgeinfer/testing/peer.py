@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
 
 __all__ = ["Peer"]
 
@@ -21,7 +22,7 @@ class Peer:
 
     def __init__(self, host: str, port: int) -> None:
         self.messages: dict[str, queue.Queue[Any]] = {}
-        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2,
+        self.client = mqtt.Client(CallbackAPIVersion.VERSION2,
                                   client_id=f"peer-{uuid.uuid4().hex[:8]}", protocol=mqtt.MQTTv5)
         self.client.on_message = self._on_message
         self.client.connect(host, port)

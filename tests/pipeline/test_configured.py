@@ -188,7 +188,7 @@ def test_tune_snapshot_pause_and_resume_a_running_pipeline(
         n = p.stats.emitted
         while p.stats.emitted < n + 3 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert p._last is not None and p._last[1].detections == ()  # noqa: SLF001
+        assert p._last is not None and p._last[1].detections == ()
 
         p.pause()
         time.sleep(0.3)
