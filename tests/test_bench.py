@@ -55,8 +55,10 @@ def check_row(row: dict[str, Any], runs: int = int(RUNS)) -> None:
     assert row["runs"] == runs and len(row["latencies"]) == runs
     assert 0 < lat["min"] <= lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["max"]
     assert lat["min"] <= lat["mean"] <= lat["max"]
-    # Throughput is timed over the whole loop, latency per call: close, not equal.
-    assert 1000 / lat["mean"] / 3 < row["throughput"] < 1000 / lat["mean"] * 1.5
+    # Throughput is timed over the whole loop, which holds every timed call: it can never beat
+    # one call per mean latency (a little slack for the clocks' rounding). No lower bound: a
+    # loaded machine stretches the loop, and timing is bench/'s business, not a test's.
+    assert 0 < row["throughput"] <= 1000 / lat["mean"] * 1.01
     assert row["peak_rss_mb"] > 0 and row["peak_rss_mb"] >= row["baseline_rss_mb"] > 0
     assert row["load_ms"] > 0
 

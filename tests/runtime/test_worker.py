@@ -300,7 +300,7 @@ def test_run_timeout_kills_the_worker(tmp_path: Path, make_worker: MakeWorker) -
     t0 = time.monotonic()
     with pytest.raises(WorkerCrashedError, match=rf"worker {pid} timed out after 0.5 s"):
         worker.run({"n": np.array(10**12, dtype=np.int64)})
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 30  # not the 10**12 iterations: the timeout ended it
     assert not worker.alive and not psutil.pid_exists(pid)
     worker.restart()
     assert worker.run({"n": np.array(3, dtype=np.int64)})["v"] == 3.0
