@@ -193,6 +193,36 @@ copy_pip_config() {
     fi
 }
 
+# The files a pip configuration names (constraint = ..., requirement = ..., from any config file
+# or PIP_* variable), and the files those name in turn (-c/-r lines), bind-mounted read-only at
+# the same paths inside: a configuration copied without them makes pip inside fail at its first
+# command ("Could not open requirements file").
+mount_pip_named_files() {
+    local py=${PYTHON:-python3} conf f
+    local -A seen=()
+    conf=$("$py" -m pip config list 2>/dev/null) || return 0
+    while IFS= read -r f; do
+        mount_requirements_file "$f" 0
+    done < <(sed -n "s/^[^=]*\.\(constraints\{0,1\}\|requirements\{0,1\}\|build-constraint\)='\(.*\)'$/\2/p" \
+                 <<<"$conf" | tr -s ' \t' '\n' | sed -n 's,^file://,,p; \,^/,p')
+}
+
+mount_requirements_file() {  # mount_requirements_file PATH DEPTH (uses seen from the caller)
+    local f=$1 depth=$2 line ref
+    [[ -f $f && -z ${seen[$f]:-} ]] || return 0
+    seen[$f]=1
+    ((depth < 8)) || die "pip configuration: -c/-r files nested deeper than 8 levels at $f"
+    log "pip configuration names $f: shared read-only inside"
+    bind_ro "$f" "$ROOT$f"
+    while IFS= read -r line; do
+        ref=$(sed -n 's/^[ \t]*\(-[cr]\|--constraint\|--requirement\)[ \t=]*\([^ \t#]*\).*/\2/p' <<<"$line")
+        [[ -n $ref ]] || continue
+        ref=${ref#file://}
+        [[ $ref == /* ]] || ref=$(dirname "$f")/$ref
+        mount_requirements_file "$ref" $((depth + 1))
+    done <"$f"
+}
+
 # Local folders the host's pip reads packages from (find-links, file:// indexes): these are
 # bind-mounted read-only at the same paths inside so pip there sees the same index. A local
 # PEP 503 index links to files beside it (ROOT/simple -> ../../files), so its parent is shared.
@@ -276,6 +306,7 @@ in_namespace() {
     bundle=$(ca_bundle)
     if [[ -n $bundle ]]; then cp -L "$bundle" "$ROOT/etc/ssl/certs/ca-certificates.crt"; fi
     copy_pip_config
+    mount_pip_named_files
     # Build artefacts (build/, *.egg-info) land in this copy, never in the host tree.
     snapshot_source "$ROOT/tmp/src"
 
