@@ -22,6 +22,8 @@ caught, with ``raise X from exc`` so the original stays in the chain::
     │   ├── BackendUnavailableError              onnxruntime / LiteRT not installed
     │   └── ProviderFallbackError                strict_providers and the runtime fell back
     ├── StateError                      exit 70  a closed model used, a resource misused
+    ├── AlreadyRunningError             exit 75  (EX_TEMPFAIL) another process holds the state dir
+    ├── StorageError                    exit 73  (EX_CANTCREAT) state (the outbox) cannot be created
     └── OtaError                        exit 65  a model update cannot be sent or applied
         └── OtaRejected                          a device refuses an update; ``.reason`` says why
 """
@@ -29,6 +31,7 @@ caught, with ``raise X from exc`` so the original stays in the chain::
 from __future__ import annotations
 
 __all__ = [
+    "AlreadyRunningError",
     "BackendUnavailableError",
     "ConfigError",
     "EdgeInferError",
@@ -47,6 +50,7 @@ __all__ = [
     "ProviderFallbackError",
     "SourceError",
     "StateError",
+    "StorageError",
     "UnsafeModelError",
     "WorkerCrashed",
     "WorkerCrashedError",
@@ -147,6 +151,20 @@ class StateError(EdgeInferError):
     """An object was used in a state that does not allow it (a closed model, a dead worker)."""
 
     exit_code = 70
+
+
+class AlreadyRunningError(EdgeInferError):
+    """Another edgeinfer process holds the state directory (or the outbox) this one would use;
+    the message names it (pid, host, command line)."""
+
+    exit_code = 75
+
+
+class StorageError(EdgeInferError):
+    """Durable state cannot be created or written (a full disk, a read-only or missing folder);
+    the message names the file."""
+
+    exit_code = 73
 
 
 class OtaError(EdgeInferError):

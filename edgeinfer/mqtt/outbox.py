@@ -1,6 +1,6 @@
 """The durable outbox: every result waits on disk (SQLite, WAL) until the broker acknowledged it.
 
-    outbox = Outbox(state_dir / "outbox.sqlite3", config.outbox)
+    outbox = Outbox(paths.outbox_path(state_dir, dev, host, port), config.outbox)
     outbox.put("door", 17, "edgeinfer/pi/door/result", payload, 1)   # from an emit thread
     for msg in outbox.take(100): ...                                 # the publisher
     outbox.ack(msg.id)                                               # after the PUBACK
@@ -18,6 +18,18 @@ breaks the ``kill -9`` guarantee, for little gain at ~10 us a put. Acks *are* ba
 Threads share one connection behind a lock: a connection per thread put ~10 % more through
 with three writers, but SQLite's busy handler then stalled single puts by up to 180 ms (20 ms
 with the lock).
+
+Ids come from SQLite (``AUTOINCREMENT``: increasing, never reused, even after the table was
+empty), so ``take`` can read ``WHERE id > cursor``. One process at a time: the outbox holds an
+exclusive ``flock`` on ``<file>.lock`` for its life, so no other process ever writes rows that
+this one would publish (a second one gets ``AlreadyRunningError`` naming the first). The file
+also records whom it is for (``owner``: device and broker); a file that belongs to another
+owner is moved aside, never published to this broker.
+
+A damaged file (not a database, truncated, a corrupt page, a folder in its place) is moved aside
+as ``<name>.damaged-<UTC time>``, the rows that can still be read are copied into a fresh file,
+and ``recovered`` says so (see ``edgeinfer.mqtt._salvage``). A file that cannot be created (a
+full disk, a read-only folder) raises ``StorageError`` naming it.
 
 Bounds: past ``max_messages`` or ``max_mb`` of payload the oldest results are dropped, so are
 results older than ``max_age_s``; a full disk drops the oldest (or, if that frees no room, the
@@ -37,15 +49,17 @@ from pathlib import Path
 from typing import Any, Literal, Self
 
 from ..config.mqtt import OutboxConfig
-from ..errors import StateError
+from ..errors import StateError, StorageError
+from ..statelock import StateLock
+from . import _salvage
 
 __all__ = ["Message", "Outbox"]
 
 logger = logging.getLogger(__name__)
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS messages (
-    id INTEGER PRIMARY KEY,
+_MESSAGES = """
+CREATE TABLE IF NOT EXISTS {name} (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
     pipeline TEXT NOT NULL,
     seq INTEGER NOT NULL,
     topic TEXT NOT NULL,
@@ -53,10 +67,15 @@ CREATE TABLE IF NOT EXISTS messages (
     qos INTEGER NOT NULL,
     created REAL NOT NULL
 );
-CREATE TABLE IF NOT EXISTS last_seq (pipeline TEXT PRIMARY KEY, seq INTEGER NOT NULL);
 """
-_INSERT = ("INSERT INTO messages (id, pipeline, seq, topic, payload, qos, created) "
-           "VALUES (?, ?, ?, ?, ?, ?, ?)")
+_SCHEMA = _MESSAGES.format(name="messages") + """
+CREATE TABLE IF NOT EXISTS last_seq (pipeline TEXT PRIMARY KEY, seq INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+_INSERT = ("INSERT INTO messages (pipeline, seq, topic, payload, qos, created) "
+           "VALUES (?, ?, ?, ?, ?, ?)")
+_COPY = ("INSERT INTO messages (id, pipeline, seq, topic, payload, qos, created) "
+         "VALUES (?, ?, ?, ?, ?, ?, ?)")
 _RETURNING = "RETURNING id, pipeline, seq, length(payload)"
 # Before this wall time (2020-01-01) the clock is not set yet (a board without an RTC before NTP):
 # such rows have no meaningful age and are never expired by age.
@@ -80,8 +99,12 @@ class Message:
     qos: int
 
 
-def _is_full(exc: sqlite3.OperationalError) -> bool:
-    return "full" in str(exc)
+def _is_full(exc: sqlite3.Error) -> bool:
+    return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "full" in str(exc)
+
+
+class _Foreign(Exception):
+    """The file records another owner (device and broker) than the one opening it."""
 
 
 class Outbox:
@@ -92,31 +115,37 @@ class Outbox:
         config: Bounds (``max_messages``, ``max_mb``, ``max_age_s``).
         synchronous: ``"NORMAL"`` (default: a power cut can lose the last seconds) or
             ``"FULL"`` (fsync per put). Either way a process crash loses nothing put.
+        owner: Whom the results are for (e.g. ``"pi-door@broker:1883"``); recorded in a new
+            file, and a file recording another owner is moved aside (``None``: not checked).
+
+    Raises:
+        AlreadyRunningError: another process has the file open.
+        StorageError: the file cannot be created or opened (full disk, permissions).
+
+    Attributes:
+        recovered: How a damaged (or foreign) file found at open was handled, else ``None``.
     """
 
     def __init__(self, path: str | Path, config: OutboxConfig | None = None, *,
-                 synchronous: Literal["NORMAL", "FULL"] = "NORMAL") -> None:
+                 synchronous: Literal["NORMAL", "FULL"] = "NORMAL",
+                 owner: str | None = None) -> None:
         self.path = Path(path)
         self.config = config or OutboxConfig()
+        self.owner = owner
+        self.recovered: _salvage.Salvage | None = None
         self._max_bytes = int(self.config.max_mb * 1024 * 1024)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._synchronous = synchronous
         self._lock = threading.Lock()
-        self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute(f"PRAGMA synchronous={synchronous}")
-        # Keep the WAL from staying large after a burst (it is reused, not shrunk, otherwise).
-        self._conn.execute("PRAGMA journal_size_limit=4194304")
-        self._conn.executescript(_SCHEMA)
-        depth, nbytes, top = self._conn.execute(
-            "SELECT count(*), coalesce(sum(length(payload)), 0), coalesce(max(id), 0) "
-            "FROM messages").fetchone()
+        self._flock = StateLock(f"{self.path}.lock", what=f"outbox {self.path}").acquire()
+        try:
+            self._conn = self._open()
+        except BaseException:
+            self._flock.release()
+            raise
+        depth, nbytes = self._conn.execute(
+            "SELECT count(*), coalesce(sum(length(payload)), 0) FROM messages").fetchone()
         self._depth: int = depth
         self._bytes: int = nbytes
-        # Ids are given here, increasing for the life of this object, rather than by SQLite's
-        # AUTOINCREMENT, whose bookkeeping row costs a second page write per put (21 -> 15 us).
-        # Starting again after the newest row left on disk is safe: nothing in memory (in-flight
-        # ids, acks on their way) outlives the object that gave them.
-        self._last_id: int = top
         self._cursor = 0  # highest id handed out by take(); rows above it are pending
         self._in_flight: set[int] = set()
         self._closed = False
@@ -126,6 +155,116 @@ class Outbox:
         self.acked = 0
         self.dropped: dict[str, int] = {"max_messages": 0, "max_mb": 0, "max_age": 0,
                                         "disk_full": 0}
+
+    # -- opening --------------------------------------------------------------------------------
+    def _open(self) -> sqlite3.Connection:
+        """Open (or create) the file; a damaged or foreign one is moved aside and replaced."""
+        try:
+            if self.path.is_dir():
+                raise _salvage.Damaged("a folder is in its place")
+            return self._connect()
+        except (sqlite3.DatabaseError, _salvage.Damaged, _Foreign) as exc:
+            if not isinstance(exc, _Foreign) and not _salvage.is_damage(exc):
+                raise self._storage_error(exc) from exc
+            return self._replace(exc)
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StorageError(f"cannot create the folder of the outbox {self.path}: "
+                               f"{exc.strerror or exc}") from exc
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")  # a bad header fails here (not a database)
+            problems = [r[0] for r in conn.execute("PRAGMA quick_check(3)")]
+            if problems != ["ok"]:
+                raise _salvage.Damaged("; ".join(problems))
+            conn.execute(f"PRAGMA synchronous={self._synchronous}")
+            # Keep the WAL from staying large after a burst (it is reused, not shrunk, otherwise).
+            conn.execute("PRAGMA journal_size_limit=4194304")
+            conn.executescript(_SCHEMA)
+            self._migrate(conn)
+            self._check_owner(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    @staticmethod
+    def _migrate(conn: sqlite3.Connection) -> None:
+        """Files from before SQLite gave the ids: the same rows in an AUTOINCREMENT table."""
+        (sql,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'messages'").fetchone()
+        if "AUTOINCREMENT" in sql.upper():
+            return
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute(_MESSAGES.format(name="messages_v2"))
+            conn.execute("INSERT INTO messages_v2 SELECT id, pipeline, seq, topic, payload, qos, "
+                         "created FROM messages ORDER BY id")
+            conn.execute("DROP TABLE messages")
+            conn.execute("ALTER TABLE messages_v2 RENAME TO messages")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def _check_owner(self, conn: sqlite3.Connection) -> None:
+        if self.owner is None:
+            return
+        row = conn.execute("SELECT value FROM meta WHERE key = 'owner'").fetchone()
+        if row is None:
+            conn.execute("INSERT INTO meta (key, value) VALUES ('owner', ?)", (self.owner,))
+        elif row[0] != self.owner:
+            raise _Foreign(f"it holds results for {row[0]}, not {self.owner}")
+
+    def _replace(self, exc: BaseException) -> sqlite3.Connection:
+        """Move the file aside, start a fresh one, copy into it what can be read."""
+        foreign = isinstance(exc, _Foreign)
+        reason = str(exc) or type(exc).__name__
+        try:
+            aside = _salvage.move_aside(self.path, "foreign" if foreign else "damaged")
+        except OSError as err:
+            raise StorageError(f"the outbox {self.path} is unusable ({reason}) and cannot be "
+                               f"moved aside: {err.strerror or err}") from err
+        try:
+            conn = self._connect()
+        except sqlite3.Error as err:
+            raise self._storage_error(err) from err
+        if foreign:  # kept for whoever it belongs to; nothing of it is published here
+            self.recovered = _salvage.Salvage(str(aside), reason, 0, False, time.time())
+            logger.warning("outbox %s: %s; moved it aside to %s and started an empty one",
+                           self.path, reason, aside)
+            return conn
+        salvaged, unreadable = self._copy_from(conn, aside)
+        self.recovered = _salvage.Salvage(str(aside), reason, salvaged, unreadable, time.time())
+        logger.warning("outbox %s was damaged (%s): moved it aside to %s and started a fresh "
+                       "one with the %d results that could be read%s", self.path, reason,
+                       aside, salvaged, " (some could not)" if unreadable else "")
+        return conn
+
+    @staticmethod
+    def _copy_from(conn: sqlite3.Connection, damaged: Path) -> tuple[int, bool]:
+        last_seq, batches, gaps = _salvage.read_rows(damaged)
+        n = 0
+        try:
+            conn.executemany("INSERT INTO last_seq (pipeline, seq) VALUES (?, ?) ON CONFLICT "
+                             "(pipeline) DO UPDATE SET seq = max(seq, excluded.seq)", last_seq)
+            for rows in batches:
+                conn.execute("BEGIN")
+                conn.executemany(_COPY, rows)
+                conn.execute("COMMIT")
+                n += len(rows)
+        except sqlite3.Error as exc:  # a full disk: what was copied stays, the rest is kept aside
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            logger.warning("outbox: copying from %s stopped: %s", damaged, exc)
+            return n, True
+        return n, gaps[0]
+
+    def _storage_error(self, exc: BaseException) -> StorageError:
+        why = "the disk is full" if isinstance(exc, sqlite3.Error) and _is_full(exc) else exc
+        return StorageError(f"cannot open the outbox {self.path}: {why}")
 
     # -- writing --------------------------------------------------------------------------------
     def put(self, pipeline: str, seq: int, topic: str, payload: bytes, qos: int = 1) -> None:
@@ -137,7 +276,7 @@ class Outbox:
         now = time.time()
         with self._lock:
             self._check_open()
-            row = (self._last_id + 1, pipeline, seq, topic, payload, qos, now)
+            row = (pipeline, seq, topic, payload, qos, now)
             try:
                 if now - self._last_expire >= _EXPIRE_EVERY_S:
                     self._expire(now)
@@ -154,7 +293,7 @@ class Outbox:
             self.puts += 1
 
     def _insert(self, row: tuple[Any, ...]) -> None:
-        size = len(row[4])
+        size = len(row[3])
         over_rows = self._depth + 1 - self.config.max_messages
         over_bytes = self._bytes + size - self._max_bytes
         if over_rows <= 0 and over_bytes <= 0:
@@ -164,14 +303,13 @@ class Outbox:
                 self._drop_oldest(over_rows, over_bytes,
                                   "max_messages" if over_rows > 0 else "max_mb")
                 self._conn.execute(_INSERT, row)
-        self._last_id += 1
         self._depth += 1
         self._bytes += size
 
     def _on_disk_full(self, row: tuple[Any, ...]) -> None:
         if not self._disk_full_at:
             logger.warning("outbox %s: the disk is full; dropping the oldest results", self.path)
-        self._disk_full_at = row[6]
+        self._disk_full_at = row[5]
         try:
             # Whole pages must be freed for a new row to fit, so drop a chunk, not one row.
             with self._transaction():
@@ -183,9 +321,8 @@ class Outbox:
             self._rollback()
             self.dropped["disk_full"] += 1  # not even that freed room: this result is lost
             return
-        self._last_id += 1
         self._depth += 1
-        self._bytes += len(row[4])
+        self._bytes += len(row[3])
 
     @contextmanager
     def _transaction(self) -> Iterator[None]:
@@ -351,7 +488,8 @@ class Outbox:
                 "oldest_age_s": round(time.time() - oldest, 3) if oldest is not None else 0.0,
                 "in_flight": len(self._in_flight), "put": self.puts, "acked": self.acked,
                 "dropped": sum(self.dropped.values()), "dropped_by": dict(self.dropped),
-                "disk_full": bool(self._disk_full_at),
+                "disk_full": bool(self._disk_full_at), "path": str(self.path),
+                "recovered": self.recovered.to_dict() if self.recovered else None,
             }
 
     def close(self) -> None:
@@ -365,6 +503,7 @@ class Outbox:
             except sqlite3.Error:
                 pass  # a full disk must not keep the file open; the WAL is replayed on open
             self._conn.close()
+            self._flock.release()
 
     def _check_open(self) -> None:
         if self._closed:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
 from ..errors import StateError
+from ..paths import outbox_path
 from .outbox import Outbox
 
 if TYPE_CHECKING:
@@ -253,7 +254,9 @@ class MqttPlumbing:
     Args:
         config: The ``mqtt:`` section.
         device_id: This device's topic level.
-        state_dir: Where the outbox lives unless ``config.outbox.path`` says otherwise.
+        state_dir: Where the outbox lives unless ``config.outbox.path`` says otherwise: one file
+            per device and broker (``edgeinfer.paths.outbox_path``), recording both, so results
+            meant for one broker are never published to another.
         birth: The client's retained birth message (see ``MqttClient``).
         client: An already built client (tests); default one made from ``config``.
         window: Results in flight at most.
@@ -263,9 +266,11 @@ class MqttPlumbing:
 
     def __init__(self, config: MqttConfig, device_id: str, state_dir: str | Path, *,
                  birth: Any = None, client: MqttClient | None = None, window: int = 256) -> None:
-        path = Path(config.outbox.path) if config.outbox.path else Path(state_dir) / "outbox.sqlite3"
+        self.broker = f"{config.host}:{config.resolved_port()}"
+        path = (Path(config.outbox.path) if config.outbox.path else
+                outbox_path(Path(state_dir), device_id, config.host, config.resolved_port()))
         self.config = config
-        self.outbox = Outbox(path, config.outbox)
+        self.outbox = Outbox(path, config.outbox, owner=f"{device_id}@{self.broker}")
         if client is None:
             from .client import MqttClient
 
@@ -275,6 +280,7 @@ class MqttPlumbing:
         self.publisher = Publisher(client, self.outbox, window=window,
                                    replay_rate=config.outbox.replay_rate)
         self._started = False
+        self._ended: tuple[bool, str] | None = None  # (connected, last error) at stop
 
     def start(self) -> None:
         """Start publishing and connecting (a broker that is not there yet is fine: results
@@ -289,6 +295,8 @@ class MqttPlumbing:
         for the next start."""
         if self._started:
             self.publisher.stop(flush_s=timeout_s)
+            if self._ended is None:
+                self._ended = (self.client.connected, self.client.last_error)
             self.client.stop(timeout_s=timeout_s)
         self.outbox.close()
 
@@ -304,8 +312,39 @@ class MqttPlumbing:
     def stats(self) -> dict[str, Any]:
         """The publisher's and outbox's stats, and the connection's."""
         data = self.publisher.stats()
-        data.update(connected=self.client.connected, reconnects=self.client.reconnects)
+        data.update(connected=self.client.connected, reconnects=self.client.reconnects,
+                    broker=self.broker)
         return data
+
+    def summary(self) -> dict[str, Any]:
+        """Where results wait and why: ``waiting`` (results in the outbox), ``path``,
+        ``broker``, ``connected`` and ``error`` (as they were when ``stop`` began, or now),
+        ``recovered`` (a damaged outbox found at start, else ``None``). Valid after ``stop``."""
+        connected, error = self._ended or (self.client.connected, self.client.last_error)
+        recovered = self.outbox.recovered
+        return {"waiting": self.outbox.depth, "path": str(self.outbox.path),
+                "broker": self.broker, "connected": connected, "error": error,
+                "recovered": recovered.to_dict() if recovered else None}
+
+    def birth_info(self) -> dict[str, Any]:
+        """What the retained status says about the outbox: its ``path`` and ``recovered`` (how a
+        damaged file found at start was handled: ``moved_to``, ``reason``, ``salvaged``,
+        ``unreadable``, ``at``; ``None`` normally)."""
+        recovered = self.outbox.recovered
+        return {"path": str(self.outbox.path),
+                "recovered": recovered.to_dict() if recovered else None}
+
+    def describe(self) -> str:
+        """One line for logs and ``STATUS=``: ``outbox 90 waiting in PATH (broker H:P
+        unreachable: connection refused)``, or ``outbox 0`` when nothing waits and connected."""
+        s = self.summary()
+        if not s["waiting"] and s["connected"]:
+            return "outbox 0"
+        text = f"outbox {s['waiting']} waiting in {s['path']}"
+        if not s["connected"]:
+            text += f" (broker {s['broker']} unreachable" + \
+                (f": {s['error']})" if s["error"] else ")")
+        return text
 
     def __enter__(self) -> Self:
         self.start()
