@@ -83,6 +83,7 @@ class Daemon:
         self._rate_mark: dict[str, tuple[Pipeline, int, float]] = {}
         self._next_ping = 0.0
         self._next_status = 0.0
+        self._state_lock: Any = None  # statelock.StateLock held from startup to shutdown
 
     # -- lifecycle ------------------------------------------------------------------------------
     def run(self) -> int:
@@ -101,7 +102,12 @@ class Daemon:
 
     def startup(self) -> None:
         from .runtime.memory import set_memory_budget
+        from .statelock import LOCK_NAME, StateLock
 
+        # One daemon per state directory (outbox, model store, probe decisions): a second one
+        # refuses here with AlreadyRunningError naming the first.
+        self._state_lock = StateLock(self.config.runtime.resolved_state_dir() / LOCK_NAME)
+        self._state_lock.acquire()
         set_memory_budget(self.config.runtime.memory_budget_mb)
         if self.config.mqtt is not None:
             from .control.link import MqttLink
@@ -182,6 +188,8 @@ class Daemon:
                     logger.info("%s: %.1f fps, %d results, %d dropped, infer p50 %.1f ms",
                                 p.name, s["fps"], s["emitted"], s["dropped"]["queue"],
                                 s["latency_ms"]["infer"]["p50"])
+                if self.link is not None and self.link.plumbing is not None:
+                    logger.info("%s", self.link.plumbing.describe())
 
     def shutdown(self) -> None:
         """Stop the sources, let queued frames finish, then flush the outbox to the broker (up
@@ -197,6 +205,8 @@ class Daemon:
             p.close()
         if self.link is not None:
             self.link.stop(self.flush_timeout_s)
+        if self._state_lock is not None:
+            self._state_lock.release()
 
     def reload(self) -> dict[str, Any]:
         """Re-read the config file; restart only the pipelines whose config changed.
@@ -301,7 +311,11 @@ class Daemon:
         n = len(self.pipelines)
         text = f"{n} pipeline{'s' if n != 1 else ''}, {fps:.1f} fps"
         if self.link is not None and self.link.plumbing is not None:
-            text += f", outbox {self.link.plumbing.stats().get('depth', 0)}"
+            text += f", {self.link.plumbing.describe()}"
+        now = time.monotonic()
+        failing = [p.name for p in self.pipelines if self._sinks_failing(p, now)]
+        if failing:
+            text += f", sinks failing in {', '.join(failing)}"
         restarts = sum(self.restarts.values())
         if restarts:
             text += f", {restarts} restart{'s' if restarts != 1 else ''}"
@@ -321,6 +335,8 @@ class Daemon:
         for p in list(self.pipelines):
             if self.stuck is None and self._stalled(p, now):
                 self._on_stall(p, now)
+            elif self.stuck is None and self._sinks_failing(p, now) > self.stall_s:
+                self._on_stall(p, now, f"its sinks failed every result for {self.stall_s:g} s")
         if self.watchdog_s and self.stuck is None and now >= self._next_ping:
             self._next_ping = now + self.watchdog_s / 2
             systemd.watchdog()
@@ -341,7 +357,14 @@ class Daemon:
             return False
         return now - mark[2] > self.stall_s
 
-    def _on_stall(self, p: Pipeline, now: float) -> None:
+    @staticmethod
+    def _sinks_failing(p: Pipeline, now: float) -> float:
+        """How long a sink of ``p`` has failed every write (0.0: all working); such a pipeline
+        is unhealthy, and is restarted like a stuck one when it lasts ``stall_s``."""
+        since = [s.failing_since for s in p.sinks if s.failing_since]
+        return now - min(since) if since else 0.0
+
+    def _on_stall(self, p: Pipeline, now: float, why: str | None = None) -> None:
         times = self._restart_times.setdefault(p.name, deque())
         while times and now - times[0] > self.restart_window_s:
             times.popleft()
@@ -350,9 +373,9 @@ class Daemon:
             return
         times.append(now)
         self.restarts[p.name] = self.restarts.get(p.name, 0) + 1
-        logger.warning("pipeline %s: no frame processed for %g s; restarting it (%d of %d "
-                       "in %.0f s)", p.name, self.stall_s, len(times), self.restart_budget,
-                       self.restart_window_s)
+        logger.warning("pipeline %s: %s; restarting it (%d of %d in %.0f s)", p.name,
+                       why or f"no frame processed for {self.stall_s:g} s", len(times),
+                       self.restart_budget, self.restart_window_s)
         with self._reload_lock:
             if p not in self.pipelines:  # a reload replaced it meanwhile
                 return

@@ -403,9 +403,12 @@ class Pipeline:
             try:
                 sink.write(result)
             except Exception as exc:  # a full disk on one sink must not stop the others
-                sink.errors += 1
                 stats.sink_errors += 1
                 stats.last_error = f"sink {type(sink).__name__}: {exc}"
+                sink.failed(exc, self.name)  # counted, logged (rate-limited), failing
+            else:
+                if sink.failing_since:
+                    sink.succeeded(self.name)
         if self.on_result is not None:
             self.on_result(result)
         if self._iter_queue is not None:
@@ -424,6 +427,9 @@ class Pipeline:
             provider=provider,
             source=self.source.stats.to_dict(),
             queues={"prepared": len(self._prepared), "inferred": len(self._inferred)},
+            # failing sinks make the pipeline unhealthy (the daemon acts on it if it lasts)
+            healthy=not any(s.failing_since for s in self.sinks),
+            sinks_failing={type(s).__name__: s.last_error for s in self.sinks if s.failing_since},
             state="failed" if self.error else ("done" if self._done.is_set() else
                                                "paused" if self.paused else "running"),
         )

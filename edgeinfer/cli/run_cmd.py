@@ -114,6 +114,7 @@ def _print_summary(daemon: object) -> None:
             f"{s['pipeline']}: {s['processed']} frames, {s['emitted']} results, "
             f"{s['fps']:.1f} fps, infer p50 {lat['infer']['p50']:.1f} ms, "
             f"dropped {s['dropped']['queue']}, errors {s['errors']}, "
+            f"sink errors {s.get('sink_errors', 0)}, "
             f"source corrupt {s['source']['corrupt']}, reconnects {s['source']['reconnects']}"
             + (f", restarts {s['restarts']}" if s.get("restarts") else "")
             + (f" ({s['state']}: {s['last_error']})" if s["state"] == "failed" else ""),
@@ -121,6 +122,24 @@ def _print_summary(daemon: object) -> None:
         )
     for name, reason in getattr(daemon, "failed", {}).items():
         print(f"{name}: not started: {reason}", file=sys.stderr)
+    link = getattr(daemon, "link", None)
+    if link is not None and link.plumbing is not None:
+        print(outbox_line(link.plumbing.summary()), file=sys.stderr)
+
+
+def outbox_line(o: dict[str, Any]) -> str:
+    """``outbox: 90 results waiting in PATH (broker 127.0.0.1:1 unreachable: ...)``: what did
+    not reach the broker and where it waits for the next start."""
+    text = f"outbox: {o['waiting']} result{'s' if o['waiting'] != 1 else ''} waiting in {o['path']}"
+    if not o["connected"]:
+        text += f" (broker {o['broker']} unreachable" + (f": {o['error']})" if o["error"] else ")")
+    if o["waiting"]:
+        text += "; they are sent after the next start"
+    rec = o.get("recovered")
+    if rec:
+        text += (f"; the damaged outbox found at start was moved to {rec['moved_to']}, "
+                 f"{rec['salvaged']} results salvaged")
+    return text
 
 
 def summary_json(daemon: object) -> str:

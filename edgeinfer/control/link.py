@@ -111,6 +111,7 @@ class MqttLink:
             "providers": {p.name: p.model.provider for p in pipes if not p.model.closed},
             "failed": dict(self.daemon.failed),
             "groups": list(self.config.ota.groups) if self.config.ota is not None else [],
+            "outbox": self.plumbing.birth_info() if self.plumbing is not None else None,
         }
 
     def publish_birth(self) -> None:

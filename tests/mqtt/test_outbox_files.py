@@ -17,6 +17,7 @@ from edgeinfer.errors import AlreadyRunningError, StorageError
 from edgeinfer.mqtt.outbox import Outbox
 from edgeinfer.paths import outbox_path
 from edgeinfer.statelock import StateLock
+from outbox_damage import damage
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -112,30 +113,6 @@ def test_default_paths_differ_per_device_and_broker(tmp_path: Path) -> None:
         ("a", "broker", 1883), ("a b", "::1", 1883), ("a_b", "::1", 1883)]}
     assert len(paths) == 6 and all(p.parent == tmp_path for p in paths)
     assert outbox_path(tmp_path, "pi", "127.0.0.1", 1883).name == "outbox-pi@127.0.0.1-1883.sqlite3"
-
-
-def _filled(path: Path, n: int = 2000) -> None:
-    with Outbox(path) as ob:
-        for seq in range(1, n + 1):
-            ob.put("a", seq, "edgeinfer/dev/a/result", os.urandom(200))
-
-
-def damage(path: Path, how: str) -> None:
-    """Damage an outbox file as a power cut, a bad SD card or a mistake would."""
-    if how == "directory":
-        path.mkdir()
-        (path / "stray").write_text("x")
-        return
-    _filled(path)
-    size = path.stat().st_size
-    with open(path, "r+b") as f:
-        if how == "header":
-            f.write(b"this is no database header!!!!!!")
-        elif how == "truncated":
-            f.truncate(size // 2 + 100)
-        elif how == "page":
-            f.seek(4096 * 20)
-            f.write(os.urandom(4096))
 
 
 @pytest.mark.parametrize("how,salvaged", [("header", (0, 0)), ("truncated", (500, 1500)),
