@@ -28,7 +28,7 @@ owner is moved aside, never published to this broker.
 
 A damaged file (not a database, truncated, a corrupt page, a folder in its place) is moved aside
 as ``<name>.damaged-<UTC time>``, the rows that can still be read are copied into a fresh file,
-and ``recovered`` says so (see ``edgeinfer.mqtt._salvage``). A file that cannot be created (a
+and ``recovered`` says so (see ``edgeinfer.mqtt._outbox_file``). A file that cannot be created (a
 full disk, a read-only folder) raises ``StorageError`` naming it.
 
 Bounds: past ``max_messages`` or ``max_mb`` of payload the oldest results are dropped, so are
@@ -49,33 +49,16 @@ from pathlib import Path
 from typing import Any, Literal, Self
 
 from ..config.mqtt import OutboxConfig
-from ..errors import StateError, StorageError
+from ..errors import StateError
 from ..statelock import StateLock
-from . import _salvage
+from ._outbox_file import Salvage, is_full, open_file
 
 __all__ = ["Message", "Outbox"]
 
 logger = logging.getLogger(__name__)
 
-_MESSAGES = """
-CREATE TABLE IF NOT EXISTS {name} (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    pipeline TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    topic TEXT NOT NULL,
-    payload BLOB NOT NULL,
-    qos INTEGER NOT NULL,
-    created REAL NOT NULL
-);
-"""
-_SCHEMA = _MESSAGES.format(name="messages") + """
-CREATE TABLE IF NOT EXISTS last_seq (pipeline TEXT PRIMARY KEY, seq INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-"""
 _INSERT = ("INSERT INTO messages (pipeline, seq, topic, payload, qos, created) "
            "VALUES (?, ?, ?, ?, ?, ?)")
-_COPY = ("INSERT INTO messages (id, pipeline, seq, topic, payload, qos, created) "
-         "VALUES (?, ?, ?, ?, ?, ?, ?)")
 _RETURNING = "RETURNING id, pipeline, seq, length(payload)"
 # Before this wall time (2020-01-01) the clock is not set yet (a board without an RTC before NTP):
 # such rows have no meaningful age and are never expired by age.
@@ -97,14 +80,6 @@ class Message:
     topic: str
     payload: bytes
     qos: int
-
-
-def _is_full(exc: sqlite3.Error) -> bool:
-    return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "full" in str(exc)
-
-
-class _Foreign(Exception):
-    """The file records another owner (device and broker) than the one opening it."""
 
 
 class Outbox:
@@ -132,13 +107,13 @@ class Outbox:
         self.path = Path(path)
         self.config = config or OutboxConfig()
         self.owner = owner
-        self.recovered: _salvage.Salvage | None = None
+        self.recovered: Salvage | None
         self._max_bytes = int(self.config.max_mb * 1024 * 1024)
-        self._synchronous = synchronous
         self._lock = threading.Lock()
         self._flock = StateLock(f"{self.path}.lock", what=f"outbox {self.path}").acquire()
         try:
-            self._conn = self._open()
+            self._conn, self.recovered = open_file(self.path, owner=owner,
+                                                   synchronous=synchronous)
         except BaseException:
             self._flock.release()
             raise
@@ -156,116 +131,6 @@ class Outbox:
         self.dropped: dict[str, int] = {"max_messages": 0, "max_mb": 0, "max_age": 0,
                                         "disk_full": 0}
 
-    # -- opening --------------------------------------------------------------------------------
-    def _open(self) -> sqlite3.Connection:
-        """Open (or create) the file; a damaged or foreign one is moved aside and replaced."""
-        try:
-            if self.path.is_dir():
-                raise _salvage.Damaged("a folder is in its place")
-            return self._connect()
-        except (sqlite3.DatabaseError, _salvage.Damaged, _Foreign) as exc:
-            if not isinstance(exc, _Foreign) and not _salvage.is_damage(exc):
-                raise self._storage_error(exc) from exc
-            return self._replace(exc)
-
-    def _connect(self) -> sqlite3.Connection:
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StorageError(f"cannot create the folder of the outbox {self.path}: "
-                               f"{exc.strerror or exc}") from exc
-        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        try:
-            conn.execute("PRAGMA journal_mode=WAL")  # a bad header fails here (not a database)
-            problems = [r[0] for r in conn.execute("PRAGMA quick_check(3)")]
-            if problems != ["ok"]:
-                raise _salvage.Damaged("; ".join(problems))
-            conn.execute(f"PRAGMA synchronous={self._synchronous}")
-            # Keep the WAL from staying large after a burst (it is reused, not shrunk, otherwise).
-            conn.execute("PRAGMA journal_size_limit=4194304")
-            conn.executescript(_SCHEMA)
-            self._migrate(conn)
-            self._check_owner(conn)
-        except BaseException:
-            conn.close()
-            raise
-        return conn
-
-    @staticmethod
-    def _migrate(conn: sqlite3.Connection) -> None:
-        """Files from before SQLite gave the ids: the same rows in an AUTOINCREMENT table."""
-        (sql,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'messages'").fetchone()
-        if "AUTOINCREMENT" in sql.upper():
-            return
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            conn.execute(_MESSAGES.format(name="messages_v2"))
-            conn.execute("INSERT INTO messages_v2 SELECT id, pipeline, seq, topic, payload, qos, "
-                         "created FROM messages ORDER BY id")
-            conn.execute("DROP TABLE messages")
-            conn.execute("ALTER TABLE messages_v2 RENAME TO messages")
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-
-    def _check_owner(self, conn: sqlite3.Connection) -> None:
-        if self.owner is None:
-            return
-        row = conn.execute("SELECT value FROM meta WHERE key = 'owner'").fetchone()
-        if row is None:
-            conn.execute("INSERT INTO meta (key, value) VALUES ('owner', ?)", (self.owner,))
-        elif row[0] != self.owner:
-            raise _Foreign(f"it holds results for {row[0]}, not {self.owner}")
-
-    def _replace(self, exc: BaseException) -> sqlite3.Connection:
-        """Move the file aside, start a fresh one, copy into it what can be read."""
-        foreign = isinstance(exc, _Foreign)
-        reason = str(exc) or type(exc).__name__
-        try:
-            aside = _salvage.move_aside(self.path, "foreign" if foreign else "damaged")
-        except OSError as err:
-            raise StorageError(f"the outbox {self.path} is unusable ({reason}) and cannot be "
-                               f"moved aside: {err.strerror or err}") from err
-        try:
-            conn = self._connect()
-        except sqlite3.Error as err:
-            raise self._storage_error(err) from err
-        if foreign:  # kept for whoever it belongs to; nothing of it is published here
-            self.recovered = _salvage.Salvage(str(aside), reason, 0, False, time.time())
-            logger.warning("outbox %s: %s; moved it aside to %s and started an empty one",
-                           self.path, reason, aside)
-            return conn
-        salvaged, unreadable = self._copy_from(conn, aside)
-        self.recovered = _salvage.Salvage(str(aside), reason, salvaged, unreadable, time.time())
-        logger.warning("outbox %s was damaged (%s): moved it aside to %s and started a fresh "
-                       "one with the %d results that could be read%s", self.path, reason,
-                       aside, salvaged, " (some could not)" if unreadable else "")
-        return conn
-
-    @staticmethod
-    def _copy_from(conn: sqlite3.Connection, damaged: Path) -> tuple[int, bool]:
-        last_seq, batches, gaps = _salvage.read_rows(damaged)
-        n = 0
-        try:
-            conn.executemany("INSERT INTO last_seq (pipeline, seq) VALUES (?, ?) ON CONFLICT "
-                             "(pipeline) DO UPDATE SET seq = max(seq, excluded.seq)", last_seq)
-            for rows in batches:
-                conn.execute("BEGIN")
-                conn.executemany(_COPY, rows)
-                conn.execute("COMMIT")
-                n += len(rows)
-        except sqlite3.Error as exc:  # a full disk: what was copied stays, the rest is kept aside
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            logger.warning("outbox: copying from %s stopped: %s", damaged, exc)
-            return n, True
-        return n, gaps[0]
-
-    def _storage_error(self, exc: BaseException) -> StorageError:
-        why = "the disk is full" if isinstance(exc, sqlite3.Error) and _is_full(exc) else exc
-        return StorageError(f"cannot open the outbox {self.path}: {why}")
-
     # -- writing --------------------------------------------------------------------------------
     def put(self, pipeline: str, seq: int, topic: str, payload: bytes, qos: int = 1) -> None:
         """Store one result; durable against a process crash when this returns.
@@ -282,7 +147,7 @@ class Outbox:
                     self._expire(now)
                 self._insert(row)
             except sqlite3.OperationalError as exc:
-                if not _is_full(exc):
+                if not is_full(exc):
                     raise
                 self._rollback()
                 self._on_disk_full(row)
@@ -316,7 +181,7 @@ class Outbox:
                 self._drop_oldest(max(64, int(self._depth * _DISK_FULL_CHUNK)), 0, "disk_full")
             self._conn.execute(_INSERT, row)
         except sqlite3.OperationalError as exc:
-            if not _is_full(exc):
+            if not is_full(exc):
                 raise
             self._rollback()
             self.dropped["disk_full"] += 1  # not even that freed room: this result is lost
@@ -377,6 +242,20 @@ class Outbox:
             "DO UPDATE SET seq = max(seq, excluded.seq)", top.items())
         return len(gone)
 
+    def copy_in(self, rows: list[tuple[Any, ...]], seqs: Iterable[tuple[str, int]] = ()) -> None:
+        """Append results taken from another outbox file, in the order given, in one
+        transaction: ``(pipeline, seq, topic, payload, qos, created)`` rows, and the
+        ``(pipeline, seq)`` that file remembered as sent (they only ever raise ``last_seq``)."""
+        with self._lock:
+            self._check_open()
+            with self._transaction():
+                self._conn.executemany(_INSERT, rows)
+                self._conn.executemany(
+                    "INSERT INTO last_seq (pipeline, seq) VALUES (?, ?) ON CONFLICT (pipeline) "
+                    "DO UPDATE SET seq = max(seq, excluded.seq)", list(seqs))
+                self._depth += len(rows)
+                self._bytes += sum(len(r[3]) for r in rows)
+
     # -- expiry ---------------------------------------------------------------------------------
     def expire(self) -> int:
         """Drop results older than ``max_age_s`` now; returns how many (``put`` also does this,
@@ -398,7 +277,7 @@ class Outbox:
                 n = self._delete("created < ? AND created >= ?", (cutoff, _PLAUSIBLE_EPOCH))
                 self.dropped["max_age"] += n
         except sqlite3.OperationalError as exc:
-            if not _is_full(exc):
+            if not is_full(exc):
                 raise
             return 0  # retried later; the put itself decides what a full disk costs
         return n

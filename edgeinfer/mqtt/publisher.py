@@ -27,8 +27,9 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
-from ..errors import StateError
+from ..errors import EdgeInferError, StateError
 from ..paths import outbox_path
+from ._outbox_file import adopt_legacy
 from .outbox import Outbox
 
 if TYPE_CHECKING:
@@ -47,6 +48,8 @@ _FULL_WAIT_S = 0.002
 # A full window with no PUBACK for this long (a broker that refuses the topic, an ack lost in a
 # broker restart paho did not notice) is taken again from the oldest rather than waited on forever.
 _STALL_S = 30.0
+# The one outbox file of versions before one per device and broker (``paths.outbox_path``).
+LEGACY_OUTBOX = "outbox.sqlite3"
 
 
 class Publisher:
@@ -271,6 +274,9 @@ class MqttPlumbing:
                 outbox_path(Path(state_dir), device_id, config.host, config.resolved_port()))
         self.config = config
         self.outbox = Outbox(path, config.outbox, owner=f"{device_id}@{self.broker}")
+        legacy = Path(state_dir) / LEGACY_OUTBOX
+        if not config.outbox.path and legacy.is_file():
+            self._adopt(legacy, f"{config.prefix}/{device_id}/")
         if client is None:
             from .client import MqttClient
 
@@ -281,6 +287,17 @@ class MqttPlumbing:
                                    replay_rate=config.outbox.replay_rate)
         self._started = False
         self._ended: tuple[bool, str] | None = None  # (connected, last error) at stop
+
+    def _adopt(self, legacy: Path, topics: str) -> None:
+        try:
+            n = adopt_legacy(self.outbox, legacy, topics)
+        except (EdgeInferError, sqlite3.Error) as exc:  # it stays there for the next start
+            logger.warning("outbox: could not take this device's results from %s: %s",
+                           legacy, exc)
+            return
+        if n:
+            logger.warning("outbox: took %d results waiting in %s (the outbox of an older "
+                           "version) into %s", n, legacy, self.outbox.path)
 
     def start(self) -> None:
         """Start publishing and connecting (a broker that is not there yet is fine: results

@@ -167,3 +167,38 @@ def test_a_full_disk_at_creation_is_a_clear_error_naming_the_file(tiny_fs: Path)
         Outbox(path)
     assert str(path) in str(err.value) and err.value.exit_code == 73
     assert not list(tiny_fs.glob("state/outbox.sqlite3.damaged-*"))  # not mistaken for damage
+
+
+def test_results_in_the_outbox_an_older_version_shared_go_to_the_device_they_are_for(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from edgeinfer.config.mqtt import MqttConfig
+    from edgeinfer.mqtt.publisher import MqttPlumbing
+
+    legacy = tmp_path / "outbox.sqlite3"
+    conn = sqlite3.connect(legacy)  # as versions before one outbox per device left it
+    conn.executescript("""
+        CREATE TABLE messages (id INTEGER PRIMARY KEY, pipeline TEXT NOT NULL,
+            seq INTEGER NOT NULL, topic TEXT NOT NULL, payload BLOB NOT NULL,
+            qos INTEGER NOT NULL, created REAL NOT NULL);
+        CREATE TABLE last_seq (pipeline TEXT PRIMARY KEY, seq INTEGER NOT NULL);
+        INSERT INTO last_seq VALUES ('door', 40);
+        INSERT INTO messages VALUES (1, 'door', 41, 'edgeinfer/a/door/result', x'01', 1, 0),
+            (2, 'door', 7, 'edgeinfer/b/door/result', x'02', 1, 0),
+            (3, 'door', 42, 'edgeinfer/a/door/result', x'03', 1, 0);
+    """)
+    conn.close()
+    plumbing = MqttPlumbing(MqttConfig(port=1), "a", tmp_path)
+    try:
+        assert [(m.seq, m.topic) for m in plumbing.outbox.take(10)] == [
+            (41, "edgeinfer/a/door/result"), (42, "edgeinfer/a/door/result")]
+        assert plumbing.outbox.path == outbox_path(tmp_path, "a", "127.0.0.1", 1)
+    finally:
+        plumbing.stop()
+    assert "took 2 results waiting in" in caplog.text
+    with Outbox(legacy) as old:  # b's result waits there for b
+        assert [m.topic for m in old.take(10)] == ["edgeinfer/b/door/result"]
+    plumbing = MqttPlumbing(MqttConfig(port=1), "c", tmp_path)  # a device with nothing waiting
+    try:
+        assert plumbing.outbox.depth == 0 and plumbing.last_seq("door") == 40  # never goes back
+    finally:
+        plumbing.stop()
