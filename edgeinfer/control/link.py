@@ -5,6 +5,7 @@ the retained status, periodic stats, commands and Home Assistant discovery.
     ... daemon builds pipelines with link.context() ...
     link.ready()                                    # birth with the pipelines, commands, discovery
     link.tick()                                     # from the daemon's tick: stats when due
+    link.problem()                                  # why the link is unhealthy, or None
     link.stop(flush_s)                              # flush the outbox, "stopped", disconnect
 """
 
@@ -15,8 +16,10 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from .. import __version__
-from ..errors import StateError
+from ..errors import ConfigError, StateError
 from .commands import CommandError, CommandServer, pipeline_arg
 
 if TYPE_CHECKING:
@@ -24,6 +27,9 @@ if TYPE_CHECKING:
     from ..daemon import Daemon
 
 logger = logging.getLogger(__name__)
+
+PACKET_OVERHEAD = 4096  # an MQTT packet's bytes besides its payload: topic, properties
+MQTT_SOURCE_BYTES = 1024 * 1024  # largest reading an MQTT source pipeline takes
 
 
 class MqttLink:
@@ -39,19 +45,25 @@ class MqttLink:
         self._next_stats = 0.0
         self._started = time.monotonic()
         self._ha_unsubscribe: Any = None
+        self._opener: Any = None
+        self._reported: str | None = None  # the problem last announced on the status topic
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
+        from ..mqtt.client import MqttClient
         from ..mqtt.publisher import MqttPlumbing
 
         mqtt = self.mqtt
+        self._opener = self._signed_commands()
         if mqtt.embedded:
             from ..mqtt.embedded import EmbeddedBroker
 
             self.broker = EmbeddedBroker.from_config(mqtt)
             self.broker.start()
+        client = MqttClient(mqtt, self.device_id, birth=self.birth,
+                            max_packet_bytes=max_packet_bytes(self.config))
         self.plumbing = MqttPlumbing(mqtt, self.device_id,
-                                     self.config.runtime.resolved_state_dir(), birth=self.birth)
+                                     self.config.runtime.resolved_state_dir(), client=client)
         self.plumbing.start()
         self._next_stats = time.monotonic() + mqtt.stats_interval_s
 
@@ -70,11 +82,14 @@ class MqttLink:
     def ready(self) -> None:
         """The pipelines run: announce them, answer commands, publish discovery."""
         client = self.plumbing.client
-        self.publish_birth()
-        if self.mqtt.commands:
+        policy = self._policy()
+        if policy is not None:  # subscribed before the birth: "online" means commands answered
             self.commands = CommandServer(client, self.handlers(),
-                                          max_bytes=self.mqtt.max_command_bytes)
+                                          max_bytes=self.mqtt.max_command_bytes,
+                                          allow=policy.allow, signed=policy.signed,
+                                          opener=self._opener)
             self.commands.start()
+        self.publish_birth()
         if self.mqtt.homeassistant.enabled:
             self.publish_discovery()
             ha_status = f"{self.mqtt.homeassistant.prefix}/status"
@@ -85,6 +100,14 @@ class MqttLink:
         if now >= self._next_stats:
             self._next_stats = now + self.mqtt.stats_interval_s
             self.publish_stats()
+        problem = self.problem()
+        if problem != self._reported:  # a dead command thread shows on the status topic
+            self._reported = problem
+            self.publish_birth()
+
+    def problem(self) -> str | None:
+        """Why this link no longer does its job (the command thread died), or ``None``."""
+        return self.commands.problem() if self.commands is not None else None
 
     def stop(self, flush_s: float = 5.0) -> None:
         if self._ha_unsubscribe is not None:
@@ -112,6 +135,8 @@ class MqttLink:
             "failed": dict(self.daemon.failed),
             "groups": list(self.config.ota.groups) if self.config.ota is not None else [],
             "outbox": self.plumbing.birth_info() if self.plumbing is not None else None,
+            "commands": None if self.commands is None else self.commands.stats()["state"],
+            "problem": self.problem(),
         }
 
     def publish_birth(self) -> None:
@@ -186,13 +211,17 @@ class MqttLink:
         return self.daemon.reload()
 
     def _snapshot(self, request: dict[str, Any]) -> dict[str, Any]:
-        pipeline = self._pipeline(request)
+        from ..config.commands import SnapshotArgs
+
         try:
-            jpeg = pipeline.snapshot_jpeg(int(request.get("quality", 85)))
+            args = msgspec.convert(request, SnapshotArgs, strict=True)
+        except msgspec.ValidationError as exc:
+            raise CommandError(str(exc).replace("`$.", "`")) from None
+        pipeline = self._pipeline({"pipeline": args.pipeline})
+        try:
+            jpeg = pipeline.snapshot_jpeg(args.quality)
         except StateError as exc:
             raise CommandError(str(exc)) from None
-        except (TypeError, ValueError):
-            raise CommandError("quality: expected an integer 1-100") from None
         client = self.plumbing.client
         topic = client.topics.snapshot(pipeline.name)
         client.publish(topic, jpeg, qos=1, properties={"content_type": "image/jpeg"})
@@ -201,3 +230,48 @@ class MqttLink:
     def _set(self, request: dict[str, Any]) -> dict[str, Any]:
         pipeline = self._pipeline(request)
         return {"pipeline": pipeline.name, "settings": pipeline.tune(request)}
+
+    # -- policy ---------------------------------------------------------------------------------
+    def _policy(self) -> Any:
+        """The ``CommandsConfig`` in force, or ``None`` when commands are off."""
+        from ..config.commands import CommandsConfig
+
+        commands = self.mqtt.commands
+        if commands is False:
+            return None
+        return CommandsConfig() if commands is True else commands
+
+    def _signed_commands(self) -> Any:
+        """What checks signed commands, when the policy names signed verbs.
+
+        Raises:
+            ConfigError: signed verbs, but no ``ota.trusted_keys`` to check them with.
+        """
+        policy = self._policy()
+        if policy is None or not policy.signed:
+            return None
+        from ..ota.keys import load_trusted_keys
+        from .signed import NonceBook, SignedCommands
+
+        trusted = load_trusted_keys(self.config.ota.trusted_keys) if self.config.ota else {}
+        if not trusted:
+            raise ConfigError("mqtt.commands.signed: signed commands are checked with the keys "
+                              "of ota.trusted_keys; add an ota: section with trusted_keys")
+        nonces = NonceBook(self.config.runtime.resolved_state_dir() / "command-nonces.json")
+        return SignedCommands(self.device_id, trusted, nonces, max_age_s=policy.max_age_s)
+
+
+def max_packet_bytes(config: Config) -> int:
+    """The largest MQTT packet the daemon takes: its largest command, OTA offer or chunk, or
+    MQTT source reading, plus `PACKET_OVERHEAD`."""
+    from ..config.pipeline import MqttSource
+
+    assert config.mqtt is not None
+    need = config.mqtt.max_command_bytes
+    if config.ota is not None:
+        from ..ota.protocol import MAX_CHUNK, MAX_OFFER_BYTES
+
+        need = max(need, MAX_OFFER_BYTES, MAX_CHUNK)
+    if any(isinstance(p.source, MqttSource) for p in config.pipelines):
+        need = max(need, MQTT_SOURCE_BYTES)
+    return need + PACKET_OVERHEAD

@@ -84,6 +84,9 @@ class MqttClient:
             every connect.
         announce: Publish the status topic (birth, last will, ``stopped``); ``False`` for a
             client that only watches (``edgeinfer watch``).
+        max_packet_bytes: Announced to an MQTT 5 broker as the CONNECT's Maximum Packet Size:
+            the broker drops (for this client only) any larger message instead of sending it.
+            ``None``: no limit announced. MQTT 3.1.1 has no such property.
 
     Attributes:
         topics: This device's topic names.
@@ -99,8 +102,10 @@ class MqttClient:
     """
 
     def __init__(self, config: MqttConfig, device_id: str, *,
-                 birth: Callable[[], dict[str, Any]] | None = None, announce: bool = True) -> None:
+                 birth: Callable[[], dict[str, Any]] | None = None, announce: bool = True,
+                 max_packet_bytes: int | None = None) -> None:
         self.config = config
+        self.max_packet_bytes = max_packet_bytes
         self.topics = Topics(config.prefix, device_id)
         self.state = "disconnected"
         self.last_error = ""
@@ -143,7 +148,12 @@ class MqttClient:
             self._paho = client = self._make_paho()
         c = self.config
         if self._v5:
-            client.connect_async(c.host, c.resolved_port(), c.keepalive_s, clean_start=True)
+            props = None
+            if self.max_packet_bytes is not None:
+                props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+                props.MaximumPacketSize = self.max_packet_bytes
+            client.connect_async(c.host, c.resolved_port(), c.keepalive_s, clean_start=True,
+                                 properties=props)
         else:
             client.connect_async(c.host, c.resolved_port(), c.keepalive_s)
         client.loop_start()
@@ -308,8 +318,6 @@ class MqttClient:
             self.reconnects += 1
         self._ever_connected = True
         self._backoff.reset()
-        if self._announce:
-            self._send_status(client, "online")
         with self._lock:
             self._connected = True
             self.state, self.last_error = "connected", ""
@@ -318,6 +326,8 @@ class MqttClient:
                 subs[s.topic] = max(subs.get(s.topic, 0), s.qos)
         for topic, qos in subs.items():
             client.subscribe(topic, qos)
+        if self._announce:  # after the subscriptions: "online" means commands are taken
+            self._send_status(client, "online")
         self._failures.reset()
         logger.info("connected to MQTT broker %s as %s (MQTT %s)", self._where, self._client_id,
                     "5" if self._v5 else "3.1.1")

@@ -5,15 +5,24 @@
     <prefix>/<dev>/<pipeline>/snapshot     annotated JPEG on request
     <prefix>/<dev>/stats                   periodic stats
     <prefix>/<dev>/cmd/<verb>              commands in; replies on .../cmd/<verb>/reply
+
+Replies live in the reply namespace: topics whose last level is ``reply``. ``reply`` is never a
+command verb, so no reply (nor an MQTT 5 response topic a requester names) can be taken as a
+command by any device, whatever its prefix.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
-__all__ = ["Topics", "check_filter", "check_level", "matches"]
+__all__ = ["MAX_RESPONSE_TOPIC_BYTES", "REPLY", "Topics", "check_filter", "check_level",
+           "check_response_topic", "is_verb", "matches"]
 
 _FORBIDDEN = ("+", "#", "\x00", "\n")
+_VERB = re.compile(r"[a-z0-9_-]{1,32}")
+REPLY = "reply"  # the last level of every reply topic; never a verb
+MAX_RESPONSE_TOPIC_BYTES = 1024
 
 
 def check_level(value: str, what: str, *, multi: bool = False) -> str:
@@ -85,7 +94,42 @@ class Topics:
 
     def reply(self, verb: str) -> str:
         """Where replies to command ``verb`` go."""
-        return f"{self.command(verb)}/reply"
+        return f"{self.command(verb)}/{REPLY}"
+
+    @property
+    def invalid_reply(self) -> str:
+        """Where a command whose verb is not a verb (see `is_verb`) is answered."""
+        return f"{self.prefix}/{self.device}/cmd/invalid/{REPLY}"
+
+
+def is_verb(value: str) -> bool:
+    """Whether ``value`` can be a command verb: ``[a-z0-9_-]{1,32}``, and not ``reply``."""
+    return value != REPLY and _VERB.fullmatch(value) is not None
+
+
+def check_response_topic(value: object) -> str:
+    """Return ``value`` if a reply may be published there: a topic name (no wildcard, NUL or
+    ``$`` start, at most `MAX_RESPONSE_TOPIC_BYTES` of UTF-8) in the reply namespace (its last
+    level is ``reply``).
+
+    Raises:
+        ValueError: why it may not.
+    """
+    if not isinstance(value, str) or not value:
+        raise ValueError("the response topic must be a non-empty string")
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ValueError("the response topic is not valid UTF-8") from None
+    if size > MAX_RESPONSE_TOPIC_BYTES:
+        raise ValueError(f"the response topic is {size} bytes, over {MAX_RESPONSE_TOPIC_BYTES}")
+    bad = next((ch for ch in ("+", "#", "\x00") if ch in value), None)
+    if bad is not None or value.startswith("$"):
+        raise ValueError(f"the response topic {value[:80]!r} is not a topic one may publish to")
+    if value.rsplit("/", 1)[-1] != REPLY:
+        raise ValueError(f"the response topic {value[:80]!r} must end in /{REPLY} (the reply "
+                         "namespace: never a command topic)")
+    return value
 
 
 def check_filter(value: str) -> str:

@@ -92,7 +92,8 @@ def test_status_results_stats_commands_and_stopped(daemon) -> None:  # type: ign
     assert not r["ok"] and "malformed JSON" in r["error"]
     r = peer.request(f"{base}/cmd/frobnicate", {"id": 1}, f"{base}/cmd/frobnicate/reply")
     assert not r["ok"] and "unknown command 'frobnicate'" in r["error"] and "snapshot" in r["error"]
-    r = peer.request(f"{base}/cmd/status", b"x" * 70000, reply)
+    # over max_command_bytes (64 KiB) but within the packet limit the broker enforces for us
+    r = peer.request(f"{base}/cmd/status", b"x" * 66000, reply)
     assert not r["ok"] and "limit" in r["error"]
 
     r = peer.request(f"{base}/cmd/snapshot", {"id": 3}, f"{base}/cmd/snapshot/reply")
@@ -102,12 +103,12 @@ def test_status_results_stats_commands_and_stopped(daemon) -> None:  # type: ign
 
     # MQTT 5 request/response: the reply goes to the response topic with the correlation data
     props = Properties(PacketTypes.PUBLISH)
-    props.ResponseTopic = f"replies/{device}"
+    props.ResponseTopic = f"replies/{device}/reply"  # in the reply namespace: ends in /reply
     props.CorrelationData = b"corr-42"
-    peer.subscribe(f"replies/{device}")
+    peer.subscribe(f"replies/{device}/reply")
     msg_props = None
     peer.client.publish(f"{base}/cmd/status", json.dumps({"id": 9}), qos=1, properties=props)
-    msg = peer.next(f"replies/{device}")
+    msg = peer.next(f"replies/{device}/reply")
     msg_props = msg.properties
     assert json.loads(msg.payload)["id"] == 9 and msg_props.CorrelationData == b"corr-42"
 
