@@ -269,3 +269,72 @@ def test_a_dead_command_thread_shows_on_status_and_stops_the_watchdog(
         daemon.stop()
         thread.join(30)
         notify.close()
+
+
+def test_command_policy_and_signed_commands(
+        mqtt_broker: tuple[str, int], blazeface_path: Path, tmp_path: Path,
+        start_daemon: Callable[[dict[str, Any]], Run], device: tuple[str, str, Peer]) -> None:
+    """Only allowed verbs run; signed verbs run only signed with an OTA trusted key, for this
+    device and verb, recently and once, also after a restart."""
+    from edgeinfer.control.signed import make_command
+    from edgeinfer.ota.keys import PrivateKey, generate_keypair, load_private_key
+
+    host, port = mqtt_broker
+    name, base, peer = device
+    priv, pub, _ = generate_keypair(tmp_path / "ops")
+    key = load_private_key(priv)
+    config = daemon_config(host, port, blazeface_path, tmp_path, name, commands={
+        "allow": ["status", "set", "pause", "resume", "reload"], "signed": ["set", "reload"],
+        "max_age_s": 120})
+    config["ota"] = {"trusted_keys": [str(pub)]}
+    run = start_daemon(config)
+    _online(peer, base)
+    set_, set_reply = f"{base}/cmd/set", f"{base}/cmd/set/reply"
+
+    r = peer.request(f"{base}/cmd/snapshot", {"id": 1}, f"{base}/cmd/snapshot/reply")
+    assert not r["ok"] and "not allowed" in r["error"] and r["id"] == 1
+    r = peer.request(set_, {"score_threshold": 0.9}, set_reply)
+    assert not r["ok"] and "must be signed" in r["error"]
+    r = peer.request(f"{base}/cmd/pause", {}, f"{base}/cmd/pause/reply")  # allowed, unsigned
+    assert r["ok"]
+
+    signed = make_command(name, "set", {"score_threshold": 0.9}, key, request_id=2)
+    r = peer.request(set_, signed, set_reply)
+    assert r["ok"] and r["id"] == 2 and r["result"]["settings"]["score_threshold"] == 0.9, r
+    r = peer.request(set_, signed, set_reply)
+    assert not r["ok"] and "replayed" in r["error"]
+
+    refused = {
+        "another device": make_command("elsewhere", "set", {"score_threshold": 0.1}, key),
+        "another verb": make_command(name, "reload", {}, key),
+        "stale": make_command(name, "set", {"score_threshold": 0.1}, key,
+                              created=time.time() - 3600),
+        "untrusted key": make_command(name, "set", {"score_threshold": 0.1},
+                                      PrivateKey.generate()),
+        "tampered": make_command(name, "set", {"score_threshold": 0.1}, key)
+        .replace(b"0.1", b"0.2"),
+        "unsigned envelope": json.dumps({"request": json.loads(signed)["request"]}).encode(),
+    }
+    for why, payload in refused.items():
+        r = peer.request(set_, payload, set_reply)
+        assert not r["ok"], (why, r)
+    r = peer.request(f"{base}/cmd/status", {}, f"{base}/cmd/status/reply")
+    assert r["ok"]
+
+    assert "Traceback" not in run.stop()
+    again = start_daemon(config)  # same state dir: the nonce is remembered
+    _online(peer, base)
+    r = peer.request(set_, signed, set_reply)
+    assert not r["ok"] and "replayed" in r["error"]
+    r = peer.request(set_, make_command(name, "set", {"score_threshold": 0.8}, key), set_reply)
+    assert r["ok"] and r["result"]["settings"]["score_threshold"] == 0.8
+    again.stop()
+
+
+def test_signed_commands_need_trusted_keys(tmp_path: Path, blazeface_path: Path,
+                                           start_daemon: Callable[[dict[str, Any]], Run]) -> None:
+    config = daemon_config("127.0.0.1", 1, blazeface_path, tmp_path, "nokeys",
+                           commands={"signed": ["reload"]})
+    run = start_daemon(config)
+    _, stderr = run.proc.communicate(timeout=60)  # refused at start: it exits by itself
+    assert run.proc.returncode == 78 and "ota.trusted_keys" in stderr

@@ -1,0 +1,183 @@
+"""Signed commands: the verbs of ``mqtt.commands.signed`` run only when signed with a key of
+``ota.trusted_keys``, with the OTA scheme (Ed25519 over the exact JSON text, ``ota.manifest``'s
+``sign_bytes``/``verify_bytes``), for one device and one verb, recently, and once.
+
+A signed command is the usual request object with two fields (``id`` may sit beside them)::
+
+    {"id": 7, "request": "<the JSON text below>", "signature": "<base64 Ed25519>"}
+
+    {"schema": "edgeinfer-cmd/1", "device": "pi-kitchen", "verb": "set",
+     "args": {"score_threshold": 0.7}, "created": "2026-01-31T12:00:00Z",
+     "nonce": "<16-64 hex digits>", "key_id": "<the signing key's id>"}
+
+``make_command`` builds one (``edgeinfer cmd --key`` uses it). The device refuses a command for
+another device or verb, one created more than ``max_age_s`` ago (or over a minute ahead), and a
+nonce it has seen: seen nonces are kept in ``<state_dir>/command-nonces.json`` until they
+expire, so a replay is refused after a restart too.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import secrets
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+from ..errors import OtaRejected
+from .commands import CommandError, too_deep
+
+__all__ = ["SCHEMA", "NonceBook", "SignedCommands", "make_command"]
+
+logger = logging.getLogger(__name__)
+
+SCHEMA = "edgeinfer-cmd/1"
+MAX_NONCES = 10_000  # signed commands remembered at once (within max_age_s)
+_NONCE = re.compile(r"[0-9a-f]{16,64}")
+_FUTURE_SKEW_S = 60.0
+_MAX_DEPTH = 16
+
+
+class SignedRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """What the signature covers."""
+
+    schema: Literal["edgeinfer-cmd/1"] = "edgeinfer-cmd/1"
+    device: str
+    verb: str
+    args: dict[str, Any] = {}
+    created: str
+    nonce: str
+    key_id: str | None = None
+
+
+class _Envelope(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    request: str
+    signature: str | None = None
+
+
+def make_command(device: str, verb: str, args: Mapping[str, Any] | None, key: Any, *,
+                 request_id: Any = None, created: float | None = None) -> bytes:
+    """The payload of a command for ``device`` signed with ``key`` (an
+    ``ota.keys.PrivateKey``), created now (or at ``created``) with a random nonce."""
+    from ..ota.manifest import encode, now_iso, sign_bytes
+
+    text = encode(SignedRequest(device=device, verb=verb, args=dict(args or {}),
+                                created=now_iso(created), nonce=secrets.token_hex(16),
+                                key_id=key.key_id))
+    body: dict[str, Any] = {"request": text.decode("utf-8"), "signature": sign_bytes(text, key)}
+    if request_id is not None:
+        body["id"] = request_id
+    return json.dumps(body).encode()
+
+
+class SignedCommands:
+    """Opens signed commands for one device (the ``Opener`` of ``CommandServer``).
+
+    Args:
+        device: This device's id; a command for another is refused.
+        trusted: The trusted keys by key id (``ota.keys.load_trusted_keys``).
+        nonces: Where seen nonces are kept.
+        max_age_s: Oldest command accepted.
+    """
+
+    def __init__(self, device: str, trusted: Mapping[str, Any], nonces: NonceBook, *,
+                 max_age_s: float) -> None:
+        self.device = device
+        self.trusted = trusted
+        self.nonces = nonces
+        self.max_age_s = max_age_s
+
+    def open(self, verb: str, request: dict[str, Any], *, now: float | None = None
+             ) -> dict[str, Any]:
+        """The signed arguments of ``request`` (an envelope) for ``verb``.
+
+        Raises:
+            CommandError: not signed, not by a trusted key, not for this device and verb,
+                stale, from the future or replayed.
+        """
+        from ..ota.manifest import parse_time, verify_bytes
+
+        if "signature" not in request:
+            raise CommandError(f"command {verb!r} must be signed (mqtt.commands.signed)")
+        try:
+            env = msgspec.convert(request, _Envelope, strict=True)
+            data = env.request.encode("utf-8", "surrogatepass")
+            if too_deep(data, _MAX_DEPTH):
+                raise CommandError(f"signed request nested deeper than {_MAX_DEPTH} levels")
+            req = msgspec.json.decode(data, type=SignedRequest)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise CommandError(f"malformed signed command: {exc}") from None
+        try:
+            verify_bytes(data, env.signature, req.key_id, self.trusted, allow_unsigned=False)
+        except OtaRejected as exc:
+            raise CommandError(f"signature refused ({exc.reason}): {exc}") from None
+        if req.device != self.device or req.verb != verb:
+            raise CommandError(f"the signed command is {req.verb!r} for device "
+                               f"{req.device[:64]!r}, not {verb!r} for {self.device!r}")
+        if not _NONCE.fullmatch(req.nonce):
+            raise CommandError("signed command field 'nonce' must be 16-64 lowercase hex digits")
+        try:
+            created = parse_time(req.created)
+        except (ValueError, OverflowError):
+            raise CommandError(f"signed command field 'created' is not an ISO-8601 time: "
+                               f"{req.created[:80]!r}") from None
+        now = time.time() if now is None else now
+        if now - created > self.max_age_s:
+            raise CommandError(f"stale signed command: created {req.created}, "
+                               f"{now - created:.0f} s ago (limit {self.max_age_s:g} s)")
+        if created - now > _FUTURE_SKEW_S:
+            raise CommandError(f"signed command created in the future ({req.created}, "
+                               f"{created - now:.0f} s ahead): check the clocks")
+        self.nonces.add(req.nonce, created + self.max_age_s + _FUTURE_SKEW_S, now=now)
+        return dict(req.args)
+
+
+class NonceBook:
+    """Nonces of the signed commands taken, each until its command would be stale anyway;
+    written through to ``path`` (atomically) before the command runs.
+
+    Args:
+        path: The JSON file (``{nonce: expiry unix time}``).
+        max_nonces: At most this many are kept; past it new commands are refused until some
+            expire (never an old nonce forgotten early: that would allow its replay).
+    """
+
+    def __init__(self, path: Path, *, max_nonces: int = MAX_NONCES) -> None:
+        self.path = path
+        self.max_nonces = max_nonces
+        self._seen: dict[str, float] = {}
+        try:
+            raw = json.loads(path.read_bytes())
+            self._seen = {str(k): float(v) for k, v in dict(raw).items()}
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, TypeError) as exc:
+            logger.error("cannot read the seen command nonces in %s (%s); starting afresh",
+                         path, exc)
+
+    def add(self, nonce: str, expires: float, *, now: float | None = None) -> None:
+        """Remember ``nonce`` until ``expires``.
+
+        Raises:
+            CommandError: seen before, or the book is full.
+        """
+        from ..ota._durable import write_atomic
+
+        now = time.time() if now is None else now
+        self._seen = {k: v for k, v in self._seen.items() if v > now}
+        if nonce in self._seen:
+            raise CommandError(f"replayed signed command (nonce {nonce} already used)")
+        if len(self._seen) >= self.max_nonces:
+            raise CommandError(f"{len(self._seen)} signed commands within their max_age_s: "
+                               "refused until some expire")
+        self._seen[nonce] = expires
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.path, json.dumps(self._seen).encode(), 0o600)
+
+    def __contains__(self, nonce: object) -> bool:
+        return nonce in self._seen
