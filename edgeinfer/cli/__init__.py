@@ -200,6 +200,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="give up waiting after S seconds (default: %(default)s)")
     p.add_argument("--chunk-kb", type=int, default=256, metavar="KB",
                    help="chunk size, 64-512 KiB (default: %(default)s)")
+    p.add_argument("--sequence", type=int, metavar="N",
+                   help="the pipeline's update sequence (default: the time in ms); devices "
+                   "refuse one not above the highest they installed")
+    p.add_argument("--downgrade", action="store_true",
+                   help="sign a deliberate downgrade: allowed below the installed sequence")
+    p.add_argument("--ttl", type=float, default=3600.0, metavar="S",
+                   help="the signed manifest expires after S seconds (default: %(default)s)")
     p.add_argument("-c", "--config", help="YAML config whose mqtt: section names the broker")
     p.add_argument("--broker", metavar="HOST[:PORT]", help="broker (default: the config's, or "
                    "127.0.0.1:1883)")

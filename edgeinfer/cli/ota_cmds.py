@@ -78,7 +78,8 @@ def cmd_push_model(args: argparse.Namespace) -> int:
                 version=args.model_version, key=key, name=args.name, task=args.task,
                 golden_path=args.golden, tolerance=args.tolerance,
                 chunk_size=args.chunk_kb * 1024, canary=args.canary, wait=args.wait,
-                timeout_s=args.timeout, on_progress=out.progress, on_status=out.status)
+                timeout_s=args.timeout, on_progress=out.progress, on_status=out.status,
+                sequence=args.sequence, downgrade=args.downgrade, ttl_s=args.ttl)
     finally:
         out.end_bar()
         client.stop(timeout_s=1.0)

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from ..config import Config, PipelineConfig
     from ..daemon import Daemon
     from ..mqtt.client import Message, MqttClient
-    from .manifest import Manifest
+    from .manifest import Manifest, Offer
     from .receiver import StagedTransfer
 
 __all__ = ["OtaAgent", "crash_point"]
@@ -66,6 +66,7 @@ class OtaAgent:
 
     def __init__(self, daemon: Daemon, config: Config) -> None:
         from .keys import load_trusted_keys
+        from .replay import ReplayGuard
         from .store import ModelStore
         from .updater import Updater
 
@@ -77,20 +78,21 @@ class OtaAgent:
         self.max_model_mb = self.ota.max_model_mb or config.runtime.max_model_mb
         state = Path(config.runtime.resolved_state_dir())
         self.store = ModelStore(state / "ota", keep=self.ota.keep_versions)
+        self.replay = ReplayGuard(state / "ota")
         self.trusted = load_trusted_keys(self.ota.trusted_keys)
         self.client: MqttClient | None = None
         self.counters = {"offers": 0, "chunks": 0, "stray_chunks": 0, "bad_chunks": 0,
-                         "rejected": 0, "committed": 0, "rolled_back": 0}
+                         "unverified": 0, "rejected": 0, "committed": 0, "rolled_back": 0}
         self.last_status: OtaStatus | None = None
         self._lock = threading.RLock()
         self._active: StagedTransfer | None = None
-        self._busy: str | None = None  # the transfer id being verified or applied
+        self._busy: str | None = None  # the request id being verified or applied
+        self._busy_status: OtaStatus | None = None  # the last status about it
         self._jobs: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._stop = threading.Event()
         self._worker: threading.Thread | None = None
         self._unsubscribe: list[Any] = []
-        self._seen_nonces: set[str] = set()
-        self._interrupted: dict[str, Any] = {}
+        self._interrupted: dict[str, str | None] = {}  # pipeline -> its update's request id
         self._last_status_at = 0.0
         self.updater = Updater(self)
         if self.ota.allow_unsigned:
@@ -103,7 +105,14 @@ class OtaAgent:
     def recover(self) -> None:
         """Before the pipelines start: an update applied but not committed when the daemon
         stopped is undone (its status becomes ``rolled_back``, ``interrupted``)."""
-        self._interrupted = self.store.recover()
+        requests: dict[str, str | None] = {}
+        for folder in self.store._pipeline_dirs():
+            pending = self.store.pending(folder.name)
+            if pending is not None:
+                update = pending.get("update")
+                request = update.get("request") if isinstance(update, dict) else None
+                requests[folder.name] = request if isinstance(request, str) else None
+        self._interrupted = {p: requests.get(p) for p in self.store.recover()}
         for pipeline in self._interrupted:
             logger.warning("pipeline %s: the model update was not committed before the daemon "
                            "stopped; back on the previous model", pipeline)
@@ -136,8 +145,8 @@ class OtaAgent:
                 client.subscribe(f"{base}/ota/rollback", 1,
                                  self._handler(self._on_rollback, group)),
             ]
-        for pipeline in self._interrupted:
-            self.publish("rolled_back", pipeline=pipeline, reason="interrupted",
+        for pipeline, request in self._interrupted.items():
+            self.publish("rolled_back", pipeline=pipeline, request=request, reason="interrupted",
                          message="the daemon stopped before the update was committed; "
                          "back on the previous model")
         self._resume_staged()
@@ -224,56 +233,106 @@ class OtaAgent:
         return handle
 
     def _on_offer(self, message: Message, group: str | None) -> None:
-        from .manifest import open_offer, parse_offer
-        from .receiver import StagedTransfer
+        from .manifest import open_offer, parse_offer, request_id
 
         self.counters["offers"] += 1
+        request = None
         try:
             offer = parse_offer(message.payload)
+            request = request_id(offer.manifest, offer.signature)
             manifest = open_offer(offer, self.trusted, allow_unsigned=self.ota.allow_unsigned)
-            self._check_target(manifest)
         except OtaRejected as exc:
-            self._reject_offer(message.payload, exc, group)
+            self._refuse_unverified(exc, request, group, "offer")
             return
-        if self._running_sha(manifest.pipeline) == manifest.sha256:
-            self.publish("committed", manifest=manifest, transfer=offer.transfer.id, group=group,
-                         message="this model already runs")
+        with self._lock:  # the same signed offer again: say where it stands
+            active = self._active
+            if active is not None and active.request == request:
+                self._publish_progress(active)
+                return
+            if self._busy == request and self._busy_status is not None:
+                self._send(self._busy_status)
+                return
+        running = self._running_sha(manifest.pipeline) == manifest.sha256
+        try:
+            self._check_offer(manifest, request, running)
+        except OtaRejected as exc:
+            self.publish("rejected", manifest=manifest, request=request, group=group,
+                         reason=exc.reason, message=str(exc))
+            return
+        if running:
+            self._already_running(manifest, request, group)
             return
         with self._lock:
-            if self._busy is not None:
-                if self._busy != offer.transfer.id:
-                    self.publish("rejected", manifest=manifest, transfer=offer.transfer.id,
-                                 group=group, reason="busy",
-                                 message=f"update {self._busy} is being applied; push again "
-                                 "when it is done")
-                elif self.last_status is not None:
-                    self._send(self.last_status)
+            self._stage(message.payload, offer, manifest, request, group)
+
+    def _check_offer(self, manifest: Manifest, request: str, running: bool) -> None:
+        from .manifest import check_time
+
+        check_time(manifest)
+        self._check_target(manifest)
+        self.replay.check_sequence(manifest.pipeline, manifest.sequence,
+                                   downgrade=manifest.downgrade, request=request,
+                                   running=running)
+
+    def _already_running(self, manifest: Manifest, request: str, group: str | None) -> None:
+        """A signed offer of the model the pipeline runs: nothing to transfer; the status
+        names the running model (not the offer's claims) and the sequence is recorded."""
+        from .manifest import parse_time
+
+        info = self._running_info(manifest.pipeline)
+        self.replay.accept(manifest.pipeline, manifest.sequence, downgrade=manifest.downgrade,
+                           request=request, expires=parse_time(manifest.expires))
+        self.publish("committed", request=request, transfer=manifest.sha256[:16], group=group,
+                     pipeline=manifest.pipeline, name=info.name if info else None,
+                     version=info.version if info else None, sha256=manifest.sha256,
+                     message="this model already runs; nothing transferred")
+
+    def _stage(self, payload: bytes, offer: Offer, manifest: Manifest, request: str,
+               group: str | None) -> None:
+        """Start receiving a checked offer (the lock held)."""
+        from .receiver import StagedTransfer
+
+        if self._busy is not None:
+            self.publish("rejected", manifest=manifest, request=request, group=group,
+                         reason="busy", message=f"update {self._busy} is being applied; push "
+                         "again when it is done")
+            return
+        active = self._active
+        if active is not None:
+            if manifest.sequence < active.manifest.sequence and not manifest.downgrade:
+                # an older signed offer (a replay?) never cancels a newer transfer under way
+                self.publish("rejected", manifest=manifest, request=request, group=group,
+                             reason="superseded", message=f"transfer {active.request} of a "
+                             f"later sequence ({active.manifest.sequence}) is under way")
                 return
-            active = self._active
-            if active is not None and active.id == offer.transfer.id \
-                    and active.chunk_size == offer.transfer.chunk_size:
-                self._publish_progress(active)  # a re-offer: say what is still missing
-                return
-            if active is not None:
-                logger.info("ota: transfer %s replaced by %s", active.id, offer.transfer.id)
-                active.remove()
-                self._active = None
-            try:
-                staged = StagedTransfer.create(self.store.staging_dir(offer.transfer.id),
-                                               message.payload, offer, manifest, group)
-                staged.remember_group()
-            except OSError as exc:
-                self.store.clear_staging(offer.transfer.id)
-                self.publish("rejected", manifest=manifest, transfer=offer.transfer.id,
-                             group=group, reason="storage", message=f"cannot stage it: {exc}")
-                return
-            if staged.complete:
-                self._queue_apply(staged)
+            logger.info("ota: transfer %s replaced by %s", active.request, request)
+            if active.id == offer.transfer.id:
+                active.close()  # the same file: the new offer resumes its chunks
             else:
-                self._active = staged
-                self._publish_progress(staged)
+                active.remove()
+            self._active = None
+        try:
+            staged = StagedTransfer.create(self.store.staging_dir(offer.transfer.id),
+                                           payload, offer, manifest, group)
+            staged.remember_group()
+        except OSError as exc:
+            self.store.clear_staging(offer.transfer.id)
+            self.publish("rejected", manifest=manifest, request=request, group=group,
+                         reason="storage", message=f"cannot stage it: {exc}")
+            return
+        if staged.complete:
+            self._queue_apply(staged)
+        else:
+            self._active = staged
+            self._publish_progress(staged)
 
     def _check_target(self, manifest: Manifest) -> None:
+        t = manifest.target
+        if (t.device is not None and t.device != self.device) or (
+                t.group is not None and t.group not in self.ota.groups):
+            groups = ", ".join(self.ota.groups) or "none"
+            raise OtaRejected("wrong_target", f"the update is signed for {t}; this is device "
+                              f"{self.device} (groups: {groups})")
         pc = self._pipeline_config(manifest.pipeline)
         if pc is None:
             names = ", ".join(p.name for p in self.daemon.config.pipelines)
@@ -291,19 +350,15 @@ class OtaAgent:
             raise OtaRejected("storage", f"{free / 2**20:.0f} MiB free in {self.store.root}; the "
                               f"update needs {2 * manifest.size / 2**20:.0f} MiB and a margin")
 
-    def _reject_offer(self, payload: bytes, exc: OtaRejected, group: str | None) -> None:
-        import json
-
-        fields: dict[str, Any] = {}
-        try:  # say which update was refused, from whatever part of the offer is readable
-            raw = json.loads(payload)
-            fields["transfer"] = str(raw["transfer"]["id"])[:16]
-            m = json.loads(raw["manifest"])
-            fields.update({k: str(m[k])[:64] for k in ("pipeline", "name", "version", "sha256")
-                           if k in m})
-        except Exception:  # a malformed offer: the reason says so
-            pass
-        self.publish("rejected", reason=exc.reason, message=str(exc), group=group, **fields)
+    def _refuse_unverified(self, exc: OtaRejected, request: str | None, group: str | None,
+                           what: str) -> None:
+        """An offer or rollback request that did not pass its signature check (or is not
+        even well formed): it changes nothing, and its refusal names only its own request id
+        (none of its unverified claims) and is not retained, so it replaces no status."""
+        self.counters["unverified"] += 1
+        logger.warning("ota: refused a %s before trusting it (%s): %s", what, exc.reason, exc)
+        self.publish("rejected", request=request, group=group, reason=exc.reason,
+                     message=str(exc), retain=False)
 
     def _on_chunk(self, message: Message, group: str | None) -> None:
         parsed = parse_chunk_topic(message.topic)
@@ -319,7 +374,9 @@ class OtaAgent:
                 new = staged.write(index, message.payload)
             except OtaRejected as exc:
                 self.counters["bad_chunks"] += 1
-                logger.warning("ota: chunk dropped: %s", exc)
+                if staged.bad_chunks & (staged.bad_chunks - 1) == 0:  # 1st, 2nd, 4th...: no flood
+                    logger.warning("ota: chunk dropped (%d so far in %s): %s", staged.bad_chunks,
+                                   staged.request, exc)
                 return
             except OSError as exc:  # a full or failing disk: the transfer cannot finish
                 self._active = None
@@ -337,29 +394,44 @@ class OtaAgent:
                 self._publish_progress(staged)
 
     def _on_rollback(self, message: Message, group: str | None) -> None:
-        from .manifest import open_rollback
+        from .manifest import open_rollback, parse_rollback, parse_time, request_id
 
+        request = None
         try:
-            request = open_rollback(message.payload, self.trusted,
-                                    allow_unsigned=self.ota.allow_unsigned,
-                                    seen=self._seen_nonces)
-            if self._pipeline_config(request.pipeline) is None:
-                raise OtaRejected("unknown_pipeline",
-                                  f"this device has no pipeline {request.pipeline!r}")
+            env = parse_rollback(message.payload)
+            request = request_id(env.request, env.signature)
+            req, request = open_rollback(message.payload, self.trusted,
+                                         allow_unsigned=self.ota.allow_unsigned)
         except OtaRejected as exc:
-            self.publish("rejected", reason=exc.reason, message=str(exc), group=group)
+            self._refuse_unverified(exc, request, group, "rollback request")
+            return
+        try:
+            t = req.target
+            if (t.device is not None and t.device != self.device) or (
+                    t.group is not None and t.group not in self.ota.groups):
+                raise OtaRejected("wrong_target", f"the rollback request is signed for {t}; "
+                                  f"this is device {self.device}")
+            if self._pipeline_config(req.pipeline) is None:
+                raise OtaRejected("unknown_pipeline",
+                                  f"this device has no pipeline {req.pipeline!r}")
+            self.replay.use_nonce(req.nonce, parse_time(req.created))
+        except OtaRejected as exc:
+            self.publish("rejected", request=request, pipeline=req.pipeline, group=group,
+                         reason=exc.reason, message=str(exc))
             return
         with self._lock:
             if self._busy is not None:
-                self.publish("rejected", pipeline=request.pipeline, group=group, reason="busy",
-                             message=f"update {self._busy} is being applied")
+                self.publish("rejected", request=request, pipeline=req.pipeline, group=group,
+                             reason="busy", message=f"update {self._busy} is being applied")
                 return
-            self._busy = "rollback"
-        self._jobs.put(("rollback", (request.pipeline, group)))
+            self._busy = request
+            self._busy_status = None
+        self._jobs.put(("rollback", (req.pipeline, group, request)))
 
     # -- the worker --------------------------------------------------------------------------
     def _queue_apply(self, staged: StagedTransfer) -> None:
-        self._busy = staged.id
+        self._busy = staged.request
+        self._busy_status = None
         self.publish("verifying", staged=staged)
         self._jobs.put(("apply", staged))
 
@@ -376,7 +448,8 @@ class OtaAgent:
             except Exception as exc:  # a bug must not leave the device busy forever
                 logger.exception("ota: %s failed", kind)
                 if not isinstance(exc, EdgeInferError):
-                    self.publish("rejected", reason="internal", message=repr(exc))
+                    self.publish("rejected", request=self._busy, reason="internal",
+                                 message=repr(exc))
             finally:
                 with self._lock:
                     self._busy = None
@@ -386,10 +459,12 @@ class OtaAgent:
         self.publish("receiving", staged=staged, missing=to_ranges(staged.missing()))
 
     def publish(self, state: str, *, staged: StagedTransfer | None = None,
-                manifest: Manifest | None = None, **fields: Any) -> OtaStatus:
-        """Publish (retained) and remember this device's OTA status."""
+                manifest: Manifest | None = None, retain: bool = True,
+                **fields: Any) -> OtaStatus:
+        """Publish (retained unless ``retain`` is off) and remember this device's OTA status."""
         m = manifest or (staged.manifest if staged is not None else None)
         if staged is not None:
+            fields.setdefault("request", staged.request)
             fields.setdefault("transfer", staged.id)
             fields.setdefault("group", staged.group)
             fields.setdefault("received", staged.received)
@@ -406,20 +481,23 @@ class OtaAgent:
                            **fields)
         if state in FINAL_STATES and state in self.counters:
             self.counters[state] += 1
-        self._send(status)
+        self._send(status, retain=retain)
         if state in FINAL_STATES:
             level = logging.WARNING if state != "committed" else logging.INFO
             logger.log(level, "ota: %s %s %s: %s%s", status.pipeline or "-", status.version or "",
                        state, status.reason or "", f" ({status.message})" if status.message else "")
         return status
 
-    def _send(self, status: OtaStatus) -> None:
-        self.last_status = status
-        self._last_status_at = time.monotonic()
+    def _send(self, status: OtaStatus, *, retain: bool = True) -> None:
+        if retain:
+            self.last_status = status
+            self._last_status_at = time.monotonic()
+        if status.request is not None and status.request == self._busy:
+            self._busy_status = status
         client = self.client
         if client is not None:
             client.publish(status_topic(self.prefix, self.device), status.encode(), qos=1,
-                           retain=True)
+                           retain=retain)
 
     # -- the daemon's pipelines ------------------------------------------------------------------
     def _pipeline_config(self, name: str) -> PipelineConfig | None:

@@ -4,9 +4,15 @@ Signatures are Ed25519 over ``DOMAIN + text``, where ``text`` is the exact UTF-8
 travels in the offer (``docs/ota.md``): a device verifies those bytes before it trusts any field,
 then decodes them into a ``Manifest`` whose construction checks every field rule.
 
+Format 2 binds what a signature allows: the manifest names its ``target`` (a device or a
+group), a per-pipeline ``sequence`` (with ``downgrade`` to go below the highest one installed),
+an ``expires`` time, and the sha256 of every chunk at the signed ``chunk_size`` (so a device
+checks each chunk as it arrives). A request id (``request_id``) names one signed offer or
+rollback request; every status answering it carries that id.
+
 Rejections raise ``OtaRejected`` with the protocol's reason codes: ``unsigned``,
-``unknown_key``, ``bad_signature``, ``bad_manifest``, ``bad_name`` (``name`` or ``filename``)
-and ``bad_transfer``.
+``unknown_key``, ``bad_signature``, ``bad_manifest``, ``bad_name`` (``name`` or ``filename``),
+``bad_transfer``, ``expired_manifest`` and ``not_yet_valid``.
 """
 
 from __future__ import annotations
@@ -36,8 +42,11 @@ __all__ = [
     "Manifest",
     "Offer",
     "RollbackRequest",
+    "Target",
     "TransferInfo",
     "build_manifest",
+    "check_time",
+    "chunk_hashes",
     "decode_manifest",
     "encode",
     "golden_bytes",
@@ -47,13 +56,19 @@ __all__ = [
     "open_offer",
     "open_rollback",
     "parse_offer",
+    "parse_rollback",
     "parse_time",
+    "request_id",
     "sign_bytes",
     "transfer_id",
     "verify_bytes",
 ]
 
-DOMAIN = b"edgeinfer-ota/1\n"
+SCHEMA = "edgeinfer-ota/2"
+DOMAIN = b"edgeinfer-ota/2\n"
+DEFAULT_CHUNK = 256 * 1024
+DEFAULT_TTL_S = 3600.0
+MAX_TTL_S = 30 * 86400.0  # a manifest valid for longer is refused (a signer's slip, or a trap)
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _PIPELINE = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -63,6 +78,7 @@ _HEX16 = re.compile(r"[0-9a-f]{16}")
 _NONCE = re.compile(r"[0-9a-f]{8,64}")
 _MAX_ROLLBACK_BYTES = 64 * 1024
 _FUTURE_SKEW_S = 60.0
+_LEVEL = re.compile(r"[^/+#\x00-\x20\x7f]{1,128}")  # one MQTT topic level
 
 
 def _bad(field: str, why: str, reason: str = "bad_manifest") -> OtaRejected:
@@ -112,6 +128,27 @@ class Golden(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
                 raise _bad(field, f"must be a finite number >= 0, got {value}")
 
 
+class Target(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True,
+             omit_defaults=True):
+    """Whom a signed manifest or rollback request is for: exactly one of ``device`` (a device
+    id) and ``group`` (a fleet group). A device takes it only if it names the device itself or
+    one of its ``ota.groups``."""
+
+    device: str | None = None
+    group: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.device is None) == (self.group is None):
+            raise _bad("target", "must name exactly one of device and group")
+        value = self.device if self.device is not None else self.group
+        if value is None or not _LEVEL.fullmatch(value):
+            raise _bad("target", f"must be a device id or group name (one topic level), "
+                                 f"got {str(value)[:80]!r}")
+
+    def __str__(self) -> str:
+        return f"device {self.device}" if self.device is not None else f"group {self.group}"
+
+
 class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """What a pushed model is: checked on construction (and so on decoding).
 
@@ -119,7 +156,7 @@ class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     rest) naming the field that breaks a rule of ``docs/ota.md``.
     """
 
-    schema: Literal["edgeinfer-ota/1"] = "edgeinfer-ota/1"
+    schema: Literal["edgeinfer-ota/2"] = "edgeinfer-ota/2"
     name: str
     pipeline: str
     version: str
@@ -130,7 +167,13 @@ class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     task: str | None = None
     preprocess: dict[str, Any] | None = None
     golden: Golden | None = None
+    target: Target
+    sequence: int
+    downgrade: bool = False
     created: str
+    expires: str
+    chunk_size: int
+    chunks: list[str]
     key_id: str | None = None
 
     def __post_init__(self) -> None:
@@ -149,12 +192,29 @@ class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
         if self.task is not None and not _TASK.fullmatch(self.task):
             raise _bad("task", f"must be a task name such as 'detect', got {self.task[:80]!r}")
         _check_created(self.created)
+        _check_created(self.expires, "expires")
+        lifetime = parse_time(self.expires) - parse_time(self.created)
+        if not 0 < lifetime <= MAX_TTL_S:
+            raise _bad("expires", f"must be after 'created' and at most {MAX_TTL_S / 86400:g} "
+                                  f"days after it, got {self.expires[:80]!r}")
+        if not 0 <= self.sequence < 2**63:
+            raise _bad("sequence", f"must be an integer 0 <= n < 2**63, got {self.sequence}")
+        if not protocol.MIN_CHUNK <= self.chunk_size <= protocol.MAX_CHUNK:
+            raise _bad("chunk_size", f"must be {protocol.MIN_CHUNK}..{protocol.MAX_CHUNK}, "
+                                     f"got {self.chunk_size}")
+        count = math.ceil(self.size / self.chunk_size)
+        if len(self.chunks) != count:
+            raise _bad("chunks", f"must list {count} chunk sha256s ({self.size} bytes in chunks "
+                                 f"of {self.chunk_size}), got {len(self.chunks)}")
+        for i, digest in enumerate(self.chunks):
+            _check_sha(digest, f"chunks[{i}]")
         if self.key_id is not None and not _HEX16.fullmatch(self.key_id):
             raise _bad("key_id", f"must be 16 lowercase hex digits, got {self.key_id[:80]!r}")
 
 
 class TransferInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """How the model file is cut into chunks: ``id`` (16 hex), ``chunk_size``, ``chunks``."""
+    """How the model file is cut into chunks: ``id`` (16 hex), ``chunk_size``, ``chunks``.
+    Not signed: a device takes it only when it equals the signed manifest's."""
 
     id: str
     chunk_size: int
@@ -174,9 +234,10 @@ class Offer(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tru
 class RollbackRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """A signed request to put a pipeline back on its previous model."""
 
-    schema: Literal["edgeinfer-ota/1"] = "edgeinfer-ota/1"
+    schema: Literal["edgeinfer-ota/2"] = "edgeinfer-ota/2"
     action: Literal["rollback"] = "rollback"
     pipeline: str
+    target: Target
     created: str
     nonce: str
     key_id: str | None = None
@@ -191,6 +252,39 @@ class _RollbackEnvelope(msgspec.Struct, frozen=True, forbid_unknown_fields=True,
 def transfer_id(sha256: str) -> str:
     """The transfer id of a model: the first 16 hex digits of its sha256."""
     return sha256[:16]
+
+
+def request_id(text: str, signature: str | None) -> str:
+    """The id of one signed request (an offer's manifest, a rollback request): 16 hex digits of
+    the sha256 of its text and signature. Statuses answering it carry it; a copy with another
+    signature (a forgery) has another id, so it cannot speak for the real one."""
+    h = hashlib.sha256(text.encode("utf-8", "surrogatepass"))
+    h.update(b"\n" + (signature or "").encode("ascii", "replace"))
+    return h.hexdigest()[:16]
+
+
+def chunk_hashes(path: Path, chunk_size: int) -> list[str]:
+    """The sha256 of each ``chunk_size`` piece of the file at ``path``."""
+    out = []
+    with open(path, "rb") as f:
+        while block := f.read(chunk_size):
+            out.append(hashlib.sha256(block).hexdigest())
+    return out
+
+
+def check_time(manifest: Manifest, now: float | None = None) -> None:
+    """Refuse a manifest past its ``expires`` time or created in the future (beyond a minute).
+
+    Raises:
+        OtaRejected: ``expired_manifest`` or ``not_yet_valid``.
+    """
+    now = time.time() if now is None else now
+    if now > parse_time(manifest.expires):
+        raise OtaRejected("expired_manifest", f"the manifest expired at {manifest.expires} "
+                          f"(created {manifest.created}); sign a new one")
+    if parse_time(manifest.created) - now > _FUTURE_SKEW_S:
+        raise OtaRejected("not_yet_valid", f"the manifest was created {manifest.created}, in "
+                          "this device's future: check the clocks")
 
 
 def now_iso(ts: float | None = None) -> str:
@@ -225,23 +319,36 @@ def build_manifest(
     *,
     pipeline: str,
     version: str,
+    target: Target,
+    sequence: int | None = None,
+    downgrade: bool = False,
+    chunk_size: int = DEFAULT_CHUNK,
+    ttl_s: float = DEFAULT_TTL_S,
     name: str | None = None,
     task: str | None = None,
     preprocess: dict[str, Any] | None = None,
     golden: Golden | None = None,
     key_id: str | None = None,
+    now: float | None = None,
 ) -> Manifest:
-    """The manifest of a model file, ``created`` now.
+    """The manifest of a model file, ``created`` now and valid for ``ttl_s``.
 
     Args:
         model_path: the ONNX or TFLite file to push (one file: no external data).
         pipeline: the device pipeline whose model it replaces.
         version: shown in results' ``model.version``.
+        target: the device or group it is for.
+        sequence: the pipeline's update sequence (default: the time in milliseconds); a
+            device refuses one not above the highest it installed unless ``downgrade``.
+        downgrade: allow a sequence below the highest installed (a deliberate downgrade).
+        chunk_size: bytes per chunk; each chunk's sha256 is in the manifest.
+        ttl_s: seconds from ``created`` to ``expires``.
         name: the store's folder name; default the file's stem, sanitised.
         task: the task the model is for (``detect``, ``classify``, ...), checked by the device.
         preprocess: informational preprocessing notes.
         golden: the golden file's identity, when one goes with the offer.
         key_id: the signing key's id (``PrivateKey.key_id``); None for an unsigned push.
+        now: the Unix time to sign at (default now; tests).
 
     Raises:
         ModelError: the file is missing, not a model, or (``UnsafeModelError``) has external data.
@@ -254,6 +361,10 @@ def build_manifest(
     if info.onnx is not None and info.onnx.external_data:
         raise UnsafeModelError(f"{path}: a pushed model must be one file, but it has external data "
                                f"({', '.join(sorted(info.onnx.external_data))})")
+    now = time.time() if now is None else now
+    if not protocol.MIN_CHUNK <= chunk_size <= protocol.MAX_CHUNK:
+        raise _bad("chunk_size", f"must be {protocol.MIN_CHUNK}..{protocol.MAX_CHUNK}, "
+                                 f"got {chunk_size}")
     return Manifest(
         name=_sanitise(path.stem) if name is None else name,
         pipeline=pipeline,
@@ -265,7 +376,13 @@ def build_manifest(
         task=task,
         preprocess=preprocess,
         golden=golden,
-        created=now_iso(),
+        target=target,
+        sequence=int(now * 1000) if sequence is None else sequence,
+        downgrade=downgrade,
+        created=now_iso(now),
+        expires=now_iso(now + ttl_s),
+        chunk_size=chunk_size,
+        chunks=chunk_hashes(path, chunk_size),
         key_id=key_id,
     )
 
@@ -320,17 +437,16 @@ def _signed_key_id(text: str, what: str) -> str | None:
 
 
 # -- offers ------------------------------------------------------------------------------------
-def make_offer(manifest: Manifest, key: PrivateKey | None, chunk_size: int,
+def make_offer(manifest: Manifest, key: PrivateKey | None,
                golden: bytes | None = None) -> bytes:
-    """The offer JSON for ``manifest``, signed with ``key`` (None: unsigned).
+    """The offer JSON for ``manifest``, signed with ``key`` (None: unsigned); its transfer
+    section repeats the manifest's chunking.
 
     Raises:
-        ValueError: ``chunk_size`` outside ``MIN_CHUNK..MAX_CHUNK``, ``manifest.key_id`` not
-            ``key.key_id``, golden bytes that do not match ``manifest.golden``, or an offer over
-            ``MAX_OFFER_BYTES``.
+        ValueError: ``manifest.key_id`` not ``key.key_id``, golden bytes that do not match
+            ``manifest.golden``, or an offer over ``MAX_OFFER_BYTES``.
     """
-    if not protocol.MIN_CHUNK <= chunk_size <= protocol.MAX_CHUNK:
-        raise ValueError(f"chunk size {chunk_size} is outside {protocol.MIN_CHUNK}..{protocol.MAX_CHUNK}")
+    chunk_size = manifest.chunk_size
     if key is not None and manifest.key_id != key.key_id:
         raise ValueError(f"the manifest's key_id {manifest.key_id!r} is not the signing key's "
                          f"{key.key_id!r} (build it with key_id=key.key_id)")
@@ -345,7 +461,7 @@ def make_offer(manifest: Manifest, key: PrivateKey | None, chunk_size: int,
         manifest=text.decode("utf-8"),
         signature=sign_bytes(text, key) if key is not None else None,
         transfer=TransferInfo(id=transfer_id(manifest.sha256), chunk_size=chunk_size,
-                              chunks=math.ceil(manifest.size / chunk_size)),
+                              chunks=len(manifest.chunks)),
         golden=base64.b64encode(golden).decode("ascii") if golden is not None else None,
     )
     payload = encode(offer)
@@ -400,7 +516,9 @@ def decode_manifest(text: bytes | str) -> Manifest:
 
 
 def open_offer(offer: Offer, trusted: Mapping[str, PublicKey], *, allow_unsigned: bool) -> Manifest:
-    """Verify an offer's signature, then decode and check its manifest and transfer.
+    """Verify an offer's signature, then decode and check its manifest and transfer (which
+    must repeat the signed chunking). Time, target and sequence are the device's to check
+    (``check_time``, the agent).
 
     Raises:
         OtaRejected: ``unsigned``/``unknown_key``/``bad_signature`` (``verify_bytes``),
@@ -415,10 +533,10 @@ def open_offer(offer: Offer, trusted: Mapping[str, PublicKey], *, allow_unsigned
     if t.id != transfer_id(manifest.sha256):
         raise OtaRejected("bad_transfer", f"transfer id {t.id} is not the first 16 hex digits of "
                                           "the manifest's sha256")
-    expected = math.ceil(manifest.size / t.chunk_size)
-    if t.chunks != expected:
-        raise OtaRejected("bad_transfer", f"{t.chunks} chunks announced, but {manifest.size} bytes "
-                                          f"in chunks of {t.chunk_size} make {expected}")
+    if t.chunk_size != manifest.chunk_size or t.chunks != len(manifest.chunks):
+        raise OtaRejected("bad_transfer", f"the transfer announces {t.chunks} chunks of "
+                                          f"{t.chunk_size} bytes, the signed manifest "
+                                          f"{len(manifest.chunks)} of {manifest.chunk_size}")
     golden = golden_bytes(offer)
     if (golden is None) != (manifest.golden is None):
         raise OtaRejected("bad_manifest", "a golden file must come with the offer exactly when the "
@@ -446,16 +564,17 @@ def golden_bytes(offer: Offer) -> bytes | None:
 
 
 # -- rollback requests -------------------------------------------------------------------------
-def make_rollback(pipeline: str, key: PrivateKey | None) -> bytes:
-    """A rollback request for ``pipeline``, created now with a random nonce, signed with
-    ``key`` (None: unsigned).
+def make_rollback(pipeline: str, key: PrivateKey | None, *, target: Target) -> bytes:
+    """A rollback request for ``pipeline`` on ``target``, created now with a random nonce,
+    signed with ``key`` (None: unsigned).
 
     Raises:
         ValueError: ``pipeline`` is not a valid pipeline name.
     """
     if not _PIPELINE.fullmatch(pipeline):
         raise ValueError(f"pipeline {pipeline!r} must match [A-Za-z0-9_-]{{1,64}}")
-    text = encode(RollbackRequest(pipeline=pipeline, created=now_iso(), nonce=secrets.token_hex(8),
+    text = encode(RollbackRequest(pipeline=pipeline, target=target, created=now_iso(),
+                                  nonce=secrets.token_hex(8),
                                   key_id=key.key_id if key is not None else None))
     return encode(_RollbackEnvelope(
         request=text.decode("utf-8"),
@@ -468,31 +587,30 @@ def open_rollback(
     trusted: Mapping[str, PublicKey],
     *,
     allow_unsigned: bool,
-    seen: set[str],
     max_age_s: float = 900,
     now: float | None = None,
-) -> RollbackRequest:
-    """Verify and decode a rollback request; its nonce is added to ``seen``.
+) -> tuple[RollbackRequest, str]:
+    """Verify and decode a rollback request; the caller checks its target and its nonce
+    (``replay.ReplayGuard``).
 
     Args:
         payload: the message.
         trusted: the device's trusted keys.
         allow_unsigned: accept an unsigned request.
-        seen: nonces of requests already taken (updated).
         max_age_s: refuse requests created longer ago than this.
         now: the current Unix time (default ``time.time()``).
 
+    Returns:
+        The request and its request id.
+
     Raises:
         OtaRejected: the ``verify_bytes`` reasons; ``bad_manifest`` for a malformed, stale
-            (or more than 60 s in the future) or replayed request.
+            or (more than 60 s) future request.
     """
     if len(payload) > _MAX_ROLLBACK_BYTES:
         raise OtaRejected("bad_manifest", f"the rollback request is {len(payload)} bytes, over "
                                           f"{_MAX_ROLLBACK_BYTES}")
-    try:
-        env = msgspec.json.decode(payload, type=_RollbackEnvelope)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise OtaRejected("bad_manifest", f"malformed rollback request: {exc}") from None
+    env = parse_rollback(payload)
     kid = _signed_key_id(env.request, "rollback request")
     data = env.request.encode("utf-8", "surrogatepass")
     verify_bytes(data, env.signature, kid, trusted, allow_unsigned=allow_unsigned)
@@ -518,8 +636,16 @@ def open_rollback(
     if created - now > _FUTURE_SKEW_S:
         raise OtaRejected("bad_manifest", f"rollback request created in the future ({req.created}, "
                                           f"{created - now:.0f} s ahead): check the clocks")
-    if req.nonce in seen:
-        raise OtaRejected("bad_manifest", f"replayed rollback request (nonce {req.nonce} already seen)")
-    seen.add(req.nonce)
-    return req
+    return req, request_id(env.request, env.signature)
 
+
+def parse_rollback(payload: bytes) -> _RollbackEnvelope:
+    """The envelope of a rollback request (nothing checked but its shape).
+
+    Raises:
+        OtaRejected: ``bad_manifest``.
+    """
+    try:
+        return msgspec.json.decode(payload, type=_RollbackEnvelope)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise OtaRejected("bad_manifest", f"malformed rollback request: {exc}") from None

@@ -32,7 +32,7 @@ __all__ = [
     "to_ranges",
 ]
 
-SCHEMA = "edgeinfer-ota/1"
+SCHEMA = "edgeinfer-ota/2"
 MIN_CHUNK = 64 * 1024
 MAX_CHUNK = 512 * 1024
 MAX_OFFER_BYTES = 8 * 1024 * 1024
@@ -49,10 +49,13 @@ class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class OtaStatus(msgspec.Struct, kw_only=True, omit_defaults=False):
-    """What ``<prefix>/<device>/ota/status`` carries (retained)."""
+    """What ``<prefix>/<device>/ota/status`` carries (retained). ``request`` is the id of
+    the offer or rollback request it answers (``manifest.request_id``): a pusher takes only
+    statuses that carry its own."""
 
     device: str
     state: State
+    request: str | None = None
     transfer: str | None = None
     pipeline: str | None = None
     name: str | None = None

@@ -61,11 +61,14 @@ CONNECT_TIMEOUT_S = 30.0
 
 @dataclass(eq=False)
 class _Channel:
-    """One base topic the offer and chunks go to, and the devices listening there."""
+    """One base topic the offer and chunks go to, and the devices listening there; the offer
+    (signed for this target) and its request id, which every status answering it carries."""
 
     base: str
     devices: frozenset[str]
     group: bool = False
+    payload: bytes = b""
+    request: str = ""
     pending: deque[int] = field(default_factory=deque)
     queued: set[int] = field(default_factory=set)
     sent_at: dict[int, float] = field(default_factory=dict)
@@ -86,7 +89,7 @@ class _Channel:
 
 @dataclass(frozen=True)
 class _Offer:
-    payload: bytes
+    sign: Callable[[_Channel], _Channel]  # the channel with its own signed offer
     transfer: str
     sha256: str
     size: int
@@ -131,7 +134,8 @@ class Pusher:
              task: str | None = None, golden_path: str | Path | None = None,
              tolerance: float = 1e-3, chunk_size: int = 262144, canary: int = 0,
              wait: bool = True, timeout_s: float = 300.0, on_progress: ProgressFn | None = None,
-             on_status: StatusFn | None = None) -> dict[str, OtaStatus]:
+             on_status: StatusFn | None = None, sequence: int | None = None,
+             downgrade: bool = False, ttl_s: float = 3600.0) -> dict[str, OtaStatus]:
         """Offer ``model_path`` and send it until every target is done.
 
         Args:
@@ -156,6 +160,10 @@ class Pusher:
                 them, from the devices' ``receiving`` statuses); called when it grows, and
                 from 0 again for the group after a canary.
             on_status: Every status of this transfer from a target, as it arrives.
+            sequence: The pipeline's update sequence (default: the time in milliseconds); a
+                device refuses one not above the highest it installed ...
+            downgrade: ... unless the manifest is signed as a deliberate downgrade.
+            ttl_s: The manifest expires this long after it is signed.
 
         Returns:
             The last status of every target, by device id. A target that never answered gets a
@@ -167,7 +175,7 @@ class Pusher:
             ModelNotFoundError: No model file.
             OtaError: The broker cannot be reached, or the group has no online member.
         """
-        from .manifest import Golden, build_manifest, make_offer, transfer_id
+        from .manifest import Golden, Target, build_manifest, make_offer, request_id, transfer_id
 
         self._check_targets(devices, group, canary)
         if not version:
@@ -177,21 +185,39 @@ class Pusher:
                               f"{MAX_CHUNK // 1024} KiB")
         if not tolerance > 0:
             raise ConfigError(f"--tolerance {tolerance}: must be > 0")
+        if not 0 < ttl_s <= 30 * 86400:
+            raise ConfigError(f"--ttl {ttl_s:g}: must be > 0 and at most 30 days")
+        if sequence is not None and not 0 <= sequence < 2**63:
+            raise ConfigError(f"--sequence {sequence}: must be 0 <= n < 2**63")
         golden_bytes = _read_golden(golden_path) if golden_path is not None else None
         golden = None if golden_bytes is None else Golden(
             sha256=hashlib.sha256(golden_bytes).hexdigest(), size=len(golden_bytes),
             atol=tolerance, rtol=tolerance)
         try:
             manifest = build_manifest(model_path, pipeline=pipeline, version=version, name=name,
-                                      task=task, golden=golden,
+                                      task=task, golden=golden, chunk_size=chunk_size,
+                                      target=Target(group=group) if group else
+                                      Target(device=(devices or ["-"])[0]),
+                                      sequence=sequence, downgrade=downgrade, ttl_s=ttl_s,
                                       key_id=key.key_id if key is not None else None)
-            payload = make_offer(manifest, key, chunk_size, golden_bytes)
+            make_offer(manifest, key, golden_bytes)  # its size, before anything connects
         except OtaRejected as exc:  # a field the manifest's rules refuse: an option's fault
             raise ConfigError(str(exc)) from exc
         except ValueError as exc:  # an offer over MAX_OFFER_BYTES (a large golden file)
             raise ConfigError(str(exc)) from exc
-        offer = _Offer(payload, transfer_id(manifest.sha256), manifest.sha256, manifest.size,
-                       chunk_size, -(-manifest.size // chunk_size), pipeline, Path(model_path),
+
+        def sign(ch: _Channel) -> _Channel:
+            """The channel with the offer signed for its target (device or group)."""
+            name_ = next(iter(ch.devices)) if not ch.group else ch.base.rsplit("/", 1)[1]
+            target = Target(group=name_) if ch.group else Target(device=name_)
+            payload = make_offer(msgspec.structs.replace(manifest, target=target), key,
+                                 golden_bytes)
+            offer = msgspec.json.decode(payload)
+            ch.payload, ch.request = payload, request_id(offer["manifest"], offer["signature"])
+            return ch
+
+        offer = _Offer(sign, transfer_id(manifest.sha256), manifest.sha256, manifest.size,
+                       chunk_size, len(manifest.chunks), pipeline, Path(model_path),
                        manifest.name, manifest.version)
         self.members, self.skipped, self.timed_out = [], [], []
         deadline = time.monotonic() + timeout_s
@@ -206,12 +232,12 @@ class Pusher:
             run = _Run(self, offer, file, start, deadline, on_progress, on_status)
             if group is None:
                 assert devices is not None
-                return run.transfer([_channel(self.prefix, device=d)
+                return run.transfer([offer.sign(_channel(self.prefix, device=d))
                                      for d in dict.fromkeys(devices)], wait=wait)
             if canary:
                 first = self.members[:canary]
-                statuses = run.transfer([_channel(self.prefix, device=d) for d in first],
-                                        wait=True)
+                statuses = run.transfer([offer.sign(_channel(self.prefix, device=d))
+                                         for d in first], wait=True)
                 if any(s.state != "committed" for s in statuses.values()):
                     self.skipped = self.members[canary:]
                     return statuses
@@ -219,7 +245,7 @@ class Pusher:
             else:
                 statuses, rest = {}, self.members
             base = base_topic(self.prefix, group=group)
-            statuses.update(run.transfer([_Channel(base, frozenset(rest), group=True)],
+            statuses.update(run.transfer([offer.sign(_Channel(base, frozenset(rest), group=True))],
                                          wait=wait))
             return statuses
 
@@ -237,38 +263,42 @@ class Pusher:
             ConfigError: Bad targets.
             OtaError: The broker cannot be reached, or the group has no online member.
         """
-        from .manifest import make_rollback
+        from .manifest import Target, make_rollback, request_id
 
         self._check_targets(devices, group, 0)
         self.members, self.skipped, self.timed_out = [], [], []
         deadline = time.monotonic() + timeout_s
-        start = time.time()
         self._connect(deadline)
         targets = list(devices or [])
         if group is not None:
             self.members = targets = self._discover(group)
-        bases = [base_topic(self.prefix, group=group)] if group is not None else [
-            base_topic(self.prefix, device=d) for d in targets]
+        sends: list[tuple[str, bytes]] = []  # (base, request signed for that target)
+        requests: dict[str, str] = {}  # device -> the id of the request it answers
         try:
-            payload = make_rollback(pipeline, key)
+            for t in ([Target(group=group)] if group is not None
+                      else [Target(device=d) for d in targets]):
+                payload = make_rollback(pipeline, key, target=t)
+                env = msgspec.json.decode(payload)
+                rid = request_id(env["request"], env["signature"])
+                for d in (targets if t.group is not None else [t.device or ""]):
+                    requests[d] = rid
+                sends.append((base_topic(self.prefix, device=t.device, group=t.group), payload))
         except ValueError as exc:
             raise ConfigError(f"--pipeline: {exc}") from exc
         with self._session() as events:
             self._watch_statuses(targets, group is not None, events)
             acked = threading.Semaphore(0)
-            sent_at = time.monotonic()
-            for base in bases:
+            for base, payload in sends:
                 while not self.client.publish(rollback_topic(base), payload, qos=1,
                                               on_ack=acked.release):
                     if time.monotonic() > deadline:
                         raise OtaError("lost the MQTT broker before the rollback request went out")
                     time.sleep(0.1)
             if not wait:
-                for _ in bases:
+                for _ in sends:
                     acked.acquire(timeout=max(0.1, min(10.0, deadline - time.monotonic())))
                 return {}
-            return self._collect_rollback(targets, pipeline, start, sent_at, deadline, events,
-                                          on_status)
+            return self._collect_rollback(requests, deadline, events, on_status)
 
     # -- helpers ------------------------------------------------------------------------------
     @staticmethod
@@ -348,13 +378,12 @@ class Pusher:
             status_topic(self.prefix, d) for d in devices]
         self._unsubscribe += [self.client.subscribe(t, 1, on_status) for t in topics]
 
-    def _collect_rollback(self, targets: list[str], pipeline: str, start: float, sent_at: float,
-                          deadline: float, events: queue.Queue[tuple[Any, ...]],
+    def _collect_rollback(self, requests: dict[str, str], deadline: float,
+                          events: queue.Queue[tuple[Any, ...]],
                           on_status: StatusFn | None) -> dict[str, OtaStatus]:
+        """Each target's answer to its own request (statuses about anything else ignored)."""
         done: dict[str, OtaStatus] = {}
-        last: dict[str, OtaStatus] = {}
-        wanted = set(targets)
-        while len(done) < len(wanted):
+        while len(done) < len(requests):
             left = deadline - time.monotonic()
             if left <= 0:
                 break
@@ -364,18 +393,15 @@ class Pusher:
                 continue
             if event[0] != "status":
                 continue
-            _, device, status, retained, arrived = event
-            if device not in wanted or device in done:
+            _, device, status, _retained, _arrived = event
+            if device in done or status.request is None or status.request != requests.get(device):
                 continue
-            last[device] = status
-            fresh = status.ts >= start - CLOCK_SLACK_S or (not retained and arrived >= sent_at)
-            if (fresh and status.state in ("rolled_back", "rejected")
-                    and status.pipeline in (None, pipeline)):
+            if status.state in ("rolled_back", "rejected"):
                 done[device] = status
                 if on_status is not None:
                     on_status(status)
-        self.timed_out = sorted(wanted - set(done))
-        return {**{d: last[d] for d in self.timed_out if d in last}, **done}
+        self.timed_out = sorted(set(requests) - set(done))
+        return done
 
 
 class _Session:
@@ -431,6 +457,7 @@ class _Run:
         self.unacked = 0
         self.last_ack = time.monotonic()
         self.reported = -1
+        self.by_device: dict[str, _Channel] = {}
 
     def transfer(self, channels: list[_Channel], *, wait: bool) -> dict[str, OtaStatus]:
         """Offer on every channel and run until every device is done or the deadline."""
@@ -440,7 +467,8 @@ class _Run:
         seen: set[str] = set()  # devices whose first answer to the offer arrived
         resync: set[str] = set()  # devices not heard from since the broker came back
         by_device = {d: ch for ch in channels for d in ch.devices}
-        offered_at = self._offer(channels)
+        self.by_device.update(by_device)
+        self._offer(channels)
         self.reported = -1
         want = (lambda s: s.final) if wait else (lambda s: s.state in PAST_RECEIVING)
         while not (len(statuses) == len(targets) and all(want(s) for s in statuses.values())):
@@ -464,8 +492,8 @@ class _Run:
                 resync = set(targets)
                 self.last_ack = time.monotonic()
             elif kind == "status":
-                _, device, status, retained, arrived = event
-                if device not in targets or not self._ours(status, retained, arrived, offered_at):
+                device, status = event[1], event[2]
+                if device not in targets or not self._ours(status, by_device[device]):
                     continue
                 previous = statuses.get(device)
                 if previous is not None and previous.final:
@@ -495,25 +523,16 @@ class _Run:
         """Publish the offer on every channel; returns when it began (answers come after)."""
         began = time.monotonic()
         for ch in channels:
-            if not self.client.publish(offer_topic(ch.base), self.offer.payload, qos=1):
+            if not self.client.publish(offer_topic(ch.base), ch.payload, qos=1):
                 logger.debug("offer on %s waits for the broker", ch.base)  # see "connect"
         return began
 
-    def _ours(self, status: OtaStatus, retained: bool, arrived: float, offered_at: float) -> bool:
-        """Is this status about this transfer, and newer than the push?"""
-        o = self.offer
-        if status.transfer is not None and status.transfer != o.transfer:
-            return False
-        if status.sha256 is not None and status.sha256 != o.sha256:
-            return False
-        if status.transfer is None and status.sha256 is None and retained:
-            return False
-        if status.pipeline is not None and status.pipeline != o.pipeline:
-            return False
-        # A retained status from an earlier push of the same file is not an answer to this
-        # one; a live one after our offer is, whatever the device's clock says (a Pi without
-        # an RTC may not have the time yet).
-        return status.ts >= self.start - CLOCK_SLACK_S or (not retained and arrived >= offered_at)
+    @staticmethod
+    def _ours(status: OtaStatus, channel: _Channel) -> bool:
+        """Is this status an answer to this push's offer on the device's channel? Only a
+        status carrying the offer's request id is: a retained status of an earlier push, or
+        the refusal of someone else's (or a forged) offer, carries another id or none."""
+        return status.request is not None and status.request == channel.request
 
     def _missing(self, ch: _Channel, status: OtaStatus, *, first: bool, resync: bool,
                  previous: OtaStatus | None) -> None:
@@ -592,6 +611,8 @@ class _Run:
         o = self.offer
         for d in sorted(targets - set(statuses)):
             statuses[d] = OtaStatus(device=d, state="receiving", transfer=o.transfer,
+                                    request=self.by_device[d].request if d in self.by_device
+                                    else None,
                                     pipeline=o.pipeline, name=o.name, version=o.version,
                                     sha256=o.sha256, chunks=o.chunks,
                                     message="no answer from the device")

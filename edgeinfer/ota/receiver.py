@@ -8,10 +8,15 @@ the chunks that arrived, both made durable so that a restarted device resumes th
 
 ``flush()`` fsyncs ``data.part`` before it replaces ``have.bin``, so a chunk counts as received
 only once its bytes are on disk: after a crash, at worst some chunks are asked for again.
+
+Each chunk is checked on arrival against its sha256 in the signed manifest: a forged or damaged
+chunk is dropped (and so still reported missing), never written; the first chunk that matches
+is kept.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -52,8 +57,8 @@ class StagedTransfer:
         self.offer = offer
         self.manifest = manifest
         self.group = group
-        self.chunk_size = offer.transfer.chunk_size
-        self.chunks = offer.transfer.chunks
+        self.chunk_size = manifest.chunk_size  # signed; open_offer checked the transfer's
+        self.chunks = len(manifest.chunks)
         self.size = manifest.size
         self._have = have
         self._received = sum(have)
@@ -69,14 +74,14 @@ class StagedTransfer:
         """Start receiving into ``folder``, or resume what it holds for the same file (same
         sha256 and chunk size); anything else there is discarded."""
         folder.mkdir(parents=True, exist_ok=True)
-        have = _resumable(folder, manifest.sha256, manifest.size, offer.transfer.chunk_size,
-                          offer.transfer.chunks)
+        have = _resumable(folder, manifest.sha256, manifest.size, manifest.chunk_size,
+                          len(manifest.chunks))
         if have is None:
             for child in folder.iterdir():
                 remove_path(child)
             write_atomic(folder / DATA, b"")
             os.truncate(folder / DATA, manifest.size)
-            have = bytearray(offer.transfer.chunks)
+            have = bytearray(len(manifest.chunks))
             write_atomic(folder / HAVE, bytes(have))
         write_atomic(folder / OFFER, payload)
         fsync_dir(folder)
@@ -100,8 +105,8 @@ class StagedTransfer:
                               f"{exc}") from None
         offer = parse_offer(payload)
         manifest = open_offer(offer, trusted, allow_unsigned=allow_unsigned)
-        have = _resumable(folder, manifest.sha256, manifest.size, offer.transfer.chunk_size,
-                          offer.transfer.chunks)
+        have = _resumable(folder, manifest.sha256, manifest.size, manifest.chunk_size,
+                          len(manifest.chunks))
         if have is None:
             raise OtaRejected("interrupted", f"staged transfer {folder.name} is damaged")
         group = None
@@ -119,6 +124,13 @@ class StagedTransfer:
     @property
     def id(self) -> str:
         return self.offer.transfer.id
+
+    @property
+    def request(self) -> str:
+        """The id of the signed offer this transfer answers (``manifest.request_id``)."""
+        from .manifest import request_id
+
+        return request_id(self.offer.manifest, self.offer.signature)
 
     @property
     def data_path(self) -> Path:
@@ -139,8 +151,9 @@ class StagedTransfer:
         """Write chunk ``index``; True if it was new. A duplicate is accepted and ignored.
 
         Raises:
-            OtaRejected: ``bad_transfer``: the index is out of range or the length is wrong
-                (the chunk is dropped; the transfer goes on).
+            OtaRejected: ``bad_transfer``: the index is out of range, the length is wrong or
+                the bytes are not the signed chunk's (the chunk is dropped, so it stays
+                missing; the transfer goes on).
         """
         if not 0 <= index < self.chunks:
             self.bad_chunks += 1
@@ -149,9 +162,14 @@ class StagedTransfer:
             self.bad_chunks += 1
             raise OtaRejected("bad_transfer", f"chunk {index} has {len(data)} bytes, "
                               f"expected {self.expected_length(index)}")
-        self.last_chunk = time.monotonic()
         if self._have[index]:
+            self.last_chunk = time.monotonic()
             return False
+        if hashlib.sha256(data).hexdigest() != self.manifest.chunks[index]:
+            self.bad_chunks += 1
+            raise OtaRejected("bad_transfer", f"chunk {index} is not the signed chunk (sha256 "
+                                              "differs); dropped, asked for again")
+        self.last_chunk = time.monotonic()
         assert self._fd is not None
         os.pwrite(self._fd, data, index * self.chunk_size)
         self._have[index] = 1

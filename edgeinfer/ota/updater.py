@@ -12,6 +12,7 @@ import base64
 import io
 import logging
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -49,14 +50,19 @@ class Updater:
         crash_point("verify")
         try:
             entry = self._verify_and_store(staged)
-        except OtaRejected as exc:
-            staged.remove()
-            agent.publish("rejected", staged=staged, reason=exc.reason, message=str(exc))
+        except (OtaRejected, OSError, RecursionError, ValueError) as exc:
+            staged.remove()  # before the status: whoever reads it finds no staging left
+            if isinstance(exc, OtaRejected):
+                reason, message = exc.reason, str(exc)
+            elif isinstance(exc, OSError):  # the store cannot take it (disk full, read-only)
+                reason, message = "storage", str(exc)
+            else:  # a parser choking past check_file's guard
+                reason, message = "bad_model", f"the model cannot be parsed: {exc!r:.200}"
+            agent.publish("rejected", staged=staged, reason=reason, message=message)
             return
-        except OSError as exc:  # the store cannot take it (disk full, read-only)
+        except BaseException:
             staged.remove()
-            agent.publish("rejected", staged=staged, reason="storage", message=str(exc))
-            return
+            raise
         staged.remove()
         logger.info("ota: %s %s verified; swapping it into pipeline %s", m.name, m.version,
                     m.pipeline)
@@ -127,8 +133,8 @@ class Updater:
             model.close()
             agent.publish("rejected", staged=staged, reason="undecodable", message=str(exc))
             return
-        update = {"transfer": staged.id, "name": m.name, "version": m.version,
-                  "sha256": m.sha256, "group": staged.group}
+        update = {"transfer": staged.id, "request": staged.request, "name": m.name,
+                  "version": m.version, "sha256": m.sha256, "group": staged.group}
         with self.daemon._reload_lock:
             running = agent.running(m.pipeline)
             self._adopt_configured(m.pipeline, running)
@@ -156,7 +162,11 @@ class Updater:
             return
         previous = _info(old_model)
         if verdict == "":
+            from .manifest import parse_time
+
             self.store.commit(m.pipeline)
+            agent.replay.accept(m.pipeline, m.sequence, downgrade=m.downgrade,
+                                request=staged.request, expires=parse_time(m.expires))
             if old_model is not None:
                 old_model.close()
             agent.publish("committed", staged=staged, previous=previous)
@@ -214,12 +224,14 @@ class Updater:
         the store as ``current``, so that the update's ``previous`` (rollback target) is it."""
         if self.store.current(pipeline) is not None or running is None or running.model.closed:
             return
-        from .manifest import build_manifest, encode
+        from .manifest import Target, build_manifest, encode
 
         model = running.model
-        try:
+        try:  # under the name results carry, not the file's stem: a rollback keeps the name
             manifest = build_manifest(model.path, pipeline=pipeline,
-                                      version=model.version or "configured")
+                                      version=model.version or "configured",
+                                      name=_store_name(model.name, model.path),
+                                      target=Target(device=self.agent.device), sequence=0)
             entry = self.store.add(model.path, encode(manifest), None)
         except EdgeInferError as exc:  # no rollback target then; the update goes on
             logger.warning("ota: cannot keep the configured model of %s for rollbacks: %s",
@@ -229,7 +241,7 @@ class Updater:
         self.store.commit(pipeline)
 
     # -- a rollback request ------------------------------------------------------------------
-    def rollback(self, pipeline: str, group: str | None) -> None:
+    def rollback(self, pipeline: str, group: str | None, request: str | None = None) -> None:
         """Go back to the store's ``previous`` model of ``pipeline`` (no gate: it ran before)."""
         from ..assembly import load_pipeline_model
         from ..tasks import make_task
@@ -238,8 +250,8 @@ class Updater:
         try:
             entry = self.store.rollback(pipeline)
         except OtaRejected as exc:
-            agent.publish("rejected", pipeline=pipeline, group=group, reason=exc.reason,
-                          message=str(exc))
+            agent.publish("rejected", request=request, pipeline=pipeline, group=group,
+                          reason=exc.reason, message=str(exc))
             return
         pc = agent.effective(self._config(pipeline))
         try:
@@ -247,7 +259,8 @@ class Updater:
             task = make_task(pc.task, model)
         except Exception as exc:
             self.store.rollback(pipeline)  # switch the links back: the current one stays
-            agent.publish("rejected", pipeline=pipeline, group=group, reason="load_failed",
+            agent.publish("rejected", request=request, pipeline=pipeline, group=group,
+                          reason="load_failed",
                           message=f"the previous model does not load: {exc}")
             return
         with self.daemon._reload_lock:
@@ -259,7 +272,8 @@ class Updater:
             model.close()
             self.daemon.restart_pipeline(pipeline)
         manifest = entry.manifest or {}
-        agent.publish("rolled_back", pipeline=pipeline, group=group, reason="requested",
+        agent.publish("rolled_back", request=request, pipeline=pipeline, group=group,
+                      reason="requested",
                       name=manifest.get("name"), version=manifest.get("version"),
                       sha256=entry.sha256, previous=_info(replaced),
                       message="rolled back on request")
@@ -296,3 +310,16 @@ def _info(model: Model | None) -> Any:
     if model is None:
         return None
     return ModelInfo(name=model.name, version=model.version, sha256=model.sha256)
+
+
+def _store_name(name: str | None, path: str | Path) -> str | None:
+    """The configured model name when the store can file it under that name, else None
+    (the file's stem, sanitised)."""
+    import re
+
+    if name and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name) and ".." not in name:
+        return name
+    if name:
+        logger.warning("ota: model name %r cannot name a store folder; keeping the configured "
+                       "model under %s", name, Path(path).stem)
+    return None

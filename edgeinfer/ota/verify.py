@@ -102,10 +102,11 @@ def check_file(path: Path, *, sha256: str, size: int, format: str,
         max_model_mb: ``ota.max_model_mb``.
 
     Raises:
-        OtaRejected: ``size_mismatch``, ``oversize``, ``sha256_mismatch``, ``bad_format`` or
-            ``unsafe_model``.
+        OtaRejected: ``size_mismatch``, ``oversize``, ``sha256_mismatch``, ``bad_format``,
+            ``unsafe_model`` or ``bad_model`` (a file the parser chokes on: subgraphs nested
+            past the recursion limit, an external-data location no path can be).
     """
-    from ..runtime.modelfile import detect_format, file_sha256, inspect_model
+    from ..runtime.modelfile import detect_format, file_sha256
 
     path = Path(path)
     try:
@@ -135,12 +136,25 @@ def check_file(path: Path, *, sha256: str, size: int, format: str,
     if found != format:
         raise OtaRejected("bad_format", f"the file is a {found} model, the manifest says "
                                         f"{format}")
+    try:
+        _check_structure(path, found, max_model_mb)
+    except RecursionError:
+        raise OtaRejected("bad_model", "the model nests subgraphs deeper than this device "
+                                       "parses") from None
+    except (ValueError, OSError, MemoryError) as exc:  # a NUL byte, a name too long, ...
+        raise OtaRejected("bad_model", f"the model cannot be parsed: {type(exc).__name__}: "
+                                       f"{str(exc)[:200]}") from None
+
+
+def _check_structure(path: Path, found: str, max_model_mb: float) -> None:
+    from ..runtime.modelfile import inspect_model
+
     if found == "onnx":
         external = _external_data(path)
         if external:
-            raise OtaRejected("unsafe_model", "the ONNX model keeps tensors in external data "
-                                              f"files ({', '.join(sorted(external))}); a pushed "
-                                              "model must be one file")
+            names = ", ".join(sorted(repr(e[:80]) for e in external))[:300]
+            raise OtaRejected("unsafe_model", f"the ONNX model keeps tensors in external data "
+                                              f"files ({names}); a pushed model must be one file")
     try:
         inspect_model(path, max_model_mb=max_model_mb, digest=False)  # hashed above
     except ModelTooLargeError as exc:

@@ -5,11 +5,13 @@ manifests, short chunks, duplicates, chunks out of order)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -22,6 +24,14 @@ from edgeinfer.ota.keys import PrivateKey, load_private_key
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "edgeinfer"
+
+
+def target_of(base: str) -> Any:
+    """The target a base topic names: ``<prefix>/<device>`` or ``<prefix>/group/<group>``."""
+    parts = base.split("/")
+    if len(parts) == 3 and parts[1] == "group":
+        return {"group": parts[2]}
+    return {"device": parts[-1]}
 
 
 class Device:
@@ -160,28 +170,49 @@ class Rig:
               key: PrivateKey | None | bool = True, chunk_size: int = 65536,
               tamper: Callable[[dict[str, Any]], None] | None = None, **manifest_kw: Any
               ) -> tuple[mf.Manifest, int]:
-        """Publish an offer for ``model``; returns the manifest and the chunk count.
-        ``tamper`` edits the manifest dict after it was signed."""
+        """Publish an offer for ``model`` (signed for the target ``base`` names unless
+        ``target`` is given); returns the manifest and the chunk count. ``tamper`` edits the
+        manifest dict after it was signed."""
+        m, payload = self.make_offer(model, version=version, base=base, pipeline=pipeline,
+                                     key=key, chunk_size=chunk_size, **manifest_kw)
+        self.peer.publish(f"{base}/ota/offer", self.tampered(payload, tamper))
+        return m, math.ceil(m.size / chunk_size)
+
+    def make_offer(self, model: Path, *, version: str, base: str, pipeline: str = "cls",
+                   key: PrivateKey | None | bool = True, chunk_size: int = 65536,
+                   **manifest_kw: Any) -> tuple[mf.Manifest, bytes]:
+        """The manifest and offer payload ``offer`` would publish."""
         signer = self.key if key is True else (key or None)
-        m = mf.build_manifest(model, pipeline=pipeline, version=version,
+        manifest_kw.setdefault("target", mf.Target(**target_of(base)))
+        m = mf.build_manifest(model, pipeline=pipeline, version=version, chunk_size=chunk_size,
                               key_id=signer.key_id if signer else None, **manifest_kw)
-        payload = mf.make_offer(m, signer, chunk_size)
+        return m, mf.make_offer(m, signer)
+
+    @staticmethod
+    def tampered(payload: bytes, tamper: Callable[[dict[str, Any]], None] | None) -> bytes:
         if tamper is not None:
             offer = json.loads(payload)
             text = json.loads(offer["manifest"])
             tamper(text)
             offer["manifest"] = json.dumps(text)
             payload = json.dumps(offer).encode()
-        self.peer.publish(f"{base}/ota/offer", payload)
-        return m, math.ceil(m.size / chunk_size)
+        return payload
 
     def offer_dict(self, fields: dict[str, Any], *, base: str, chunk_size: int = 65536,
-                   key: PrivateKey | None = None) -> None:
+                   key: PrivateKey | None = None, data: bytes | None = None) -> None:
         """Publish an offer for a manifest given field by field (checks a device makes that
-        ``build_manifest`` would already refuse), signed with ``key`` (default the rig's)."""
+        ``build_manifest`` would already refuse), signed with ``key`` (default the rig's);
+        the chunk hashes are ``data``'s (default: zeros)."""
         key = key or self.key
-        text = json.dumps({"schema": "edgeinfer-ota/1", "pipeline": "cls", "format": "onnx",
-                           "created": mf.now_iso(), "key_id": key.key_id, **fields}).encode()
+        size = int(fields["size"])
+        text = json.dumps({"schema": "edgeinfer-ota/2", "pipeline": "cls", "format": "onnx",
+                           "target": target_of(base), "sequence": int(time.time() * 1000),
+                           "created": mf.now_iso(), "expires": mf.now_iso(time.time() + 600),
+                           "chunk_size": chunk_size,
+                           "chunks": [hashlib.sha256(data[i:i + chunk_size]).hexdigest()
+                                      for i in range(0, size, chunk_size)] if data else
+                                     ["0" * 64] * math.ceil(size / chunk_size),
+                           "key_id": key.key_id, **fields}).encode()
         offer = {"manifest": text.decode(), "signature": mf.sign_bytes(text, key),
                  "transfer": {"id": str(fields["sha256"])[:16], "chunk_size": chunk_size,
                               "chunks": math.ceil(int(fields["size"]) / chunk_size)}}

@@ -151,16 +151,20 @@ def test_bad_updates_are_rejected_with_a_reason_and_the_model_untouched(
     expect("wrong_task", lambda: rig.offer(models["v2"], version="t", base=base, task="detect"))
     expect("oversize", lambda: rig.offer(yolo_path, version="big", base=base))
 
-    # the bytes that arrive are not the ones signed for
+    # chunks that match their signed hashes, but the file is not the one signed for (a
+    # signer's mistake: the chunk list was made from another file)
     def corrupt() -> None:
-        m, n = rig.offer(models["v2"], version="c", base=base)
-        rig.chunks(models["v2"], m, base, range(n), data=models["corrupt"].read_bytes())
+        data = models["corrupt"].read_bytes()
+        rig.offer_dict({"name": "c", "version": "c", "sha256": v2_sha, "size": v2_size,
+                        "filename": "c.onnx"}, base=base, data=data)
+        for i in range(0, len(data), 65536):
+            rig.peer.publish(f"{base}/ota/chunk/{v2_sha[:16]}/{i // 65536}", data[i:i + 65536])
     expect("sha256_mismatch", corrupt)
     # checked and signed, but not a model, not loadable, not this task's, too hungry
     def not_a_model() -> None:
         data, sha = models["not_onnx"].read_bytes(), _sha(models["not_onnx"])
         rig.offer_dict({"name": "notes", "version": "f", "sha256": sha, "size": len(data),
-                        "filename": "notes.onnx"}, base=base)
+                        "filename": "notes.onnx"}, base=base, data=data)
         rig.peer.publish(f"{base}/ota/chunk/{sha[:16]}/0", data)
     expect("bad_format", not_a_model)
     bad_op = _unknown_op_model(tmp_path / "unknown-op.onnx")
@@ -212,9 +216,10 @@ def test_rollback_request_returns_to_the_previous_model(rig: Rig, models: dict[s
     base = _base(dev)
     rig.push(models["v2"], version="2.0.0", base=base)
     assert dev.status()["state"] == "committed"
-    rig.peer.publish(f"{base}/ota/rollback", mf.make_rollback("cls", None))
+    target = mf.Target(device=dev.id)
+    rig.peer.publish(f"{base}/ota/rollback", mf.make_rollback("cls", None, target=target))
     assert dev.status()["reason"] == "unsigned"
-    request = mf.make_rollback("cls", rig.key)
+    request = mf.make_rollback("cls", rig.key, target=target)
     rig.peer.publish(f"{base}/ota/rollback", request)
     status = dev.status()
     assert status["state"] == "rolled_back" and status["reason"] == "requested", status

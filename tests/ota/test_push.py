@@ -29,6 +29,7 @@ from edgeinfer.config.pipeline import ReconnectConfig
 from edgeinfer.errors import ConfigError, ModelNotFoundError, OtaError
 from edgeinfer.mqtt.client import Message, MqttClient
 from edgeinfer.ota.keys import PrivateKey, generate_keypair
+from edgeinfer.ota.manifest import request_id
 from edgeinfer.ota.protocol import OtaStatus, parse_chunk_topic, status_topic, to_ranges
 from edgeinfer.ota.push import Pusher
 from edgeinfer.testing.mosquitto import Mosquitto
@@ -70,6 +71,7 @@ class ScriptedDevice:
         self.manifest: dict[str, Any] = {}
         self.transfer: dict[str, Any] | None = None
         self.state = "idle"
+        self.request: str | None = None  # the request its statuses answer
         self.current_sha: str | None = None
         self.last_chunk = time.monotonic()
         self._lock = threading.Lock()
@@ -102,7 +104,9 @@ class ScriptedDevice:
             if msg.topic.endswith("/ota/offer"):
                 self._offer(json.loads(msg.payload))
             elif msg.topic.endswith("/ota/rollback"):
-                self.rollbacks.append(json.loads(msg.payload))
+                env = json.loads(msg.payload)
+                self.rollbacks.append(env)
+                self.request = request_id(env["request"], env["signature"])
                 self._publish("rolled_back", reason="requested")
             else:
                 parsed = parse_chunk_topic(msg.topic)
@@ -131,6 +135,7 @@ class ScriptedDevice:
         self.offers.append(offer)
         manifest = json.loads(offer["manifest"])
         t = offer["transfer"]
+        self.request = request_id(offer["manifest"], offer["signature"])
         if self.behaviour == "reject":
             self.manifest, self.transfer = manifest, t
             self._publish("rejected", reason=self.reason, message=f"refused: {self.reason}")
@@ -184,7 +189,8 @@ class ScriptedDevice:
         t = self.transfer or {}
         chunks = int(t.get("chunks", 0))
         missing = to_ranges(set(range(chunks)) - self.have) if state == "receiving" else []
-        status = OtaStatus(device=self.device, state=state, transfer=t.get("id"),  # type: ignore[arg-type]
+        status = OtaStatus(device=self.device, state=state, request=self.request,  # type: ignore[arg-type]
+                           transfer=t.get("id"),
                            pipeline=self.manifest.get("pipeline"),
                            name=self.manifest.get("name"), version=self.manifest.get("version"),
                            sha256=self.manifest.get("sha256"), reason=reason, message=message,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from edgeinfer.errors import OtaRejected
-from edgeinfer.ota.manifest import Manifest, encode
+from edgeinfer.ota.manifest import Manifest, Target, encode
 from edgeinfer.ota.store import ModelStore, StoreEntry
 
 
@@ -24,7 +24,9 @@ def _model(tmp_path: Path, tag: str, name: str = "face", fmt: str = "onnx") -> t
     src.write_bytes(data)
     m = Manifest(name=name, pipeline="faces", version=tag, sha256=hashlib.sha256(data).hexdigest(),
                  size=len(data), format=fmt, filename=src.name,  # type: ignore[arg-type]
-                 created="2026-11-21T12:00:00Z")
+                 target=Target(device="pi"), sequence=1, created="2026-11-21T12:00:00Z",
+                 expires="2026-11-21T13:00:00Z", chunk_size=65536,
+                 chunks=[hashlib.sha256(data).hexdigest()])
     return src, encode(m)
 
 
