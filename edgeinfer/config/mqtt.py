@@ -49,7 +49,8 @@ class OutboxConfig(_Struct):
     reached the oldest results are dropped, counted and reported on stats and status.
 
     Attributes:
-        path: The database file (default ``<state_dir>/outbox.sqlite3``).
+        path: The database file (default ``<state_dir>/outbox-<device>@<host>-<port>.sqlite3``:
+            one per device and broker, see ``edgeinfer.paths.outbox_path``).
         max_messages: At most this many results wait.
         max_mb: At most this much payload waits.
         max_age_s: Results older than this are dropped (``None``: kept until sent or pushed out).
