@@ -1,11 +1,16 @@
-"""Outbox files damaged as a power cut, a bad SD card or a mistake would (shared by the tests of
-the outbox file and of the daemon)."""
+"""Outbox files damaged as a power cut, a bad SD card or a mistake would, and a full file
+system (shared by the tests of the outbox file and of the daemon)."""
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+import pytest
 
 from edgeinfer.mqtt.outbox import Outbox
 
@@ -30,3 +35,28 @@ def damage(path: Path, how: str, topic: str = "edgeinfer/dev/a/result") -> None:
         elif how == "page":
             f.seek(4096 * 20)
             f.write(os.urandom(4096))
+
+
+@contextmanager
+def full_tmpfs(mount: Path) -> Iterator[Path]:
+    """A 64 KiB tmpfs mounted at ``mount`` and filled up (the test is skipped where mounting is
+    not allowed: it needs root)."""
+    mount.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
+    if done.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        fd = os.open(mount / "filler", os.O_WRONLY | os.O_CREAT)
+        try:
+            while os.write(fd, b"\0" * 4096):
+                pass
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)

@@ -25,7 +25,7 @@ from edgeinfer._net import free_port
 from edgeinfer.mqtt.outbox import Outbox
 from edgeinfer.paths import outbox_path
 from edgeinfer.testing.peer import Peer
-from outbox_damage import damage
+from outbox_damage import damage, full_tmpfs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -196,6 +196,19 @@ def test_a_damaged_outbox_is_set_aside_salvaged_and_the_daemon_runs(
             proc.wait(10)
     assert proc.returncode == 0, stderr
     assert f"outbox {path} was damaged" in stderr and f"moved it aside to {aside}" in stderr
+
+
+def test_a_full_disk_at_first_start_is_a_clear_error_naming_the_outbox(
+        blazeface_path: Path, video: Path, tmp_path: Path) -> None:
+    with full_tmpfs(tmp_path / "tiny") as tiny:
+        config = _config(tmp_path / "c.yaml", "pi", video, blazeface_path, port=free_port())
+        proc = _start(config, EDGEINFER_STATE_DIR=str(tiny / "state"))
+        _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 73, stderr
+    path = outbox_path(tiny / "state", "pi", "127.0.0.1", json.loads(config.read_text())
+                       ["mqtt"]["port"])
+    assert f"edgeinfer: error: cannot open the outbox {path}: the disk is full" in stderr
+    assert "internal error" not in stderr and "Traceback" not in stderr
 
 
 def test_sink_errors_are_logged_rate_limited_counted_and_make_the_pipeline_unhealthy(

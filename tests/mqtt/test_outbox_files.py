@@ -8,7 +8,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ from edgeinfer.errors import AlreadyRunningError, StorageError
 from edgeinfer.mqtt.outbox import Outbox
 from edgeinfer.paths import outbox_path
 from edgeinfer.statelock import StateLock
-from outbox_damage import damage
+from outbox_damage import damage, full_tmpfs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -137,36 +136,13 @@ def test_a_damaged_outbox_is_moved_aside_and_what_can_be_read_is_kept(
     assert f"moved it aside to {aside}" in caplog.text
 
 
-@pytest.fixture
-def tiny_fs(tmp_path: Path) -> Iterator[Path]:
-    mount = tmp_path / "tiny"
-    mount.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)],
-                          capture_output=True, text=True)
-    if done.returncode:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
-def test_a_full_disk_at_creation_is_a_clear_error_naming_the_file(tiny_fs: Path) -> None:
-    fd = os.open(tiny_fs / "filler", os.O_WRONLY | os.O_CREAT)
-    try:  # fill it up
-        while os.write(fd, b"\0" * 4096):
-            pass
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-    path = tiny_fs / "state" / "outbox.sqlite3"
-    with pytest.raises(StorageError, match="disk is full") as err:
-        Outbox(path)
-    assert str(path) in str(err.value) and err.value.exit_code == 73
-    assert not list(tiny_fs.glob("state/outbox.sqlite3.damaged-*"))  # not mistaken for damage
+def test_a_full_disk_at_creation_is_a_clear_error_naming_the_file(tmp_path: Path) -> None:
+    with full_tmpfs(tmp_path / "tiny") as tiny_fs:
+        path = tiny_fs / "state" / "outbox.sqlite3"
+        with pytest.raises(StorageError, match="disk is full") as err:
+            Outbox(path)
+        assert str(path) in str(err.value) and err.value.exit_code == 73
+        assert not list(tiny_fs.glob("state/outbox.sqlite3.damaged-*"))  # not mistaken for damage
 
 
 def test_results_in_the_outbox_an_older_version_shared_go_to_the_device_they_are_for(
