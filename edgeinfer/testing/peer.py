@@ -20,10 +20,13 @@ __all__ = ["Peer"]
 class Peer:
     """A paho client collecting every message per topic (retained ones included)."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, *, username: str | None = None,
+                 password: str | None = None) -> None:
         self.messages: dict[str, queue.Queue[Any]] = {}
         self.client = mqtt.Client(CallbackAPIVersion.VERSION2,
                                   client_id=f"peer-{uuid.uuid4().hex[:8]}", protocol=mqtt.MQTTv5)
+        if username is not None:
+            self.client.username_pw_set(username, password)
         self.client.on_message = self._on_message
         self.client.connect(host, port)
         self.client.loop_start()
