@@ -7,7 +7,8 @@ is ``required`` (then the daemon fails). The tick loop ends when every pipeline 
 
 Under systemd the daemon speaks sd_notify (``edgeinfer.systemd``): ``READY=1`` once every
 pipeline runs, ``STATUS=`` every few seconds, ``RELOADING=1``/``READY=1`` around a reload,
-``STOPPING=1`` at shutdown, and ``WATCHDOG=1`` only while every pipeline is healthy. A live
+``STOPPING=1`` at shutdown, and ``WATCHDOG=1`` only while every pipeline is healthy and the
+command thread runs. A live
 pipeline that processes no frame for ``stall_s`` is rebuilt from its config, at most
 ``RESTART_BUDGET`` times in ``RESTART_WINDOW_S``; then the pings stop and systemd restarts us.
 """
@@ -321,6 +322,9 @@ class Daemon:
             text += f", {restarts} restart{'s' if restarts != 1 else ''}"
         if self.stuck is not None:
             text = f"pipeline {self.stuck} stuck (restart budget spent); " + text
+        problem = self.link.problem() if self.link is not None else None
+        if problem is not None:
+            text = f"{problem}; " + text
         return text
 
     def _recent_fps(self, p: Pipeline) -> float:
@@ -337,7 +341,8 @@ class Daemon:
                 self._on_stall(p, now)
             elif self.stuck is None and self._sinks_failing(p, now) > self.stall_s:
                 self._on_stall(p, now, f"its sinks failed every result for {self.stall_s:g} s")
-        if self.watchdog_s and self.stuck is None and now >= self._next_ping:
+        healthy = self.stuck is None and (self.link is None or self.link.problem() is None)
+        if self.watchdog_s and healthy and now >= self._next_ping:
             self._next_ping = now + self.watchdog_s / 2
             systemd.watchdog()
         if now >= self._next_status:
