@@ -7,7 +7,8 @@ the last one), and substitution in string values:
 - ``${VAR}``: the environment variable (a ConfigError when it is unset);
 - ``${VAR:-default}``: the default when VAR is unset or empty;
 - ``${credential:NAME}``: the file ``$CREDENTIALS_DIRECTORY/NAME`` (systemd ``LoadCredential=``)
-  less one trailing newline; its value never appears in an error message;
+  less one trailing newline; its value never appears in an error message. Only a regular file
+  of at most 64 KiB is read (a FIFO or a device would block or never end);
 - ``$$``: a literal ``$``. Any other ``$`` is kept as it is.
 
 An unquoted value that is only a number, ``true``/``false`` or ``null`` after an environment
@@ -19,6 +20,8 @@ from __future__ import annotations
 
 import os
 import re
+import stat
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +40,7 @@ _STR, _SEQ, _MAP, _MERGE, _NULL = (
 _SUBST = re.compile(r"\$(?:(?P<dollar>\$)|\{(?P<body>[^}]*)(?P<close>\})?)")
 _ENV_BODY = re.compile(r"(?P<var>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>.*))?", re.DOTALL)
 _CRED_NAME = re.compile(r"[A-Za-z0-9_.@-]+")
+MAX_CREDENTIAL_BYTES = 64 * 1024
 # Aliases are expanded while building: a few nested ones could otherwise make millions of nodes.
 _MAX_NODES = 100_000
 _INT = re.compile(r"[-+]?[0-9]+")
@@ -177,16 +181,22 @@ class YamlReader:
     def _key(self, node: yaml.Node, path: _Path) -> Any:
         if not isinstance(node, yaml.ScalarNode):
             raise self.error(path, node.start_mark.line + 1, "mapping keys must be plain values")
-        return self._construct(node)
+        return self._construct(node, path)
 
-    def _construct(self, node: yaml.ScalarNode) -> Any:
+    def _construct(self, node: yaml.ScalarNode, path: _Path) -> Any:
         try:
             return self._constructor.construct_object(node)
         except ConstructorError as exc:
             raise self._yaml_error(exc) from None
+        except ValueError:  # int(): more digits than sys.get_int_max_str_digits()
+            raise self._too_long(path, node.start_mark.line + 1) from None
+
+    def _too_long(self, path: _Path, line: int) -> ConfigError:
+        limit = sys.get_int_max_str_digits()
+        return self.error(path, line, f"number too long (more than {limit} digits)")
 
     def _scalar(self, node: yaml.ScalarNode, path: _Path) -> Any:
-        value = self._construct(node)
+        value = self._construct(node, path)
         if node.tag != _STR or not isinstance(value, str) or "$" not in value:
             return value
         line = node.start_mark.line + 1
@@ -213,7 +223,12 @@ class YamlReader:
             return env_value
 
         result = _SUBST.sub(replace, value)
-        return result if node.style is not None or used_credential else _plain_type(result)
+        if node.style is not None or used_credential:
+            return result
+        try:
+            return _plain_type(result)
+        except ValueError:
+            raise self._too_long(path, line) from None
 
     def _credential(self, name: str, path: _Path, line: int) -> str:
         if not _CRED_NAME.fullmatch(name) or name in (".", ".."):
@@ -226,9 +241,11 @@ class YamlReader:
             )
         file = Path(directory) / name
         try:
-            value = file.read_text(encoding="utf-8")
+            value = _read_credential(file).decode("utf-8")
         except UnicodeDecodeError:
             raise self.error(path, line, f"credential file {file} is not UTF-8 text") from None
+        except _Unreadable as exc:
+            raise self.error(path, line, f"credential file {file} {exc}") from None
         except OSError as exc:
             reason = exc.strerror or type(exc).__name__
             raise self.error(path, line, f"cannot read credential file {file}: {reason}") from None
@@ -242,6 +259,43 @@ class YamlReader:
             message = message.replace(secret, "<redacted>")
             message = message.replace(repr(secret)[1:-1], "<redacted>")
         return message
+
+
+class _Unreadable(Exception):
+    """A credential file edgeinfer will not read; the message says why."""
+
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _read_credential(file: Path) -> bytes:
+    """The bytes of a regular file of at most `MAX_CREDENTIAL_BYTES`.
+
+    Opened without blocking (a FIFO with no writer would wait forever) and checked on the open
+    descriptor, so the file read is the file checked.
+    """
+    fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((k for test, k in _KINDS if test(mode)), "a special file")
+            raise _Unreadable(f"is {kind}; a credential must be a regular file")
+        chunks: list[bytes] = []
+        size = 0
+        while size <= MAX_CREDENTIAL_BYTES:  # the size now, not as fstat saw it
+            chunk = os.read(fd, MAX_CREDENTIAL_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    if size > MAX_CREDENTIAL_BYTES:
+        raise _Unreadable(f"is larger than {MAX_CREDENTIAL_BYTES // 1024} KiB")
+    return b"".join(chunks)
 
 
 def _plain_type(text: str) -> Any:

@@ -22,6 +22,7 @@ from typing import Any
 import msgspec
 
 from ..errors import ConfigError
+from ._types import PATTERN_HELP
 from ._yaml import YamlReader, format_path
 from .pipeline import (
     AudioSource,
@@ -50,6 +51,11 @@ _TYPE_NAMES = {
     "time", "timedelta", "uuid", "decimal", "list", "dict", "NoneType",
 }
 _PATH_PART = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]|\[\.\.\.\]")
+# msgspec names a failed pattern by its regex; say in words what it asks for.
+_PATTERN_MESSAGES = {
+    f"Expected `str` matching regex {pattern!r}": f"expected {words}"
+    for pattern, words in PATTERN_HELP.items()
+}
 # A video or images `uri` with a scheme (file://, http://) is not a path relative to the config.
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -240,6 +246,8 @@ def _tagged_message(message: str, path: _Path, data: Any) -> str | None:
 
 def _plain_message(message: str) -> str:
     """msgspec's wording, house style: "expected int, got str", field names quoted."""
+    if message in _PATTERN_MESSAGES:
+        return _PATTERN_MESSAGES[message]
     message = re.sub(r"field `([^`]*)`", r"field '\1'", message.removeprefix("Object "))
     message = message.replace(" | null`", "`")
     message = re.sub(r"`([^`]*)`", _backquoted, message)

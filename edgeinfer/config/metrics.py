@@ -3,10 +3,9 @@ contract."""
 
 from __future__ import annotations
 
-from typing import Annotated
-
 import msgspec
-from msgspec import Meta
+
+from ._types import Host, Port
 
 __all__ = ["MetricsConfig"]
 
@@ -26,5 +25,5 @@ class MetricsConfig(_Struct):
     """
 
     enabled: bool = True
-    host: Annotated[str, Meta(min_length=1)] = "127.0.0.1"
-    port: Annotated[int, Meta(ge=1, le=65535)] = 9108
+    host: Host = "127.0.0.1"
+    port: Port = 9108

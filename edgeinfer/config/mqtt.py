@@ -9,11 +9,10 @@ import msgspec
 from msgspec import Meta
 
 from .commands import CommandsConfig
+from ._types import DAY, ClientId, Host, MiB, Port, Text, TopicPath
 from .pipeline import ReconnectConfig
 
 __all__ = ["HomeAssistantConfig", "MqttConfig", "OutboxConfig", "TlsConfig"]
-
-_TOPIC_LEVEL = r"^[^#+/\x00]+(/[^#+/\x00]+)*$"
 
 
 class _Struct(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
@@ -58,10 +57,10 @@ class OutboxConfig(_Struct):
     """
 
     path: str | None = None
-    max_messages: Annotated[int, Meta(ge=1)] = 100_000
-    max_mb: Annotated[float, Meta(gt=0)] = 64.0
-    max_age_s: Annotated[float, Meta(gt=0)] | None = 7 * 24 * 3600.0
-    replay_rate: Annotated[float, Meta(gt=0)] = 500.0
+    max_messages: Annotated[int, Meta(ge=1, le=100_000_000)] = 100_000
+    max_mb: MiB = 64.0
+    max_age_s: Annotated[float, Meta(ge=1, le=90 * DAY)] | None = 7 * DAY
+    replay_rate: Annotated[float, Meta(ge=0.1, le=100_000)] = 500.0
 
 
 class HomeAssistantConfig(_Struct):
@@ -73,7 +72,7 @@ class HomeAssistantConfig(_Struct):
     """
 
     enabled: bool = False
-    prefix: Annotated[str, Meta(pattern=_TOPIC_LEVEL)] = "homeassistant"
+    prefix: TopicPath = "homeassistant"
 
 
 class MqttConfig(_Struct):
@@ -100,22 +99,22 @@ class MqttConfig(_Struct):
         homeassistant: Home Assistant discovery.
     """
 
-    host: str = "127.0.0.1"
-    port: Annotated[int, Meta(ge=1, le=65535)] | None = None
+    host: Host = "127.0.0.1"
+    port: Port | None = None
     embedded: bool = False
     protocol: Literal["v5", "v3.1.1"] = "v5"
-    client_id: Annotated[str, Meta(min_length=1, max_length=128)] | None = None
-    username: str | None = None
+    client_id: ClientId | None = None
+    username: Text | None = None
     password: str | None = None
     keepalive_s: Annotated[int, Meta(ge=5, le=3600)] = 60
     tls: TlsConfig | None = None
-    prefix: Annotated[str, Meta(pattern=_TOPIC_LEVEL)] = "edgeinfer"
+    prefix: TopicPath = "edgeinfer"
     reconnect: ReconnectConfig = msgspec.field(
         default_factory=lambda: ReconnectConfig(initial_s=1.0, max_s=60.0))
-    stats_interval_s: Annotated[float, Meta(gt=0)] = 30.0
+    stats_interval_s: Annotated[float, Meta(ge=0.1, le=DAY)] = 30.0
     outbox: OutboxConfig = msgspec.field(default_factory=OutboxConfig)
     commands: bool | CommandsConfig = True
-    max_command_bytes: Annotated[int, Meta(ge=64)] = 65536
+    max_command_bytes: Annotated[int, Meta(ge=64, le=16_777_216)] = 65536
     homeassistant: HomeAssistantConfig = msgspec.field(default_factory=HomeAssistantConfig)
 
     def resolved_port(self) -> int:

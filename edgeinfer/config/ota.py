@@ -9,9 +9,9 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
-__all__ = ["HealthConfig", "OtaConfig", "VerifyConfig"]
+from ._types import GroupName, MiB, Seconds
 
-_GROUP = r"^[A-Za-z0-9_.-]{1,64}$"
+__all__ = ["HealthConfig", "OtaConfig", "VerifyConfig"]
 
 
 class _Struct(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
@@ -29,9 +29,9 @@ class VerifyConfig(_Struct):
         runs: Timed trial runs.
     """
 
-    memory_limit_mb: Annotated[float, Meta(gt=0)] | None = 512.0
-    timeout_s: Annotated[float, Meta(gt=0)] = 120.0
-    max_slowdown: Annotated[float, Meta(ge=1.0)] = 2.0
+    memory_limit_mb: MiB | None = 512.0
+    timeout_s: Seconds = 120.0
+    max_slowdown: Annotated[float, Meta(ge=1.0, le=1000.0)] = 2.0
     runs: Annotated[int, Meta(ge=1, le=1000)] = 5
 
 
@@ -44,8 +44,8 @@ class HealthConfig(_Struct):
         max_error_rate: Errors per inference above this roll the update back.
     """
 
-    min_inferences: Annotated[int, Meta(ge=1)] = 20
-    window_s: Annotated[float, Meta(gt=0)] = 60.0
+    min_inferences: Annotated[int, Meta(ge=1, le=1_000_000)] = 20
+    window_s: Seconds = 60.0
     max_error_rate: Annotated[float, Meta(ge=0, le=1)] = 0.05
 
 
@@ -66,10 +66,10 @@ class OtaConfig(_Struct):
 
     trusted_keys: list[Annotated[str, Meta(min_length=1)]] = []
     allow_unsigned: bool = False
-    groups: list[Annotated[str, Meta(pattern=_GROUP)]] = []
-    max_model_mb: Annotated[float, Meta(gt=0)] | None = None
+    groups: list[GroupName] = []
+    max_model_mb: MiB | None = None
     keep_versions: Annotated[int, Meta(ge=1, le=100)] = 3
-    transfer_timeout_s: Annotated[float, Meta(gt=0)] = 900.0
+    transfer_timeout_s: Seconds = 900.0
     verify: VerifyConfig = msgspec.field(default_factory=VerifyConfig)
     health: HealthConfig = msgspec.field(default_factory=HealthConfig)
 

@@ -12,6 +12,18 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
+from ._types import (
+    Fps,
+    Fraction,
+    Interval,
+    Milliseconds,
+    Readings,
+    Samples,
+    Seconds,
+    Size,
+    TopicFilter,
+)
+
 __all__ = [
     "AudioSource", "CameraSource", "ClassifyTask", "DetectTask", "EmitConfig", "ImagesSource",
     "JsonlSink", "MqttSink", "MqttSource", "Picamera2Source", "PreprocessConfig", "RawTask",
@@ -19,10 +31,9 @@ __all__ = [
     "SyntheticSource", "TaskConfig", "VadTask", "VideoSource",
 ]
 
-Fps = Annotated[float, Meta(gt=0, le=1000)]
-Size = Annotated[int, Meta(ge=1, le=16384)]
-Seconds = Annotated[float, Meta(gt=0)]
-Fraction = Annotated[float, Meta(ge=0, le=1)]
+Scale = Annotated[float, Meta(ge=1e-6, le=1e6)]
+Offset = Annotated[float, Meta(ge=-1e6, le=1e6)]
+PerChannel = Meta(min_length=1, max_length=4)
 # A file, device or topic: "" would name the config file's own folder once made absolute.
 NonEmptyStr = Annotated[str, Meta(min_length=1)]
 
@@ -44,7 +55,7 @@ class ReconnectConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, 
 
     initial_s: Seconds = 0.5
     max_s: Seconds = 30.0
-    max_attempts: Annotated[int, Meta(ge=1)] | None = None
+    max_attempts: Annotated[int, Meta(ge=1, le=1_000_000)] | None = None
 
 
 # --- sources -----------------------------------------------------------------------------------
@@ -63,7 +74,7 @@ class CameraSource(_Part, tag="camera"):
         open_timeout_s: How long opening or reading a stream may take before it counts as lost.
     """
 
-    uri: str | int = 0
+    uri: str | Annotated[int, Meta(ge=0, le=255)] = 0
     width: Size | None = None
     height: Size | None = None
     fps: Fps | None = None
@@ -81,7 +92,7 @@ class Picamera2Source(_Part, tag="picamera2"):
     height: Size = 480
     fps: Fps | None = None
     max_fps: Fps | None = None
-    camera: Annotated[int, Meta(ge=0)] = 0
+    camera: Annotated[int, Meta(ge=0, le=63)] = 0
     reconnect: ReconnectConfig = msgspec.field(default_factory=ReconnectConfig)
 
 
@@ -117,7 +128,7 @@ class SyntheticSource(_Part, tag="synthetic"):
     width: Size = 640
     height: Size = 480
     fps: Fps = 15.0
-    frames: Annotated[int, Meta(ge=1)] | None = None
+    frames: Annotated[int, Meta(ge=1, le=1_000_000_000)] | None = None
 
 
 class AudioSource(_Part, tag="audio"):
@@ -141,8 +152,8 @@ class AudioSource(_Part, tag="audio"):
     sample_rate: Annotated[int, Meta(ge=1000, le=384000)] = 16000
     channels: Annotated[int, Meta(ge=1, le=32)] = 1
     sample_format: Literal["s16le", "s32le", "f32le", "u8"] = "s16le"
-    window: Annotated[int, Meta(ge=1)] = 512
-    hop: Annotated[int, Meta(ge=1)] | None = None
+    window: Samples = 512
+    hop: Samples | None = None
     reconnect: ReconnectConfig = msgspec.field(default_factory=ReconnectConfig)
     realtime: bool = False
 
@@ -162,21 +173,21 @@ class SerialSource(_Part, tag="serial"):
     """
 
     port: NonEmptyStr
-    baudrate: Annotated[int, Meta(ge=50)] = 115200
+    baudrate: Annotated[int, Meta(ge=50, le=12_000_000)] = 115200
     format: Literal["csv", "json"] = "csv"
     fields: list[str] = []
-    window: Annotated[int, Meta(ge=1)] = 1
-    hop: Annotated[int, Meta(ge=1)] | None = None
+    window: Readings = 1
+    hop: Readings | None = None
     reconnect: ReconnectConfig = msgspec.field(default_factory=ReconnectConfig)
 
 
 class MqttSource(_Part, tag="mqtt"):
     """Sensor readings arriving as JSON on an MQTT topic, windowed (the broker is ``mqtt:``)."""
 
-    topic: NonEmptyStr
+    topic: TopicFilter
     fields: list[str] = []
-    window: Annotated[int, Meta(ge=1)] = 1
-    hop: Annotated[int, Meta(ge=1)] | None = None
+    window: Readings = 1
+    hop: Readings | None = None
     qos: Literal[0, 1] = 1
 
 
@@ -206,9 +217,9 @@ class PreprocessConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True,
     size: Annotated[list[Size], Meta(min_length=2, max_length=2)] | None = None
     color: Literal["rgb", "bgr"] = "rgb"
     layout: Literal["nchw", "nhwc"] | None = None
-    scale: float | None = None
-    mean: list[float] | None = None
-    std: list[float] | None = None
+    scale: Scale | None = None
+    mean: Annotated[list[Offset], PerChannel] | None = None
+    std: Annotated[list[Scale], PerChannel] | None = None
     pad_value: Annotated[int, Meta(ge=0, le=255)] = 114
 
 
@@ -223,7 +234,7 @@ class ClassifyTask(_Part, tag="classify"):
     """
 
     labels: NonEmptyStr | list[str] | None = None
-    top_k: Annotated[int, Meta(ge=1)] = 5
+    top_k: Annotated[int, Meta(ge=1, le=1000)] = 5
     softmax: Literal["auto", "yes", "no"] = "auto"
     score_threshold: Fraction = 0.0
     preprocess: PreprocessConfig = msgspec.field(default_factory=PreprocessConfig)
@@ -244,8 +255,8 @@ class DetectTask(_Part, tag="detect"):
     decoder: Literal["yolov8", "yolov5", "ssd", "blazeface"]
     score_threshold: Fraction = 0.25
     iou_threshold: Fraction = 0.45
-    max_detections: Annotated[int, Meta(ge=1)] = 100
-    classes: list[str | int] | None = None
+    max_detections: Annotated[int, Meta(ge=1, le=10_000)] = 100
+    classes: list[str | Annotated[int, Meta(ge=0, le=100_000)]] | None = None
     labels: NonEmptyStr | list[str] | None = None
     preprocess: PreprocessConfig = msgspec.field(default_factory=PreprocessConfig)
 
@@ -260,8 +271,8 @@ class VadTask(_Part, tag="vad"):
     """
 
     threshold: Fraction = 0.5
-    min_speech_ms: Annotated[float, Meta(ge=0)] = 250.0
-    min_silence_ms: Annotated[float, Meta(ge=0)] = 300.0
+    min_speech_ms: Milliseconds = 250.0
+    min_silence_ms: Milliseconds = 300.0
 
 
 class RawTask(_Part, tag="raw"):
@@ -307,4 +318,4 @@ class EmitConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, froze
     """
 
     mode: Literal["every", "change"] = "every"
-    min_interval_s: Annotated[float, Meta(ge=0)] = 0.0
+    min_interval_s: Interval = 0.0

@@ -16,6 +16,7 @@ import msgspec
 from msgspec import Meta
 
 from ..paths import cache_dir, state_dir
+from ._types import DeviceId, Dim, MiB, PipelineName, Threads
 from .metrics import MetricsConfig
 from .mqtt import MqttConfig
 from .ota import OtaConfig
@@ -30,23 +31,14 @@ __all__ = [
     "RuntimeConfig",
 ]
 
-_PIPELINE_NAME = r"^[A-Za-z0-9_-]{1,64}$"
-_DEVICE_ID = r"^[A-Za-z0-9_.-]+$"
-
-PositiveMB = Annotated[float, Meta(gt=0)]
-Threads = Annotated[int, Meta(ge=1, le=64)]
-Dim = Annotated[int, Meta(ge=1)]
-PipelineName = Annotated[str, Meta(pattern=_PIPELINE_NAME)]
-DeviceId = Annotated[str, Meta(pattern=_DEVICE_ID)]
 NonEmptyStr = Annotated[str, Meta(min_length=1)]
 QueueSize = Annotated[int, Meta(ge=1, le=64)]
-
-
-def _check_topic_level(value: str, what: str) -> None:
-    # msgspec matches patterns with re.search, where `$` also matches before a final newline;
-    # a name ending in "\n" would pass the pattern and then break its MQTT topic.
-    if "\n" in value:
-        raise ValueError(f"{what} must not contain a newline (it becomes an MQTT topic level)")
+# A warm-up value: a number (broadcast to the input's shape) or a flat list of them.
+_WarmupNumber = (
+    Annotated[int, Meta(ge=-1_000_000_000, le=1_000_000_000)]
+    | Annotated[float, Meta(ge=-1e9, le=1e9)]
+)
+WarmupValue = _WarmupNumber | list[_WarmupNumber]
 
 
 class _Struct(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
@@ -75,8 +67,8 @@ class RuntimeConfig(_Struct):
         optimized_model_cache: Keep optimized ONNX graphs in the cache directory.
     """
 
-    memory_budget_mb: PositiveMB | None = None
-    max_model_mb: PositiveMB = 512.0
+    memory_budget_mb: MiB | None = None
+    max_model_mb: MiB = 512.0
     state_dir: NonEmptyStr | None = None
     cache_dir: NonEmptyStr | None = None
     optimized_model_cache: bool = True
@@ -130,7 +122,7 @@ class ModelConfig(_Struct):
     version: str | None = None
     providers: str | list[str] = "auto"
     threads: Threads | None = None
-    memory_limit_mb: PositiveMB | None = None
+    memory_limit_mb: MiB | None = None
     isolation: Literal["none", "process"] = "none"
     strict_providers: bool = False
     probe: bool = False
@@ -138,8 +130,8 @@ class ModelConfig(_Struct):
     arena: Literal["bounded", "off", "default"] = "bounded"
     delegates: list[DelegateConfig] = []
     warmup: bool = True
-    warmup_inputs: dict[str, Any] = {}
-    max_model_mb: PositiveMB | None = None
+    warmup_inputs: dict[str, WarmupValue] = {}
+    max_model_mb: MiB | None = None
 
     def load_kwargs(self, *, default_max_model_mb: float | None = None) -> dict[str, Any]:
         """Keyword arguments for ``edgeinfer.load_model(self.path, **kwargs)``.
@@ -203,16 +195,13 @@ class PipelineConfig(_Struct):
     queue_size: QueueSize = 2
     required: bool = False
 
-    def __post_init__(self) -> None:
-        _check_topic_level(self.name, "name")
-
 
 class Config(_Struct):
     """The whole config file.
 
     Attributes:
-        device_id: This device's MQTT topic level; ``None`` for the hostname (see
-            `resolved_device_id`).
+        device_id: This device's MQTT topic level: 1 to 64 of ``[A-Za-z0-9_.-]``, not ``.``
+            or ``..``; ``None`` for the hostname (see `resolved_device_id`).
         runtime: Process-wide runtime settings.
         pipelines: The pipelines to run; names are unique.
         logging: Logging settings.
@@ -233,8 +222,6 @@ class Config(_Struct):
     def __post_init__(self) -> None:
         if self.ota is not None and self.mqtt is None:
             raise ValueError("ota: model updates arrive over MQTT; add an mqtt: section")
-        if self.device_id is not None:
-            _check_topic_level(self.device_id, "device_id")
         first: dict[str, int] = {}
         for i, pipeline in enumerate(self.pipelines):
             j = first.setdefault(pipeline.name, i)
@@ -248,4 +235,5 @@ class Config(_Struct):
         if self.device_id is not None:
             return self.device_id
         # Hostnames are normally [A-Za-z0-9.-] already; anything else would break the topic.
-        return re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname()) or "edgeinfer"
+        name = re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname())[:64]
+        return name if name.strip(".") else "edgeinfer"

@@ -371,8 +371,8 @@ def test_threads_out_of_range(tmp_path: Path, threads: int, problem: str) -> Non
 @pytest.mark.parametrize(
     ("field", "value", "problem"),
     [
-        ("memory_limit_mb", "0", "memory_limit_mb: expected float > 0.0"),
-        ("max_model_mb", "-1", "max_model_mb: expected float > 0.0"),
+        ("memory_limit_mb", "0", "memory_limit_mb: expected float >= 0.01"),
+        ("max_model_mb", "-1", "max_model_mb: expected float >= 0.01"),
         ("isolation", "thread", "isolation: invalid enum value 'thread'; valid: none, process"),
         ("arena", "big", "arena: invalid enum value 'big'; valid: bounded, off, default"),
         ("warmup", "'yes'", "warmup: expected bool, got str"),
@@ -400,7 +400,9 @@ def test_missing_required_field_points_at_the_mapping(tmp_path: Path) -> None:
 def test_bad_pipeline_name(tmp_path: Path, name: str) -> None:
     message = config_error(tmp_path, MINIMAL.replace("name: cam", f"name: '{name}'"))
 
-    assert ":2: $.pipelines[0].name: expected str matching regex" in message
+    assert message.endswith(
+        ":2: $.pipelines[0].name: expected a name of 1 to 64 characters A-Z a-z 0-9 _ -"
+    )
 
 
 def test_pipeline_name_with_trailing_newline(tmp_path: Path) -> None:
@@ -408,13 +410,16 @@ def test_pipeline_name_with_trailing_newline(tmp_path: Path) -> None:
 
     message = config_error(tmp_path, text)
 
-    assert ":2: $.pipelines[0]: name must not contain a newline" in message
+    assert ":2: $.pipelines[0].name: expected a name of 1 to 64 characters" in message
 
 
 def test_bad_device_id(tmp_path: Path) -> None:
     message = config_error(tmp_path, "device_id: kitchen/pi\n")
 
-    assert ":1: $.device_id: expected str matching regex" in message
+    assert message.endswith(
+        ":1: $.device_id: expected a name of 1 to 64 characters A-Z a-z 0-9 _ . -, "
+        "not '.' or '..'"
+    )
 
 
 def test_duplicate_pipeline_names(tmp_path: Path) -> None:
@@ -723,7 +728,7 @@ def test_part_field_errors(tmp_path: Path, part: str, problem: str) -> None:
         ("{type: video, uri: ''}", "source.uri: expected str of length >= 1"),
         ("{type: camera, uri: 1.5}", "source.uri: expected int | str, got float"),
         ("{type: camera, fourcc: MJPEG}", "source.fourcc: expected str of length <= 4"),
-        ("{type: camera, fps: 0}", "source.fps: expected float > 0.0"),
+        ("{type: camera, fps: 0}", "source.fps: expected float >= 0.01"),
         (
             "{type: camera, reconnect: {max_attempts: 0}}",
             "source.reconnect.max_attempts: expected int >= 1",
