@@ -30,6 +30,7 @@ VERBS = {
     "keygen": ("edgeinfer.cli.ota_cmds:cmd_keygen", "make an Ed25519 key pair for signing models"),
     "push-model": ("edgeinfer.cli.ota_cmds:cmd_push_model",
                    "push a signed model to devices over MQTT (or roll one back)"),
+    "cmd": ("edgeinfer.cli.cmd_cmd:cmd_cmd", "send a device a command (signed with --key)"),
 }
 
 EXIT_INTERNAL = 70
@@ -207,6 +208,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sign a deliberate downgrade: allowed below the installed sequence")
     p.add_argument("--ttl", type=float, default=3600.0, metavar="S",
                    help="the signed manifest expires after S seconds (default: %(default)s)")
+    _broker_options(p)
+    p.add_argument("--json", action="store_true", help="final statuses as JSON")
+
+    p = sub.add_parser("cmd", help=VERBS["cmd"][1],
+                       description="Publish COMMAND to <prefix>/DEVICE/cmd/COMMAND and print the "
+                       "reply as JSON (exit 1 for an error reply or none). Verbs listed in the "
+                       "device's mqtt.commands.signed need --key.")
+    p.add_argument("device", help="the device id")
+    p.add_argument("command", help="status, pause, resume, reload, snapshot or set")
+    p.add_argument("args", nargs="?", help="the arguments as a JSON object, e.g. "
+                   "'{\"pipeline\": \"faces\", \"score_threshold\": 0.7}'")
+    p.add_argument("--key", help="sign with this private key from `edgeinfer keygen`")
+    p.add_argument("--timeout", type=float, default=30.0, metavar="S",
+                   help="give up waiting for the reply after S seconds (default: %(default)s)")
+    _broker_options(p)
+    return parser
+
+
+def _broker_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--config", help="YAML config whose mqtt: section names the broker")
     p.add_argument("--broker", metavar="HOST[:PORT]", help="broker (default: the config's, or "
                    "127.0.0.1:1883)")
@@ -217,8 +237,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ca", metavar="FILE", help="CA certificate for TLS")
     p.add_argument("--cert", metavar="FILE", help="client certificate for TLS")
     p.add_argument("--cert-key", metavar="FILE", help="client certificate's key for TLS")
-    p.add_argument("--json", action="store_true", help="final statuses as JSON")
-    return parser
 
 
 def _model_options(p: argparse.ArgumentParser) -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -328,6 +330,18 @@ def test_command_policy_and_signed_commands(
     assert not r["ok"] and "replayed" in r["error"]
     r = peer.request(set_, make_command(name, "set", {"score_threshold": 0.8}, key), set_reply)
     assert r["ok"] and r["result"]["settings"]["score_threshold"] == 0.8
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "edgeinfer", "cmd", name, *args,
+                               "--broker", f"{host}:{port}", "--timeout", "30"],
+                              capture_output=True, text=True, timeout=60)
+
+    done = cli("set", '{"score_threshold": 0.7}', "--key", str(priv))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["result"]["settings"]["score_threshold"] == 0.7
+    refused = cli("set", '{"score_threshold": 0.6}')
+    assert refused.returncode == 1 and "must be signed" in refused.stderr
+    assert json.loads(refused.stdout)["ok"] is False
     again.stop()
 
 
