@@ -57,15 +57,18 @@ class StateLock:
     Args:
         path: The lock file; its folder is created.
         what: What the lock protects, for the error message (default: the folder).
+        remedy: What to do instead, for the error message (default: another state directory).
 
     Raises (from ``acquire``):
         AlreadyRunningError: another process holds it; the message names that process.
         StorageError: the lock file cannot be created (read-only or full file system).
     """
 
-    def __init__(self, path: str | Path, *, what: str | None = None) -> None:
+    def __init__(self, path: str | Path, *, what: str | None = None,
+                 remedy: str = "its own state directory (runtime.state_dir)") -> None:
         self.path = Path(path)
         self.what = what or f"state directory {self.path.parent}"
+        self.remedy = remedy
         self._fd: int | None = None
 
     @property
@@ -92,7 +95,7 @@ class StateLock:
                 raise StorageError(f"cannot lock {self.path}: {exc.strerror or exc}") from exc
             raise AlreadyRunningError(
                 f"the {self.what} is in use by {_describe(owner)}; stop that process, or give "
-                f"this one its own state directory (runtime.state_dir) (lock: {self.path})"
+                f"this one {self.remedy} (lock: {self.path})"
             ) from None
         try:
             self._write_owner(fd)

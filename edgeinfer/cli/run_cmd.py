@@ -134,7 +134,7 @@ def outbox_line(o: dict[str, Any]) -> str:
     if not o["connected"]:
         text += f" (broker {o['broker']} unreachable" + (f": {o['error']})" if o["error"] else ")")
     if o["waiting"]:
-        text += "; they are sent after the next start"
+        text += "; they go out after a later start reaches the broker"
     rec = o.get("recovered")
     if rec:
         text += (f"; the damaged outbox found at start was moved to {rec['moved_to']}, "

@@ -110,7 +110,8 @@ class Outbox:
         self.recovered: Salvage | None
         self._max_bytes = int(self.config.max_mb * 1024 * 1024)
         self._lock = threading.Lock()
-        self._flock = StateLock(f"{self.path}.lock", what=f"outbox {self.path}").acquire()
+        self._flock = StateLock(f"{self.path}.lock", what=f"outbox {self.path}",
+                                remedy="its own outbox (mqtt.outbox.path)").acquire()
         try:
             self._conn, self.recovered = open_file(self.path, owner=owner,
                                                    synchronous=synchronous)

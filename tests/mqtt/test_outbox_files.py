@@ -52,6 +52,7 @@ def test_a_second_process_is_refused_with_the_first_ones_pid_until_it_dies(
         with pytest.raises(AlreadyRunningError, match=f"pid {holder.pid}") as err:
             Outbox(path) if kind == "outbox" else StateLock(path).acquire()
         assert err.value.exit_code == 75 and "-c" in str(err.value)  # its command line
+        assert ("mqtt.outbox.path" if kind == "outbox" else "runtime.state_dir") in str(err.value)
     finally:
         _kill(holder)  # kill -9: the kernel drops the flock, the stale file does not matter
     if kind == "outbox":
