@@ -233,16 +233,27 @@ class OtaAgent:
         return handle
 
     def _on_offer(self, message: Message, group: str | None) -> None:
-        from .manifest import open_offer, parse_offer, request_id
+        import hashlib
+
+        from .manifest import check_transfer, open_manifest, parse_offer, request_id
 
         self.counters["offers"] += 1
-        request = None
+        received = hashlib.sha256(message.payload).hexdigest()[:16]  # what no signature vouches for
         try:
             offer = parse_offer(message.payload)
-            request = request_id(offer.manifest, offer.signature)
-            manifest = open_offer(offer, self.trusted, allow_unsigned=self.ota.allow_unsigned)
+        except OtaRejected as exc:
+            self._refuse_unverified(exc, received, group, "offer")
+            return
+        request = request_id(offer.manifest, offer.signature)
+        try:  # a forged signature gives another id than the real offer's
+            manifest = open_manifest(offer, self.trusted, allow_unsigned=self.ota.allow_unsigned)
         except OtaRejected as exc:
             self._refuse_unverified(exc, request, group, "offer")
+            return
+        try:  # a real offer's copy with an edited transfer section must not answer for it
+            check_transfer(offer, manifest)
+        except OtaRejected as exc:
+            self._refuse_unverified(exc, received, group, "offer")
             return
         with self._lock:  # the same signed offer again: say where it stands
             active = self._active

@@ -53,6 +53,8 @@ __all__ = [
     "make_offer",
     "make_rollback",
     "now_iso",
+    "check_transfer",
+    "open_manifest",
     "open_offer",
     "open_rollback",
     "parse_offer",
@@ -517,18 +519,39 @@ def decode_manifest(text: bytes | str) -> Manifest:
 
 def open_offer(offer: Offer, trusted: Mapping[str, PublicKey], *, allow_unsigned: bool) -> Manifest:
     """Verify an offer's signature, then decode and check its manifest and transfer (which
-    must repeat the signed chunking). Time, target and sequence are the device's to check
-    (``check_time``, the agent).
+    must repeat the signed chunking): ``open_manifest`` then ``check_transfer``. Time, target
+    and sequence are the device's to check (``check_time``, the agent).
+
+    Raises:
+        OtaRejected: as ``open_manifest`` and ``check_transfer``.
+    """
+    manifest = open_manifest(offer, trusted, allow_unsigned=allow_unsigned)
+    check_transfer(offer, manifest)
+    return manifest
+
+
+def open_manifest(offer: Offer, trusted: Mapping[str, PublicKey], *,
+                  allow_unsigned: bool) -> Manifest:
+    """Verify an offer's signature, then decode and check its manifest.
 
     Raises:
         OtaRejected: ``unsigned``/``unknown_key``/``bad_signature`` (``verify_bytes``),
-            ``bad_manifest``/``bad_name`` for a manifest field, ``bad_transfer`` for a transfer
-            that does not fit the manifest, ``bad_manifest`` for a golden file that does not.
+            ``bad_manifest``/``bad_name`` for a manifest field.
     """
     kid = _signed_key_id(offer.manifest, "manifest")
     data = offer.manifest.encode("utf-8", "surrogatepass")
     verify_bytes(data, offer.signature, kid, trusted, allow_unsigned=allow_unsigned)
-    manifest = decode_manifest(data)
+    return decode_manifest(data)
+
+
+def check_transfer(offer: Offer, manifest: Manifest) -> None:
+    """Check the offer's unsigned parts (transfer section, golden file) against its signed
+    manifest.
+
+    Raises:
+        OtaRejected: ``bad_transfer`` for a transfer that does not repeat the manifest's,
+            ``bad_manifest`` for a golden file that does not match it.
+    """
     t = offer.transfer
     if t.id != transfer_id(manifest.sha256):
         raise OtaRejected("bad_transfer", f"transfer id {t.id} is not the first 16 hex digits of "
@@ -546,7 +569,6 @@ def open_offer(offer: Offer, trusted: Mapping[str, PublicKey], *, allow_unsigned
             or hashlib.sha256(golden).hexdigest() != manifest.golden.sha256):
         raise OtaRejected("bad_manifest", "the golden file does not match the manifest's "
                                           "golden sha256/size")
-    return manifest
 
 
 def golden_bytes(offer: Offer) -> bytes | None:

@@ -318,6 +318,31 @@ def test_stale_retained_status_is_not_this_transfer(pusher: Pusher, devices: Any
     assert len(dev.offers) == 2 and dev.chunk_messages == _chunks(model)
 
 
+def test_a_fresh_status_answering_another_request_is_not_this_push(
+        pusher: Pusher, devices: Any, model: Path, key: PrivateKey, prefix: str) -> None:
+    dev = devices("pi-other")
+    sha = hashlib.sha256(model.read_bytes()).hexdigest()
+    # just now, someone's push of another build (or a junk offer) was refused: retained
+    other = OtaStatus(device="pi-other", state="rejected", request="0" * 16, transfer=sha[:16],
+                      pipeline="faces", sha256=sha, version="9.0.1", reason="unknown_key",
+                      ts=time.time())
+    assert dev.client.publish(status_topic(prefix, "pi-other"), other.encode(), retain=True)
+    time.sleep(0.2)
+    seen: list[OtaStatus] = []
+    statuses = pusher.push(model, devices=["pi-other"], group=None, pipeline="faces",
+                           version="2.0.0", key=key, chunk_size=CHUNK, timeout_s=20,
+                           on_status=seen.append)
+    assert statuses["pi-other"].state == "committed", statuses
+    assert bytes(dev.data) == model.read_bytes()
+    assert {s.request for s in seen} == {dev.request} and "0" * 16 not in {s.request for s in seen}
+    # a rollback right after a refused push: that refusal is not its answer either
+    assert dev.client.publish(status_topic(prefix, "pi-other"), other.encode(), retain=True)
+    time.sleep(0.2)
+    back = pusher.rollback(devices=["pi-other"], group=None, pipeline="faces", key=key,
+                           timeout_s=10)
+    assert back["pi-other"].state == "rolled_back" and back["pi-other"].request == dev.request
+
+
 def test_no_wait_unsigned_with_golden(pusher: Pusher, devices: Any, model: Path,
                                      tmp_path: Path) -> None:
     import numpy as np
