@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from .config._types import Fps
 from .errors import ConfigError
 from .frames import Frame, TaskResult
 
@@ -44,11 +45,8 @@ def apply_tuning(pipeline: Pipeline, changes: dict[str, Any]) -> dict[str, Any]:
     new_emit = _validated(emit, emit_changes) if emit_changes else emit
     limiter = pipeline._limiter
     if "max_fps" in changes:
-        fps = changes["max_fps"]
-        if fps is not None and (not isinstance(fps, (int, float)) or isinstance(fps, bool)
-                                or not 0 < fps <= 1000):
-            raise ConfigError(f"max_fps: expected a number in (0, 1000] or null, got {fps!r}")
-        limiter = RateLimiter(float(fps)) if fps else None
+        fps = _converted(changes["max_fps"], Fps | None, "max_fps")  # as a source's max_fps
+        limiter = RateLimiter(fps) if fps is not None else None
     # All validated: apply together (each is one reference swap the stages pick up).
     if task_changes:
         pipeline.task.config = new_task_cfg
@@ -67,6 +65,14 @@ def current_settings(pipeline: Pipeline) -> dict[str, Any]:
     out["emit_mode"] = pipeline.emit.mode
     out["min_interval_s"] = pipeline.emit.min_interval_s
     return out
+
+
+def _converted(value: Any, type_: Any, name: str) -> Any:
+    """``value`` as the config type ``type_`` (its ranges checked), or a ConfigError."""
+    try:
+        return msgspec.convert(value, type_, strict=True)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
 
 
 def _validated(struct: Any, changes: dict[str, Any]) -> Any:
