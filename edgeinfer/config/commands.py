@@ -9,6 +9,8 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
+from ._types import DAY, PipelineName
+
 __all__ = ["VERBS", "CommandsConfig", "SnapshotArgs", "Verb"]
 
 Verb = Literal["status", "pause", "resume", "reload", "snapshot", "set"]
@@ -33,7 +35,7 @@ class CommandsConfig(_Struct):
 
     allow: list[Verb] = msgspec.field(default_factory=lambda: list(VERBS))  # type: ignore[arg-type]
     signed: list[Verb] = []
-    max_age_s: Annotated[float, Meta(ge=1, le=86400)] = 300.0
+    max_age_s: Annotated[float, Meta(ge=1, le=DAY)] = 300.0
 
     def __post_init__(self) -> None:
         loose = [v for v in self.signed if v not in self.allow]
@@ -49,5 +51,5 @@ class SnapshotArgs(_Struct):
         quality: JPEG quality.
     """
 
-    pipeline: str | None = None
+    pipeline: PipelineName | None = None
     quality: Annotated[int, Meta(ge=1, le=100)] = 85

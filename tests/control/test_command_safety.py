@@ -77,6 +77,22 @@ def test_request_parsing_refuses_deep_nesting_without_recursing() -> None:
     assert decode_request(b'{"id": 1, "a": [[1]]}') == {"id": 1, "a": [[1]]}
 
 
+def test_the_command_policy_is_checked_like_the_rest_of_the_config() -> None:
+    from edgeinfer.config import parse_config
+    from edgeinfer.config.commands import CommandsConfig
+    from edgeinfer.errors import ConfigError
+
+    config = parse_config("mqtt: {commands: {allow: [status, set], signed: [set]}}")
+    assert config.mqtt is not None and config.mqtt.commands == CommandsConfig(
+        allow=["status", "set"], signed=["set"])
+    assert parse_config("mqtt: {commands: false}").mqtt.commands is False  # type: ignore[union-attr]
+    for bad, why in (("{allow: [status], signed: [set]}", "must also be in allow"),
+                     ("{allow: [frobnicate]}", "invalid enum value"),
+                     ("{max_age_s: .inf}", "max_age_s")):
+        with pytest.raises(ConfigError, match=why):
+            parse_config(f"mqtt: {{commands: {bad}}}")
+
+
 def test_verbs_and_response_topics() -> None:
     assert is_verb("status") and is_verb("set_2") and not is_verb("reply")
     assert not is_verb("Pause") and not is_verb("v" * 33) and not is_verb("")
