@@ -11,7 +11,8 @@
   found, within a budget of queries, so a badly damaged file costs a bounded time at start.
 - A file that cannot be created (a full disk, a read-only folder) is a ``StorageError`` naming it.
 - ``adopt_legacy``: the results of the one ``outbox.sqlite3`` older versions shared go to the
-  outbox of the device they are for.
+  outbox of the device they are for; ``set_aside_others``: results another device wrote into a
+  file before files recorded their owner are moved to ``<name>.foreign-<UTC time>``.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Salvage", "adopt_legacy", "is_full", "open_file"]
+__all__ = ["Salvage", "adopt_legacy", "is_full", "open_file", "set_aside_others"]
 
 _DAMAGE_CODES = frozenset({sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB})
 _CHUNK = 1024  # ids per range query
@@ -338,3 +339,33 @@ def adopt_legacy(outbox: Outbox, legacy: Path, topic_prefix: str) -> int:
             conn.execute("COMMIT")  # a crash before this only means duplicates (QoS 1)
             moved += len(rows)
     return moved
+
+
+def set_aside_others(outbox: Outbox, device: str) -> tuple[Path, int] | None:
+    """Move the results in ``outbox`` that another device made (their topic's device level,
+    ``<prefix>/<device>/<pipeline>/result``, is not ``device``) into ``<name>.foreign-<UTC
+    time>``, kept there and never published by this one. Only a file written before outboxes
+    recorded their owner can hold such rows (one ``mqtt.outbox.path`` shared by two configs).
+    Returns that file and how many moved, or ``None`` when there were none."""
+    from .outbox import Outbox
+
+    conn = outbox._conn
+    with outbox._lock:
+        others = [msg_id for msg_id, topic in conn.execute("SELECT id, topic FROM messages")
+                  if topic.rsplit("/", 3)[-3:-2] != [device]]
+    if not others:
+        return None
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    aside = outbox.path.with_name(f"{outbox.path.name}.foreign-{stamp}")
+    with Outbox(aside) as kept:
+        for i in range(0, len(others), 500):
+            part = others[i:i + 500]
+            marks = ",".join("?" * len(part))
+            with outbox._lock:
+                rows = conn.execute(f"SELECT pipeline, seq, topic, payload, qos, created FROM "
+                                    f"messages WHERE id IN ({marks}) ORDER BY id", part).fetchall()
+                kept.copy_in(rows)
+                with outbox._transaction():
+                    outbox._delete(f"id IN ({marks})", part)
+    os.unlink(f"{aside}.lock")  # a name nobody else has opened: its lock file is only litter
+    return aside, len(others)

@@ -22,11 +22,13 @@ with the lock).
 Ids come from SQLite (``AUTOINCREMENT``: increasing, never reused, even after the table was
 empty), so ``take`` can read ``WHERE id > cursor``. Its bookkeeping row costs a second page
 write per put (15.6 -> 23-24 us a put here, 20,000 puts of 300 bytes); ids given by the process
-were cheaper but let two processes on one file collide and publish each other's rows. One process at a time: the outbox holds an
-exclusive ``flock`` on ``<file>.lock`` for its life, so no other process ever writes rows that
-this one would publish (a second one gets ``AlreadyRunningError`` naming the first). The file
-also records whom it is for (``owner``: device and broker); a file that belongs to another
-owner is moved aside, never published to this broker.
+were cheaper but let two processes on one file collide and publish each other's rows.
+
+One process at a time: the outbox holds an exclusive ``flock`` on ``<file>.lock`` for its life,
+so no other process ever writes rows that this one would publish (a second one gets
+``AlreadyRunningError`` naming the first). The file also records whom it is for (``owner``:
+device and broker); a file that belongs to another owner is moved aside, never published to
+this broker.
 
 A damaged file (not a database, truncated, a corrupt page, a folder in its place) is moved aside
 as ``<name>.damaged-<UTC time>``, the rows that can still be read are copied into a fresh file,

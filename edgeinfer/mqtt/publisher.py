@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from ..errors import EdgeInferError, StateError
 from ..paths import outbox_path
-from ._outbox_file import adopt_legacy
+from ._outbox_file import adopt_legacy, set_aside_others
 from .outbox import Outbox
 
 if TYPE_CHECKING:
@@ -277,6 +277,10 @@ class MqttPlumbing:
         legacy = Path(state_dir) / LEGACY_OUTBOX
         if not config.outbox.path and legacy.is_file():
             self._adopt(legacy, f"{config.prefix}/{device_id}/")
+        others = set_aside_others(self.outbox, device_id)
+        if others is not None:
+            logger.warning("outbox %s held %d results of other devices; moved them to %s, "
+                           "never to be published here", path, others[1], others[0])
         if client is None:
             from .client import MqttClient
 

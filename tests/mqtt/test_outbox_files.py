@@ -179,3 +179,32 @@ def test_results_in_the_outbox_an_older_version_shared_go_to_the_device_they_are
         assert plumbing.outbox.depth == 0 and plumbing.last_seq("door") == 40  # never goes back
     finally:
         plumbing.stop()
+
+
+def test_results_of_another_device_in_an_explicit_outbox_are_set_aside_not_published(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from edgeinfer.config.mqtt import MqttConfig, OutboxConfig
+    from edgeinfer.mqtt.publisher import MqttPlumbing
+
+    shared = tmp_path / "shared.db"  # one mqtt.outbox.path in two configs, before owners
+    conn = sqlite3.connect(shared)
+    conn.executescript("""
+        CREATE TABLE messages (id INTEGER PRIMARY KEY, pipeline TEXT NOT NULL,
+            seq INTEGER NOT NULL, topic TEXT NOT NULL, payload BLOB NOT NULL,
+            qos INTEGER NOT NULL, created REAL NOT NULL);
+        INSERT INTO messages VALUES (1, 'door', 5, 'site/a/door/result', x'01', 1, 0),
+            (2, 'door', 9, 'site/b/door/result', x'02', 1, 0),
+            (3, 'door', 6, 'site/a/door/result', x'03', 1, 0);
+    """)
+    conn.close()
+    config = MqttConfig(port=1, prefix="site", outbox=OutboxConfig(path=str(shared)))
+    plumbing = MqttPlumbing(config, "a", tmp_path / "state")
+    try:
+        assert [m.topic for m in plumbing.outbox.take(10)] == ["site/a/door/result"] * 2
+        assert plumbing.stats()["depth"] == 2
+    finally:
+        plumbing.stop()
+    (aside,) = tmp_path.glob("shared.db.foreign-*")
+    assert f"held 1 results of other devices; moved them to {aside}" in caplog.text
+    with Outbox(aside) as kept:
+        assert [(m.seq, m.topic) for m in kept.take(10)] == [(9, "site/b/door/result")]
