@@ -12,7 +12,12 @@ pass every check) with `edgeinfer.ota.push.Pusher`, signed, and measures:
    warming the new session) and the health gate (to ``committed``);
 2. the gaps between consecutive results on the broker: the longest gap from the offer to
    two seconds after the commit, against the median interval before the offer (target: at
-   most 2x, the stream does not stop).
+   most 2x, the stream does not stop);
+3. the cost of checking every chunk against its signed sha256 (format 2), in one run: the
+   device's receive path (`StagedTransfer.write` of every chunk of the 12 MB file, then the
+   flush) with the check and without it (the write as it was before the check), rounds
+   alternating, medians; the manifest's size with its chunk list; and on the push side,
+   `build_manifest` (which hashes every chunk) against hashing the file once.
 
 The results replace the ota section of docs/benchmarks.md (between its markers).
 """
@@ -140,7 +145,9 @@ def run(rounds: int, fps: float) -> dict[str, Any]:
             daemon.terminate()
             daemon.wait(20)
             watcher.close()
-    return {"rounds": rows, "fps": fps, "model_bytes": rows[0]["bytes"] if rows else 0}
+        checks = chunk_checks(tmp / "yolo-v2.onnx", 40, tmp)
+    return {"rounds": rows, "fps": fps, "model_bytes": rows[0]["bytes"] if rows else 0,
+            "chunk_checks": checks}
 
 
 def measure(w: Watcher, t0: float, done: float, version: str, size: int) -> dict[str, Any]:
@@ -162,6 +169,102 @@ def measure(w: Watcher, t0: float, done: float, version: str, size: int) -> dict
         "gap_ratio": max(gaps) / normal,
         "max_gap_ends_at_s": during[worst + 1] - t0,  # when it happened, after the offer
     }
+
+
+class _Unchecked:
+    """``StagedTransfer.write`` as it was before chunks were checked against the manifest (the
+    baseline of the per-chunk check's cost)."""
+
+    @staticmethod
+    def write(st: Any, index: int, data: bytes) -> bool:
+        import os
+
+        if not 0 <= index < st.chunks or len(data) != st.expected_length(index):
+            raise ValueError(index)
+        st.last_chunk = time.monotonic()
+        if st._have[index]:
+            return False
+        os.pwrite(st._fd, data, index * st.chunk_size)
+        st._have[index] = 1
+        st._received += 1
+        st._dirty = True
+        return True
+
+
+def chunk_checks(model: Path, rounds: int, tmp: Path) -> dict[str, Any]:
+    """The per-chunk check on the device's receive path, with and without, alternating."""
+    from edgeinfer.ota import manifest as mf
+    from edgeinfer.ota.keys import PrivateKey
+    from edgeinfer.ota.receiver import StagedTransfer
+    from edgeinfer.runtime.modelfile import file_sha256
+
+    key = PrivateKey.generate()
+    target = mf.Target(device="bench")
+    m = mf.build_manifest(model, pipeline="det", version="b", target=target,
+                          key_id=key.key_id)
+    payload = mf.make_offer(m, key)
+    offer = mf.parse_offer(payload)
+    blob = model.read_bytes()
+    pieces = [blob[i:i + m.chunk_size] for i in range(0, len(blob), m.chunk_size)]
+    times: dict[str, list[float]] = {"checked": [], "unchecked": []}
+    for r in range(rounds):
+        order = ["checked", "unchecked"] if r % 2 == 0 else ["unchecked", "checked"]
+        for variant in order:
+            folder = tmp / f"staging-{variant}-{r}"
+            st = StagedTransfer.create(folder, payload, offer, m, None)
+            write = st.write if variant == "checked" else (
+                lambda i, d, st=st: _Unchecked.write(st, i, d))
+            t0 = time.perf_counter()
+            for i, piece in enumerate(pieces):
+                write(i, piece)
+            st.flush()
+            times[variant].append(time.perf_counter() - t0)
+            assert st.complete
+            st.remove()
+    build, digest = [], []
+    for _ in range(max(3, rounds // 4)):
+        t0 = time.perf_counter()
+        mf.build_manifest(model, pipeline="det", version="b", target=target)
+        build.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        file_sha256(model)
+        digest.append(time.perf_counter() - t0)
+    fs = subprocess.run(["stat", "-f", "-c", "%T", str(tmp)], capture_output=True,
+                        text=True).stdout.strip() or "?"
+    checked = statistics.median(times["checked"])
+    unchecked = statistics.median(times["unchecked"])
+    chunk_list = len(mf.encode(m.chunks))
+    return {
+        "rounds": rounds, "filesystem": fs, "chunks": len(pieces), "chunk_size": m.chunk_size,
+        "bytes": len(blob), "checked_ms": checked * 1000, "unchecked_ms": unchecked * 1000,
+        "ratio": checked / unchecked,
+        "per_chunk_us": (checked - unchecked) / len(pieces) * 1e6,
+        "offer_bytes": len(payload), "chunk_list_bytes": chunk_list,
+        "build_manifest_ms": statistics.median(build) * 1000,
+        "file_sha256_ms": statistics.median(digest) * 1000,
+    }
+
+
+def chunk_report(c: dict[str, Any]) -> str:
+    return "\n".join([
+        f"Per-chunk checks (format 2): the device's receive path, `StagedTransfer.write` of the "
+        f"{c['chunks']} chunks ({c['chunk_size'] // 1024} KiB) of the {c['bytes'] / 1e6:.1f} MB "
+        f"file into a staged file on {c['filesystem']} and one flush (fsync), with the check "
+        "against the signed sha256 of each chunk and without it (the write as it was before), alternating, "
+        f"{c['rounds']} rounds each, medians; in the same run.",
+        "",
+        "| measure | value |",
+        "|---|---|",
+        f"| receive path without the check, ms | {c['unchecked_ms']:.1f} |",
+        f"| receive path with the check, ms | {c['checked_ms']:.1f} |",
+        f"| with / without | {c['ratio']:.2f} |",
+        f"| cost per chunk, µs | {c['per_chunk_us']:.0f} |",
+        f"| signed chunk list in the offer, bytes | {c['chunk_list_bytes']} "
+        f"(offer {c['offer_bytes']}) |",
+        f"| push side: `build_manifest` (file hashed whole and per chunk), ms | "
+        f"{c['build_manifest_ms']:.0f} |",
+        f"| push side: hashing the file once, ms | {c['file_sha256_ms']:.0f} |",
+    ])
 
 
 def report(data: dict[str, Any]) -> str:
@@ -189,6 +292,8 @@ def report(data: dict[str, Any]) -> str:
         f"| longest gap / normal interval | {med('gap_ratio'):.2f} (worst round "
         f"{max(r['gap_ratio'] for r in rows):.2f}) | <= 2 |",
     ]
+    if "chunk_checks" in data:
+        lines += ["", chunk_report(data["chunk_checks"])]
     return "\n".join(lines)
 
 
@@ -201,7 +306,8 @@ def main() -> None:
     data = run(args.rounds, args.fps)
     body = report(data)
     print(body)
-    print(json.dumps(data["rounds"], indent=1))
+    print(json.dumps({"rounds": data["rounds"], "chunk_checks": data.get("chunk_checks")},
+                     indent=1))
     if not args.no_write:
         write_section(ROOT / "docs" / "benchmarks.md", "ota", "Model updates over the air", body,
                       f"python3 bench/ota.py --rounds {args.rounds} --fps {args.fps:g}")
