@@ -65,6 +65,18 @@ def device(mqtt_broker: tuple[str, int]) -> tuple[str, str, Peer]:
     peer.close()
 
 
+@pytest.fixture
+def online(mqtt_broker: tuple[str, int], blazeface_path: Path, tmp_path: Path,
+           start_daemon: Callable[[dict[str, Any]], Run], device: tuple[str, str, Peer]
+           ) -> tuple[str, str, Peer, Run]:
+    """The default daemon, online: ``(device id, topic base, peer, run)``."""
+    host, port = mqtt_broker
+    name, base, peer = device
+    run = start_daemon(daemon_config(host, port, blazeface_path, tmp_path, name))
+    _online(peer, base)
+    return name, base, peer, run
+
+
 def test_request_parsing_refuses_deep_nesting_without_recursing() -> None:
     assert too_deep(b"[" * 2000 + b"]" * 2000, 16)
     assert too_deep(b'{"a": ' + b"[" * 17 + b"]" * 17 + b"}", 16)
@@ -104,12 +116,8 @@ def test_verbs_and_response_topics() -> None:
 
 
 def test_one_bad_message_never_stops_the_command_handler(
-        mqtt_broker: tuple[str, int], blazeface_path: Path, tmp_path: Path,
-        start_daemon: Callable[[dict[str, Any]], Run], device: tuple[str, str, Peer]) -> None:
-    host, port = mqtt_broker
-    name, base, peer = device
-    run = start_daemon(daemon_config(host, port, blazeface_path, tmp_path, name))
-    _online(peer, base)
+        online: tuple[str, str, Peer, Run]) -> None:
+    name, base, peer, run = online
     status, status_reply = f"{base}/cmd/status", f"{base}/cmd/status/reply"
 
     def answers() -> dict[str, Any]:
@@ -141,12 +149,8 @@ def test_one_bad_message_never_stops_the_command_handler(
 
 
 def test_runtime_changes_are_validated_like_the_config(
-        mqtt_broker: tuple[str, int], blazeface_path: Path, tmp_path: Path,
-        start_daemon: Callable[[dict[str, Any]], Run], device: tuple[str, str, Peer]) -> None:
-    host, port = mqtt_broker
-    name, base, peer = device
-    run = start_daemon(daemon_config(host, port, blazeface_path, tmp_path, name))
-    _online(peer, base)
+        online: tuple[str, str, Peer, Run]) -> None:
+    name, base, peer, run = online
     set_, set_reply = f"{base}/cmd/set", f"{base}/cmd/set/reply"
     for body, word in (({"max_fps": 1e-300}, "max_fps"), ({"max_fps": 5000}, "max_fps"),
                        ('{"min_interval_s": Infinity}', "malformed JSON"),
@@ -198,15 +202,10 @@ def test_retained_and_empty_commands_never_run(
     assert r["ok"] and r["result"] == {"paused": ["faces"]}
 
 
-def test_replies_stay_in_the_reply_namespace(
-        mqtt_broker: tuple[str, int], blazeface_path: Path, tmp_path: Path,
-        start_daemon: Callable[[dict[str, Any]], Run], device: tuple[str, str, Peer]) -> None:
-    host, port = mqtt_broker
-    name, base, peer = device
+def test_replies_stay_in_the_reply_namespace(online: tuple[str, str, Peer, Run]) -> None:
+    name, base, peer, _ = online
     other = f"edgeinfer/y{uuid.uuid4().hex[:6]}/cmd"
     peer.subscribe(f"{other}/+")
-    start_daemon(daemon_config(host, port, blazeface_path, tmp_path, name))
-    _online(peer, base)
     status_reply = f"{base}/cmd/status/reply"
 
     r = peer.request(f"{base}/cmd/status", {"id": 5}, status_reply,
@@ -228,14 +227,10 @@ def test_replies_stay_in_the_reply_namespace(
 
 
 def test_a_message_over_the_packet_limit_never_reaches_the_daemon(
-        mqtt_broker: tuple[str, int], blazeface_path: Path, tmp_path: Path,
-        start_daemon: Callable[[dict[str, Any]], Run], device: tuple[str, str, Peer]) -> None:
+        online: tuple[str, str, Peer, Run]) -> None:
     """MQTT 5 Maximum Packet Size announced on connect: mosquitto drops larger messages for the
     daemon instead of sending them (three 32 MiB offers would otherwise be read whole)."""
-    host, port = mqtt_broker
-    name, base, peer = device
-    start_daemon(daemon_config(host, port, blazeface_path, tmp_path, name))
-    _online(peer, base)
+    _, base, peer, _ = online
     before = json.loads(peer.next(f"{base}/stats").payload)["memory_mb"]
     big = b"x" * (32 * 1024 * 1024)
     for _ in range(3):

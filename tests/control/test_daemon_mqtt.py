@@ -25,6 +25,7 @@ from paho.mqtt.packettypes import PacketTypes
 
 from edgeinfer import samples
 from edgeinfer.testing.peer import Peer
+from daemons import daemon_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,20 +35,8 @@ def daemon(mqtt_broker: tuple[str, int], blazeface_path: Path, tmp_path: Path
            ) -> Iterator[tuple[subprocess.Popen[str], Path, str, Peer]]:
     host, port = mqtt_broker
     device = f"dev{uuid.uuid4().hex[:6]}"
-    video = samples.demo_video(tmp_path / "v.avi", frames=30)
-    config = {
-        "device_id": device,
-        "runtime": {"state_dir": str(tmp_path / "state")},
-        "mqtt": {"host": host, "port": port, "stats_interval_s": 0.5,
-                 "homeassistant": {"enabled": True, "prefix": f"ha-{device}"}},
-        "pipelines": [{
-            "name": "faces",
-            "source": {"type": "video", "uri": str(video), "fps": 20, "loop": True},
-            "model": {"path": str(blazeface_path), "threads": 1},
-            "task": {"type": "detect", "decoder": "blazeface", "score_threshold": 0.6},
-            "sinks": [{"type": "mqtt"}],
-        }],
-    }
+    config = daemon_config(host, port, blazeface_path, tmp_path, device,
+                           homeassistant={"enabled": True, "prefix": f"ha-{device}"})
     path = tmp_path / "config.yaml"
     path.write_text(json.dumps(config))
     peer = Peer(host, port)
