@@ -21,7 +21,7 @@ class _Struct(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=T
     pass
 
 
-class CommandsConfig(_Struct):
+class CommandsConfig(_Struct, frozen=True):
     """The command policy of a device (``mqtt.commands: {...}``; ``true`` is all defaults,
     ``false`` answers no command).
 
@@ -43,7 +43,7 @@ class CommandsConfig(_Struct):
             raise ValueError(f"signed verbs must also be in allow: {', '.join(loose)}")
 
 
-class SnapshotArgs(_Struct):
+class SnapshotArgs(_Struct, frozen=True):
     """The arguments of the ``snapshot`` command.
 
     Attributes:
