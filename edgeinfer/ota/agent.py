@@ -405,7 +405,8 @@ class OtaAgent:
                 self._publish_progress(staged)
 
     def _on_rollback(self, message: Message, group: str | None) -> None:
-        from .manifest import open_rollback, parse_rollback, parse_time, request_id
+        from .manifest import parse_time, request_id
+        from .rollback import open_rollback, parse_rollback
 
         request = None
         try:

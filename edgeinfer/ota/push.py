@@ -263,7 +263,8 @@ class Pusher:
             ConfigError: Bad targets.
             OtaError: The broker cannot be reached, or the group has no online member.
         """
-        from .manifest import Target, make_rollback, request_id
+        from .manifest import Target, request_id
+        from .rollback import make_rollback
 
         self._check_targets(devices, group, 0)
         self.members, self.skipped, self.timed_out = [], [], []

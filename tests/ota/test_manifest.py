@@ -27,10 +27,8 @@ from edgeinfer.ota.manifest import (
     encode,
     golden_bytes,
     make_offer,
-    make_rollback,
     now_iso,
     open_offer,
-    open_rollback,
     parse_offer,
     parse_time,
     request_id,
@@ -38,6 +36,7 @@ from edgeinfer.ota.manifest import (
     transfer_id,
     verify_bytes,
 )
+from edgeinfer.ota.rollback import make_rollback, open_rollback
 from edgeinfer.testing import onnx_models, tflite_models
 
 # Signatures are checked on the device: these run in the arm64 subset too.

@@ -177,6 +177,7 @@ def test_transfer_resends_missing_ranges_and_takes_duplicates_and_any_order(
 def test_rollback_request_returns_to_the_previous_model(rig: Rig, models: dict[str, Path]
                                                        ) -> None:
     from edgeinfer.ota import manifest as mf
+    from edgeinfer.ota import rollback as rb
 
     dev = rig.device(models["v1"]).start()
     dev.wait_running()
@@ -184,9 +185,9 @@ def test_rollback_request_returns_to_the_previous_model(rig: Rig, models: dict[s
     rig.push(models["v2"], version="2.0.0", base=base)
     assert dev.status()["state"] == "committed"
     target = mf.Target(device=dev.id)
-    rig.peer.publish(f"{base}/ota/rollback", mf.make_rollback("cls", None, target=target))
+    rig.peer.publish(f"{base}/ota/rollback", rb.make_rollback("cls", None, target=target))
     assert dev.status()["reason"] == "unsigned"
-    request = mf.make_rollback("cls", rig.key, target=target)
+    request = rb.make_rollback("cls", rig.key, target=target)
     rig.peer.publish(f"{base}/ota/rollback", request)
     status = dev.status()
     assert status["state"] == "rolled_back" and status["reason"] == "requested", status

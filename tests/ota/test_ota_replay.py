@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from edgeinfer.ota import manifest as mf
+from edgeinfer.ota import rollback as rb
 from edgeinfer.testing import onnx_models
 from rig import Rig
 from test_ota_daemon import _base, _sha
@@ -107,10 +108,10 @@ def test_a_rollback_request_is_taken_once_even_across_a_restart_and_names_the_co
     rig.push(models["v2"], version="2.0.0", base=base, name="classifier")
     assert dev.status()["state"] == "committed"
 
-    other = mf.make_rollback("cls", rig.key, target=mf.Target(device="someone-else"))
+    other = rb.make_rollback("cls", rig.key, target=mf.Target(device="someone-else"))
     rig.peer.publish(f"{base}/ota/rollback", other)
     assert dev.status()["reason"] == "wrong_target"
-    request = mf.make_rollback("cls", rig.key, target=mf.Target(device=dev.id))
+    request = rb.make_rollback("cls", rig.key, target=mf.Target(device=dev.id))
     rig.peer.publish(f"{base}/ota/rollback", request)
     status = dev.status()
     assert status["state"] == "rolled_back" and status["reason"] == "requested", status
