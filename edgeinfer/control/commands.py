@@ -292,6 +292,17 @@ def _error(request_id: Any, message: str) -> dict[str, Any]:
     return {"id": request_id, "ok": False, "error": message}
 
 
+def no_other_args(request: dict[str, Any], verb: str) -> None:
+    """Refuse a request that still holds fields ``verb`` does not take (a typo is no default).
+
+    Raises:
+        CommandError: naming them.
+    """
+    if request:
+        names = ", ".join(sorted(str(k)[:40] for k in request)[:10])
+        raise CommandError(f"{verb} does not take {names}")
+
+
 def pipeline_arg(request: dict[str, Any], names: list[str], *, required: bool) -> str | None:
     """The request's ``pipeline`` checked against ``names`` (``None``: all, when allowed)."""
     name = request.pop("pipeline", None)

@@ -20,7 +20,7 @@ import msgspec
 
 from .. import __version__
 from ..errors import ConfigError, StateError
-from .commands import CommandError, CommandServer, pipeline_arg
+from .commands import CommandError, CommandServer, no_other_args, pipeline_arg
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -191,10 +191,12 @@ class MqttLink:
         return next(p for p in self.daemon.pipelines if p.name == name)
 
     def _status(self, request: dict[str, Any]) -> dict[str, Any]:
+        no_other_args(request, "status")
         return {**self.birth_message(), "stats": self.stats_message()}
 
     def _pause(self, request: dict[str, Any]) -> dict[str, Any]:
         name = pipeline_arg(request, self._names(), required=False)
+        no_other_args(request, "pause")  # {"pipline": "x"} must not pause them all
         done = [p for p in self.daemon.pipelines if name in (None, p.name)]
         for p in done:
             p.pause()
@@ -202,12 +204,14 @@ class MqttLink:
 
     def _resume(self, request: dict[str, Any]) -> dict[str, Any]:
         name = pipeline_arg(request, self._names(), required=False)
+        no_other_args(request, "resume")
         done = [p for p in self.daemon.pipelines if name in (None, p.name)]
         for p in done:
             p.resume()
         return {"resumed": [p.name for p in done]}
 
     def _reload(self, request: dict[str, Any]) -> dict[str, Any]:
+        no_other_args(request, "reload")
         return self.daemon.reload()
 
     def _snapshot(self, request: dict[str, Any]) -> dict[str, Any]:

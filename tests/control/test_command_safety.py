@@ -142,6 +142,8 @@ def test_one_bad_message_never_stops_the_command_handler(
     assert not r["ok"] and "invalid command verb" in r["error"]
     r = peer.request(f"{base}/cmd/Pause", {}, f"{base}/cmd/invalid/reply")
     assert not r["ok"] and "invalid command verb" in r["error"]
+    r = peer.request(f"{base}/cmd/pause", {"pipline": "faces"}, f"{base}/cmd/pause/reply")
+    assert not r["ok"] and "does not take pipline" in r["error"]  # a typo pauses nothing
     stats = answers()["result"]["stats"]
     assert stats["commands"]["state"] == "running" and stats["commands"]["errors"] >= 5
     assert stats["pipelines"]["faces"]["state"] == "running"
