@@ -48,6 +48,10 @@ RESEND_AFTER_S = 2.0  # no chunk for this long while some are missing: say which
 PROGRESS_EVERY_S = 0.5  # status updates while chunks arrive, at most this often
 CRASH_ENV = "EDGEINFER_OTA_CRASH_AT"
 FREE_MARGIN = 16 * 1024 * 1024  # what an update leaves free on the state filesystem, at least
+# Refusals anyone holding a capture can provoke at will: published, but not retained, so that
+# they never displace the retained status of a real update.
+REPLAY_REASONS = frozenset({"wrong_target", "downgrade", "replayed", "superseded",
+                            "expired_manifest", "not_yet_valid"})
 
 
 def crash_point(name: str) -> None:
@@ -268,7 +272,8 @@ class OtaAgent:
             self._check_offer(manifest, request, running)
         except OtaRejected as exc:
             self.publish("rejected", manifest=manifest, request=request, group=group,
-                         reason=exc.reason, message=str(exc))
+                         reason=exc.reason, message=str(exc),
+                         retain=exc.reason not in REPLAY_REASONS)
             return
         if running:
             self._already_running(manifest, request, group)
@@ -314,7 +319,8 @@ class OtaAgent:
                 # an older signed offer (a replay?) never cancels a newer transfer under way
                 self.publish("rejected", manifest=manifest, request=request, group=group,
                              reason="superseded", message=f"transfer {active.request} of a "
-                             f"later sequence ({active.manifest.sequence}) is under way")
+                             f"later sequence ({active.manifest.sequence}) is under way",
+                             retain=False)
                 return
             logger.info("ota: transfer %s replaced by %s", active.request, request)
             if active.id == offer.transfer.id:
@@ -429,7 +435,8 @@ class OtaAgent:
             self.replay.use_nonce(req.nonce, parse_time(req.created))
         except OtaRejected as exc:
             self.publish("rejected", request=request, pipeline=req.pipeline, group=group,
-                         reason=exc.reason, message=str(exc))
+                         reason=exc.reason, message=str(exc),
+                         retain=exc.reason not in REPLAY_REASONS)
             return
         with self._lock:
             if self._busy is not None:

@@ -17,6 +17,7 @@ import pytest
 from edgeinfer.ota import manifest as mf
 from edgeinfer.ota import rollback as rb
 from edgeinfer.testing import onnx_models
+from edgeinfer.testing.peer import Peer
 from rig import Rig
 from test_ota_daemon import _base, _sha
 
@@ -57,6 +58,14 @@ def test_a_captured_older_update_is_refused_after_a_newer_one_and_after_a_restar
         return status
 
     replay()
+    # the refusal went out live, not retained: the retained status is still v3's commit
+    late = Peer(rig.host, rig.port)
+    try:
+        late.subscribe(dev.status_topic)
+        retained = json.loads(late.next(dev.status_topic, 10).payload)
+    finally:
+        late.close()
+    assert retained["state"] == "committed" and retained["request"] == _rid(p3), retained
     dev.stop()
     dev.start().wait_running()
     replay()  # the highest sequence survived the restart
