@@ -54,7 +54,6 @@ StatusFn = Callable[[OtaStatus], None]
 PAST_RECEIVING = frozenset({"verifying", "applied", "committed", "rejected", "rolled_back"})
 MAX_UNACKED = 8  # chunks handed to paho and not yet acknowledged by the broker
 RESEND_AFTER_S = 2.0  # a chunk is not sent again sooner (the device reports a stall after 2 s)
-CLOCK_SLACK_S = 2.0  # a status stamped this long before the push began still counts as fresh
 STUCK_ACKS_S = 15.0  # no PUBACK for this long while connected: count the unacked chunks as lost
 CONNECT_TIMEOUT_S = 30.0
 
@@ -221,7 +220,6 @@ class Pusher:
                        manifest.name, manifest.version)
         self.members, self.skipped, self.timed_out = [], [], []
         deadline = time.monotonic() + timeout_s
-        start = time.time()
         self._connect(deadline)
         if group is not None:
             self.members = self._discover(group)
@@ -229,7 +227,7 @@ class Pusher:
                 raise ConfigError(f"--canary {canary} needs a group of more than {canary} online "
                                   f"devices; {group} has {len(self.members)}")
         with self._session(), offer.path.open("rb") as file:
-            run = _Run(self, offer, file, start, deadline, on_progress, on_status)
+            run = _Run(self, offer, file, deadline, on_progress, on_status)
             if group is None:
                 assert devices is not None
                 return run.transfer([offer.sign(_channel(self.prefix, device=d))
@@ -440,14 +438,13 @@ class _Run:
     Everything runs in the calling thread; MQTT callbacks only queue events.
     """
 
-    def __init__(self, pusher: Pusher, offer: _Offer, file: IO[bytes], start: float,
+    def __init__(self, pusher: Pusher, offer: _Offer, file: IO[bytes],
                  deadline: float, on_progress: ProgressFn | None,
                  on_status: StatusFn | None) -> None:
         self.pusher = pusher
         self.client = pusher.client
         self.offer = offer
         self.file = file
-        self.start = start
         self.deadline = deadline
         self.on_progress = on_progress
         self.on_status = on_status
