@@ -199,6 +199,12 @@ class _Opener:
                            self.path, reason, aside)
             return conn
         salvaged, unreadable = self._copy_from(conn, aside)
+        if unreadable:
+            # The seqs of what was lost are unknown, and a consumer drops any seq at or below
+            # the last it saw: from now on every pipeline counts on from the time in ms (above
+            # any earlier seq unless a pipeline made over 1,000 results a second).
+            conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('seq_floor', ?)",
+                         (str(int(time.time() * 1000)),))
         self.recovered = Salvage(str(aside), reason, salvaged, unreadable, time.time())
         logger.warning("outbox %s was damaged (%s): moved it aside to %s and started a fresh "
                        "one with the %d results that could be read%s", self.path, reason,

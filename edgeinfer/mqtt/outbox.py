@@ -331,14 +331,17 @@ class Outbox:
 
     def last_seq(self, pipeline: str) -> int:
         """The highest seq ever put for ``pipeline`` (0 if none): a restarted daemon goes on
-        from here."""
+        from here. After a damaged file lost results, at least the time of that recovery in
+        milliseconds (the lost seqs are unknown; a seq may jump ahead, never go back)."""
         with self._lock:
             self._check_open()
             (waiting,) = self._conn.execute(
                 "SELECT max(seq) FROM messages WHERE pipeline = ?", (pipeline,)).fetchone()
             row = self._conn.execute(
                 "SELECT seq FROM last_seq WHERE pipeline = ?", (pipeline,)).fetchone()
-        return max(waiting or 0, row[0] if row else 0)
+            floor = self._conn.execute(
+                "SELECT CAST(value AS INTEGER) FROM meta WHERE key = 'seq_floor'").fetchone()
+        return max(waiting or 0, row[0] if row else 0, floor[0] if floor else 0)
 
     # -- state ----------------------------------------------------------------------------------
     @property

@@ -169,6 +169,7 @@ def test_a_damaged_outbox_is_set_aside_salvaged_and_the_daemon_runs(
     damage(path, how, topic=f"edgeinfer/{device}/old/result")  # results of pipeline "old"
     peer = Peer("127.0.0.1", port)
     peer.subscribe(f"edgeinfer/{device}/#")
+    before_ms = int(time.time() * 1000)
     proc = _start(_config(tmp_path / "c.yaml", device, video, blazeface_path, port=port,
                           live=True))
     try:
@@ -184,7 +185,8 @@ def test_a_damaged_outbox_is_set_aside_salvaged_and_the_daemon_runs(
         _wait(lambda: len(_seqs(peer, f"edgeinfer/{device}/old/result", old))
               >= recovered["salvaged"], "the salvaged results")
         assert len(old) == recovered["salvaged"]
-        peer.next(f"edgeinfer/{device}/faces/result")  # and new ones flow
+        first = json.loads(peer.next(f"edgeinfer/{device}/faces/result").payload)  # new ones
+        assert first["seq"] > before_ms  # above any seq that may have been lost
         stats = json.loads(peer.next(f"edgeinfer/{device}/stats").payload)
         assert stats["outbox"]["recovered"]["moved_to"] == str(aside)
         proc.send_signal(signal.SIGTERM)
