@@ -339,7 +339,9 @@ class Daemon:
         for p in list(self.pipelines):
             if self.stuck is None and self._stalled(p, now):
                 self._on_stall(p, now)
-            elif self.stuck is None and self._sinks_failing(p, now) > self.stall_s:
+            elif self.stuck is None and self._sinks_failing(p, now) > self.stall_s \
+                    and p.source.live and not p.paused and not p.join(0):
+                # a file pipeline would read its file again: it only shows as unhealthy
                 self._on_stall(p, now, f"its sinks failed every result for {self.stall_s:g} s")
         healthy = self.stuck is None and (self.link is None or self.link.problem() is None)
         if self.watchdog_s and healthy and now >= self._next_ping:
