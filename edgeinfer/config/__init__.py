@@ -20,6 +20,7 @@ A pipeline's ``source``, ``task`` and ``sinks`` are tagged unions on their ``typ
 
 from __future__ import annotations
 
+from ._exit import keep_struct_types_at_exit
 from .loader import config_schema, load_config, parse_config
 from .metrics import MetricsConfig
 from .mqtt import HomeAssistantConfig, MqttConfig, OutboxConfig, TlsConfig
@@ -54,6 +55,8 @@ from .schema import (
     PipelineConfig,
     RuntimeConfig,
 )
+
+keep_struct_types_at_exit()
 
 __all__ = [
     "AudioSource",

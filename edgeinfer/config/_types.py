@@ -19,9 +19,11 @@ from msgspec import Meta
 __all__ = [
     "DAY",
     "PATTERN_HELP",
+    "Arg",
     "ClientId",
     "DeviceId",
     "Dim",
+    "FilePath",
     "Fps",
     "Fraction",
     "GroupName",
@@ -72,6 +74,7 @@ Fraction = Annotated[float, Meta(ge=0, le=1)]
 # --- names --------------------------------------------------------------------------------------
 
 _PRINTABLE = rf"^[^{_CONTROL}]*{_END}"
+_NO_NUL = r"^[^\x00]*$"  # the OS takes no NUL in a path or an argument
 _HOST = rf"^[^\s{_CONTROL}]+{_END}"
 _PIPELINE_NAME = rf"^[A-Za-z0-9_-]{{1,64}}{_END}"
 # One topic level that is also a safe file name: not "." or "..".
@@ -80,6 +83,10 @@ _SAFE_LEVEL = rf"^(?!\.\.?{_END})[A-Za-z0-9_.-]{{1,64}}{_END}"
 _LEVEL = rf"[^#+/{_CONTROL}]+"
 _TOPIC_PATH = rf"^(?!\$){_LEVEL}(?:/{_LEVEL})*{_END}"
 
+FilePath = Annotated[str, Meta(pattern=_NO_NUL, min_length=1)]
+"""A file or device path (a relative one is made absolute: "" would name a folder)."""
+Arg = Annotated[str, Meta(pattern=_NO_NUL)]
+"""A command argument, a stream URL or a GStreamer pipeline."""
 Text = Annotated[str, Meta(pattern=_PRINTABLE, max_length=65535)]
 """A string without control characters (MQTT strings must not hold NUL)."""
 ClientId = Annotated[str, Meta(pattern=_PRINTABLE, min_length=1, max_length=128)]
@@ -94,6 +101,7 @@ TopicFilter = Annotated[str, Meta(pattern=_PRINTABLE, min_length=1, max_length=6
 
 PATTERN_HELP = {
     _PRINTABLE: "str without control characters",
+    _NO_NUL: "str without NUL characters",
     _HOST: "a host name or address (no spaces or control characters)",
     _PIPELINE_NAME: "a name of 1 to 64 characters A-Z a-z 0-9 _ -",
     _SAFE_LEVEL: "a name of 1 to 64 characters A-Z a-z 0-9 _ . -, not '.' or '..'",

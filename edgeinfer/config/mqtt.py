@@ -9,7 +9,7 @@ import msgspec
 from msgspec import Meta
 
 from .commands import CommandsConfig
-from ._types import DAY, ClientId, Host, MiB, Port, Text, TopicPath
+from ._types import DAY, ClientId, FilePath, Host, MiB, Port, Text, TopicPath
 from .pipeline import ReconnectConfig
 
 __all__ = ["HomeAssistantConfig", "MqttConfig", "OutboxConfig", "TlsConfig"]
@@ -30,9 +30,9 @@ class TlsConfig(_Struct):
             broker reached by an address its certificate does not name; the CA is still checked.
     """
 
-    ca_file: str | None = None
-    cert_file: str | None = None
-    key_file: str | None = None
+    ca_file: FilePath | None = None
+    cert_file: FilePath | None = None
+    key_file: FilePath | None = None
     min_version: Literal["1.2", "1.3"] = "1.2"
     verify_hostname: bool = True
 
@@ -56,7 +56,7 @@ class OutboxConfig(_Struct):
         replay_rate: Backlog messages per second published after an outage, besides live ones.
     """
 
-    path: str | None = None
+    path: FilePath | None = None
     max_messages: Annotated[int, Meta(ge=1, le=100_000_000)] = 100_000
     max_mb: MiB = 64.0
     max_age_s: Annotated[float, Meta(ge=1, le=90 * DAY)] | None = 7 * DAY

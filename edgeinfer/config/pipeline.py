@@ -13,6 +13,8 @@ import msgspec
 from msgspec import Meta
 
 from ._types import (
+    Arg,
+    FilePath,
     Fps,
     Fraction,
     Interval,
@@ -34,8 +36,6 @@ __all__ = [
 Scale = Annotated[float, Meta(ge=1e-6, le=1e6)]
 Offset = Annotated[float, Meta(ge=-1e6, le=1e6)]
 PerChannel = Meta(min_length=1, max_length=4)
-# A file, device or topic: "" would name the config file's own folder once made absolute.
-NonEmptyStr = Annotated[str, Meta(min_length=1)]
 
 
 class _Part(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True,
@@ -74,7 +74,7 @@ class CameraSource(_Part, tag="camera"):
         open_timeout_s: How long opening or reading a stream may take before it counts as lost.
     """
 
-    uri: str | Annotated[int, Meta(ge=0, le=255)] = 0
+    uri: Arg | Annotated[int, Meta(ge=0, le=255)] = 0
     width: Size | None = None
     height: Size | None = None
     fps: Fps | None = None
@@ -105,7 +105,7 @@ class VideoSource(_Part, tag="video"):
         loop: Start again at the end.
     """
 
-    uri: NonEmptyStr
+    uri: FilePath
     fps: Fps | None = None
     loop: bool = False
 
@@ -113,7 +113,7 @@ class VideoSource(_Part, tag="video"):
 class ImagesSource(_Part, tag="images"):
     """Image files: a folder (sorted) or a glob pattern."""
 
-    uri: NonEmptyStr
+    uri: FilePath
     fps: Fps | None = None
     loop: bool = False
 
@@ -147,8 +147,8 @@ class AudioSource(_Part, tag="audio"):
             (default: as fast as the pipeline takes windows).
     """
 
-    command: str | list[str] | None = None
-    path: NonEmptyStr | None = None
+    command: Arg | list[Arg] | None = None
+    path: FilePath | None = None
     sample_rate: Annotated[int, Meta(ge=1000, le=384000)] = 16000
     channels: Annotated[int, Meta(ge=1, le=32)] = 1
     sample_format: Literal["s16le", "s32le", "f32le", "u8"] = "s16le"
@@ -172,7 +172,7 @@ class SerialSource(_Part, tag="serial"):
         window, hop: Readings per window and between window starts.
     """
 
-    port: NonEmptyStr
+    port: FilePath
     baudrate: Annotated[int, Meta(ge=50, le=12_000_000)] = 115200
     format: Literal["csv", "json"] = "csv"
     fields: list[str] = []
@@ -233,7 +233,7 @@ class ClassifyTask(_Part, tag="classify"):
         score_threshold: Drop classes scoring below.
     """
 
-    labels: NonEmptyStr | list[str] | None = None
+    labels: FilePath | list[str] | None = None
     top_k: Annotated[int, Meta(ge=1, le=1000)] = 5
     softmax: Literal["auto", "yes", "no"] = "auto"
     score_threshold: Fraction = 0.0
@@ -257,7 +257,7 @@ class DetectTask(_Part, tag="detect"):
     iou_threshold: Fraction = 0.45
     max_detections: Annotated[int, Meta(ge=1, le=10_000)] = 100
     classes: list[str | Annotated[int, Meta(ge=0, le=100_000)]] | None = None
-    labels: NonEmptyStr | list[str] | None = None
+    labels: FilePath | list[str] | None = None
     preprocess: PreprocessConfig = msgspec.field(default_factory=PreprocessConfig)
 
 
@@ -296,7 +296,7 @@ class StdoutSink(_Part, tag="stdout"):
 class JsonlSink(_Part, tag="jsonl"):
     """Results appended to a JSON Lines file, flushed after each line."""
 
-    path: NonEmptyStr
+    path: FilePath
 
 
 class MqttSink(_Part, tag="mqtt"):

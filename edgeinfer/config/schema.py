@@ -16,7 +16,7 @@ import msgspec
 from msgspec import Meta
 
 from ..paths import cache_dir, state_dir
-from ._types import DeviceId, Dim, MiB, PipelineName, Threads
+from ._types import DeviceId, Dim, FilePath, MiB, PipelineName, Threads
 from .metrics import MetricsConfig
 from .mqtt import MqttConfig
 from .ota import OtaConfig
@@ -31,7 +31,6 @@ __all__ = [
     "RuntimeConfig",
 ]
 
-NonEmptyStr = Annotated[str, Meta(min_length=1)]
 QueueSize = Annotated[int, Meta(ge=1, le=64)]
 # A warm-up value: a number (broadcast to the input's shape) or a flat list of them.
 _WarmupNumber = (
@@ -69,8 +68,8 @@ class RuntimeConfig(_Struct):
 
     memory_budget_mb: MiB | None = None
     max_model_mb: MiB = 512.0
-    state_dir: NonEmptyStr | None = None
-    cache_dir: NonEmptyStr | None = None
+    state_dir: FilePath | None = None
+    cache_dir: FilePath | None = None
     optimized_model_cache: bool = True
 
     def resolved_state_dir(self) -> Path:
@@ -90,7 +89,7 @@ class DelegateConfig(_Struct):
         options: String options passed to the delegate.
     """
 
-    library: NonEmptyStr
+    library: FilePath
     options: dict[str, str] = {}
 
 
@@ -117,7 +116,7 @@ class ModelConfig(_Struct):
         max_model_mb: Overrides ``runtime.max_model_mb`` for this model.
     """
 
-    path: NonEmptyStr
+    path: FilePath
     name: str | None = None
     version: str | None = None
     providers: str | list[str] = "auto"

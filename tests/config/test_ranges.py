@@ -30,7 +30,9 @@ REQUIRED = {
     "uri": "v.mp4", "port": "/dev/ttyS0", "topic": "t", "decoder": "yolov8", "library": "d.so",
 }
 # What a struct's own checks need besides its required fields.
-EXTRA = {"OtaConfig": {"allow_unsigned": True}, "AudioSource": {"command": "arecord"}}
+EXTRA: dict[str, dict[str, Any]] = {
+    "OtaConfig": {"allow_unsigned": True}, "AudioSource": {"command": "arecord"},
+}
 
 # Fields where 0 is meaningful (no minimum spacing, a class id, a threshold, an index).
 ZERO_OK = {
