@@ -188,8 +188,11 @@ class YamlReader:
             return self._constructor.construct_object(node)
         except ConstructorError as exc:
             raise self._yaml_error(exc) from None
-        except ValueError:  # int(): more digits than sys.get_int_max_str_digits()
-            raise self._too_long(path, node.start_mark.line + 1) from None
+        except ValueError as exc:  # int() past its digit limit, an impossible date
+            line = node.start_mark.line + 1
+            if "digits" in str(exc):
+                raise self._too_long(path, line) from None
+            raise self.error(path, line, f"invalid value {node.value!r}: {exc}") from None
 
     def _too_long(self, path: _Path, line: int) -> ConfigError:
         limit = sys.get_int_max_str_digits()

@@ -173,6 +173,15 @@ def test_numbers_from_the_environment_are_range_checked(
     assert str(info.value).startswith(f"c.yaml:6: $.pipelines[0].emit.min_interval_s: {problem}")
 
 
+def test_an_impossible_yaml_date_is_a_config_error() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config("device_id: 2020-13-45\n", source="c.yaml")
+
+    assert str(info.value) == (
+        "c.yaml:1: $.device_id: invalid value '2020-13-45': month must be in 1..12"
+    )
+
+
 def test_a_huge_hexadecimal_number_is_refused_by_its_range() -> None:
     text = PIPELINE + f"    queue_size: 0x{'f' * 5000}\n"
 
