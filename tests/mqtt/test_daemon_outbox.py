@@ -24,6 +24,7 @@ from edgeinfer import samples
 from edgeinfer._net import free_port
 from edgeinfer.mqtt.outbox import Outbox
 from edgeinfer.paths import outbox_path
+from edgeinfer.testing.mosquitto import Mosquitto
 from edgeinfer.testing.peer import Peer
 from outbox_damage import damage, full_tmpfs
 
@@ -93,7 +94,7 @@ def video(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return samples.demo_video(tmp_path_factory.mktemp("video") / "people.avi", frames=30)
 
 
-def test_an_unreachable_brokers_results_wait_in_their_own_outbox_never_on_another_broker(
+def test_an_unreachable_brokers_results_wait_in_their_own_outbox_and_reach_only_that_broker(
         mqtt_broker: tuple[str, int], blazeface_path: Path, video: Path, tmp_path: Path) -> None:
     _, port = mqtt_broker
     dead = free_port()
@@ -125,11 +126,28 @@ def test_an_unreachable_brokers_results_wait_in_their_own_outbox_never_on_anothe
         assert got == set(range(1, sent + 1))
         time.sleep(0.5)
         assert peer.drain(f"edgeinfer/{dev_b}/faces/result") == []  # none of B's on A's broker
+        with Outbox(b_file) as ob:  # B's results are all still there, for B's broker
+            assert ob.depth == waiting
+            assert {m.topic for m in ob.take(10_000)} == {f"edgeinfer/{dev_b}/faces/result"}
+        # B's broker comes up: B's next run delivers what waited and its new results there.
+        with Mosquitto(port=dead) as broker_b:
+            peer_b = Peer("127.0.0.1", broker_b.port)
+            try:
+                peer_b.subscribe("edgeinfer/+/faces/result")
+                code, stderr = _run(b)
+                assert code == 0, stderr
+                total = waiting + _results(stderr)
+                assert f"outbox: 0 results waiting in {b_file}" in stderr
+                got_b: set[int] = set()
+                _wait(lambda: len(_seqs(peer_b, f"edgeinfer/{dev_b}/faces/result", got_b))
+                      >= total, "device B's results on its broker")
+                assert got_b == set(range(1, total + 1))
+                assert peer_b.drain(f"edgeinfer/{dev_a}/faces/result") == []
+            finally:
+                peer_b.close()
+        assert peer.drain(f"edgeinfer/{dev_b}/faces/result") == []
     finally:
         peer.close()
-    with Outbox(b_file) as ob:  # B's results are all still there, for B's broker
-        assert ob.depth == waiting
-        assert {m.topic for m in ob.take(10_000)} == {f"edgeinfer/{dev_b}/faces/result"}
 
 
 def test_a_second_daemon_on_the_same_state_dir_refuses_naming_the_first(
