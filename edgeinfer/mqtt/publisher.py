@@ -274,17 +274,21 @@ class MqttPlumbing:
                 outbox_path(Path(state_dir), device_id, config.host, config.resolved_port()))
         self.config = config
         self.outbox = Outbox(path, config.outbox, owner=f"{device_id}@{self.broker}")
-        legacy = Path(state_dir) / LEGACY_OUTBOX
-        if not config.outbox.path and legacy.is_file():
-            self._adopt(legacy, f"{config.prefix}/{device_id}/")
-        others = set_aside_others(self.outbox, device_id)
-        if others is not None:
-            logger.warning("outbox %s held %d results of other devices; moved them to %s, "
-                           "never to be published here", path, others[1], others[0])
-        if client is None:
-            from .client import MqttClient
+        try:  # the outbox is locked while open: never leave it open behind a failure
+            legacy = Path(state_dir) / LEGACY_OUTBOX
+            if not config.outbox.path and legacy.is_file():
+                self._adopt(legacy, f"{config.prefix}/{device_id}/")
+            others = set_aside_others(self.outbox, device_id)
+            if others is not None:
+                logger.warning("outbox %s held %d results of other devices; moved them to %s, "
+                               "never to be published here", path, others[1], others[0])
+            if client is None:
+                from .client import MqttClient
 
-            client = MqttClient(config, device_id, birth=birth)
+                client = MqttClient(config, device_id, birth=birth)
+        except BaseException:
+            self.outbox.close()
+            raise
         self.client = client
         self.topics = client.topics
         self.publisher = Publisher(client, self.outbox, window=window,

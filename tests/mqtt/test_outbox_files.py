@@ -212,3 +212,15 @@ def test_results_of_another_device_in_an_explicit_outbox_are_set_aside_not_publi
     assert f"held 1 results of other devices; moved them to {aside}" in caplog.text
     with Outbox(aside) as kept:
         assert [(m.seq, m.topic) for m in kept.take(10)] == [(9, "site/b/door/result")]
+
+
+def test_a_plumbing_that_fails_to_build_leaves_its_outbox_unlocked(tmp_path: Path) -> None:
+    from edgeinfer.config.mqtt import MqttConfig, TlsConfig
+    from edgeinfer.errors import ConfigError
+    from edgeinfer.mqtt.publisher import MqttPlumbing
+
+    bad = MqttConfig(port=1, tls=TlsConfig(ca_file=str(tmp_path / "missing-ca.pem")))
+    with pytest.raises(ConfigError):
+        MqttPlumbing(bad, "a", tmp_path)
+    plumbing = MqttPlumbing(MqttConfig(port=1), "a", tmp_path)  # same outbox, same process
+    plumbing.stop()
