@@ -122,7 +122,7 @@ for i in range(1001, n + 1):
     mqtt.put("cam", i, PAYLOAD)
 time.sleep(0.5)
 waiting = rss_mb()
-size = sum(p.stat().st_size for p in mqtt.outbox.path.parent.glob("outbox.sqlite3*")) / 2**20
+size = sum(p.stat().st_size for p in mqtt.outbox.path.parent.glob(mqtt.outbox.path.name + "*")) / 2**20
 peak = waiting
 with Mosquitto(port=port):
     while mqtt.outbox.depth:
