@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -255,6 +256,8 @@ def test_sink_errors_are_logged_rate_limited_counted_and_make_the_pipeline_unhea
     proc = _start(_config(tmp_path / "live.yaml", "dev", video, blazeface_path, sinks=sinks,
                           source=live), EDGEINFER_STALL_S="1", EDGEINFER_RESTART_BUDGET="1")
     lines: list[str] = []
+    deadline = threading.Timer(120, proc.kill)  # the reading below ends at the latest then
+    deadline.start()
     try:
         assert proc.stderr is not None
         for line in proc.stderr:
@@ -264,6 +267,7 @@ def test_sink_errors_are_logged_rate_limited_counted_and_make_the_pipeline_unhea
         proc.send_signal(signal.SIGTERM)
         rest = proc.communicate(timeout=60)[1]
     finally:
+        deadline.cancel()
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
