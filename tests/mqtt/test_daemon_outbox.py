@@ -67,7 +67,12 @@ def _start(config: Path, **env: str) -> subprocess.Popen[str]:
 
 def _run(config: Path) -> tuple[int, str]:
     proc = _start(config)
-    _, stderr = proc.communicate(timeout=120)
+    try:
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:  # it did not end by itself: never leave it running
+            proc.kill()
+            proc.wait(10)
     return proc.returncode, stderr
 
 
