@@ -273,3 +273,36 @@ def test_a_signed_model_the_parser_chokes_on_is_a_typed_rejection_and_leaves_no_
     assert dev.staging() == []
     assert dev.result()["model"]["sha256"] == _sha(models["v1"])
 
+
+
+def test_push_model_is_not_misled_by_a_junk_offer_with_its_transfer_id(
+        rig: Rig, models: dict[str, Path], tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from rig import ROOT
+
+    big = onnx_models.tiny_classifier(tmp_path / "wide.onnx", classes=8192, seed=5)
+    dev = rig.device(models["v1"]).start()
+    dev.wait_running()
+    base = _base(dev)
+    push = subprocess.Popen(
+        [sys.executable, "-m", "edgeinfer", "push-model", str(big), "--device", dev.id,
+         "--pipeline", "cls", "--version", "2.0.0", "--key", str(rig.private), "--chunk-kb",
+         "64", "--wait", "--timeout", "120", "--json", "--broker", f"{rig.host}:{rig.port}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        receiving = dev.status(where=lambda s: s["state"] == "receiving")
+        # someone copies the offer's transfer id (from the chunk topics) into junk of its own
+        junk = {"manifest": json.dumps({"sha256": _sha(big), "version": "9.0.1"}),
+                "signature": None,
+                "transfer": {"id": receiving["transfer"], "chunk_size": CHUNK, "chunks": 1}}
+        rig.peer.publish(f"{base}/ota/offer", json.dumps(junk))
+        out, err = push.communicate(timeout=150)
+    finally:
+        if push.poll() is None:
+            push.kill()
+    row = json.loads(out)["devices"][0]
+    assert push.returncode == 0, (out, err, dev.tail())
+    assert row["state"] == "committed" and row["version"] == "2.0.0", row
+    assert dev.result(where=lambda r: r["model"]["version"] == "2.0.0")
