@@ -94,7 +94,7 @@ def _reply(replies: queue.Queue[Any], request_id: str, deadline: float) -> dict[
             return None
         try:
             reply = json.loads(message.payload)
-        except ValueError:
+        except (ValueError, RecursionError):  # any bytes a client sent
             continue
         if isinstance(reply, dict) and reply.get("id") == request_id:
             return reply

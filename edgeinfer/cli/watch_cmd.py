@@ -104,7 +104,7 @@ def describe(topic: str, payload: bytes, prefix: str, *, as_json: bool = False,
     kind = levels[-1] if len(levels) >= 2 and levels[-1] in ("result", "status", "stats") else "other"
     try:
         data: Any = json.loads(payload)
-    except ValueError:
+    except (ValueError, RecursionError):  # any bytes a client sent
         data = None
     if as_json:
         body = data if data is not None else payload.decode("utf-8", "replace")

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from .. import _json
 from ..errors import EdgeInferError
 from ..mqtt.topics import check_response_topic, is_verb
 from ..queues import Closed, DropOldestQueue
@@ -228,7 +229,7 @@ def decode_request(payload: bytes | str) -> dict[str, Any]:
     if too_deep(data, MAX_DEPTH):
         raise CommandError(f"JSON nested deeper than {MAX_DEPTH} levels")
     try:
-        request = msgspec.json.decode(data)
+        request = _json.decode(data)
     except (msgspec.DecodeError, RecursionError) as exc:
         raise CommandError(f"malformed JSON: {exc}") from None
     if not isinstance(request, dict):

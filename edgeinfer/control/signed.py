@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from .. import _json
 from ..errors import OtaRejected
 from .commands import CommandError, too_deep
 
@@ -109,7 +110,7 @@ class SignedCommands:
             data = env.request.encode("utf-8", "surrogatepass")
             if too_deep(data, _MAX_DEPTH):
                 raise CommandError(f"signed request nested deeper than {_MAX_DEPTH} levels")
-            req = msgspec.json.decode(data, type=SignedRequest)
+            req = _json.decode(data, type=SignedRequest)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             raise CommandError(f"malformed signed command: {exc}") from None
         try:

@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from .. import _json
 from ..errors import OtaRejected, UnsafeModelError
 from . import protocol
 from .keys import PrivateKey, PublicKey
@@ -461,7 +462,7 @@ def parse_offer(payload: bytes) -> Offer:
         raise OtaRejected("bad_transfer", f"the offer is {len(payload)} bytes, over "
                                           f"{protocol.MAX_OFFER_BYTES}")
     try:
-        offer = msgspec.json.decode(payload, type=Offer)
+        offer = _json.decode(payload, type=Offer)
     except msgspec.ValidationError as exc:
         reason = "bad_transfer" if "$.transfer" in str(exc) else "bad_manifest"
         raise OtaRejected(reason, f"malformed offer: {exc}") from None
@@ -486,7 +487,7 @@ def decode_manifest(text: bytes | str) -> Manifest:
     """
     data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
     try:
-        return msgspec.json.decode(data, type=Manifest)
+        return _json.decode(data, type=Manifest)
     except msgspec.ValidationError as exc:
         raise OtaRejected("bad_manifest", f"malformed manifest: {exc}") from None
     except msgspec.DecodeError as exc:

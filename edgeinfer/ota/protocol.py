@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from .. import _json
 from ..mqtt.topics import check_level
 
 __all__ = [
@@ -80,7 +81,7 @@ class OtaStatus(msgspec.Struct, kw_only=True, omit_defaults=False):
     @classmethod
     def decode(cls, payload: bytes) -> OtaStatus:
         """Raises ``msgspec.ValidationError``/``DecodeError`` for a malformed payload."""
-        return msgspec.json.decode(payload, type=cls)
+        return _json.decode(payload, type=cls)
 
 
 # -- topics ----------------------------------------------------------------------------------

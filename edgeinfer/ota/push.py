@@ -332,7 +332,7 @@ class Pusher:
         def on_birth(msg: Message) -> None:
             try:
                 data = json.loads(msg.payload)
-            except ValueError:
+            except (ValueError, RecursionError):  # any bytes a client sent
                 return
             with lock:
                 births[msg.topic[cut:].split("/", 1)[0]] = data

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Literal
 
 import msgspec
 
+from .. import _json
 from ..errors import OtaRejected
 from .manifest import (
     _FUTURE_SKEW_S,
@@ -105,7 +106,7 @@ def open_rollback(
     data = env.request.encode("utf-8", "surrogatepass")
     verify_bytes(data, env.signature, kid, trusted, allow_unsigned=allow_unsigned)
     try:
-        req = msgspec.json.decode(data, type=RollbackRequest)
+        req = _json.decode(data, type=RollbackRequest)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise OtaRejected("bad_manifest", f"malformed rollback request: {exc}") from None
     if not _PIPELINE.fullmatch(req.pipeline):
@@ -136,6 +137,6 @@ def parse_rollback(payload: bytes) -> _RollbackEnvelope:
         OtaRejected: ``bad_manifest``.
     """
     try:
-        return msgspec.json.decode(payload, type=_RollbackEnvelope)
+        return _json.decode(payload, type=_RollbackEnvelope)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise OtaRejected("bad_manifest", f"malformed rollback request: {exc}") from None

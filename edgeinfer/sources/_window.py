@@ -14,6 +14,8 @@ from collections.abc import Sequence
 import msgspec
 import numpy as np
 
+from .. import _json
+
 __all__ = ["ReadingParser", "SeriesWindows", "Windower"]
 
 
@@ -143,7 +145,7 @@ class ReadingParser:
 
     def _parse_json(self, raw: bytes) -> tuple[list[float], tuple[str, ...] | None] | None:
         try:
-            doc = msgspec.json.decode(raw)
+            doc = _json.decode(raw)
         except msgspec.DecodeError:
             return None
         names = None
