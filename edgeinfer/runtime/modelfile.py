@@ -143,7 +143,7 @@ def inspect_model(path: Path, *, max_model_mb: float | None = None,
         size = path.stat().st_size
         if not path.is_file():
             raise ModelNotFoundError(f"model path {path} is not a file")
-        f = open(path, "rb")
+        f = open(path, "rb")  # noqa: SIM115 (closed by the `with f:` below, after the errors are mapped)
     except FileNotFoundError:
         raise ModelNotFoundError(f"model file not found: {path}") from None
     except PermissionError:
@@ -200,6 +200,10 @@ def _check_external_data(path: Path, locations: set[str]) -> int:
 
 
 class _Corrupt(Exception):
+    pass
+
+
+class _TooDeep(Exception):
     pass
 
 
@@ -277,6 +281,10 @@ def _scan_onnx(buf: memoryview, path: Path) -> OnnxGraphInfo:
         raise ModelFormatError(
             f"{path}: truncated or corrupt ONNX file (the protobuf structure is broken)"
         ) from None
+    except _TooDeep:
+        raise ModelFormatError(
+            f"{path}: subgraphs (If/Loop/Scan) nested deeper than {_MAX_SUBGRAPH_DEPTH} levels"
+        ) from None
     if not seen_graph or info.ir_version == 0:
         raise ModelFormatError(f"{path}: not an ONNX model (no graph or no IR version)")
     for name in init_types:  # IR < 4 lists initializers among the inputs; they are not fed
@@ -296,12 +304,21 @@ def _string_entry(buf: memoryview, span: tuple[int, int]) -> tuple[str, str]:
     return key, value
 
 
-def _scan_graph(buf, span, info, init_types, q_zero_points, dq_inputs, top=False):  # type: ignore[no-untyped-def]
+# Subgraphs (If/Loop/Scan bodies) nest; a real model nests a few levels, a hostile one thousands
+# (2,000 nested If made this scan, and onnx's own checker, die of RecursionError).
+_MAX_SUBGRAPH_DEPTH = 64
+
+
+def _scan_graph(buf: memoryview, span: tuple[int, int], info: OnnxGraphInfo,
+                init_types: dict[str, int], q_zero_points: list[str], dq_inputs: list[str],
+                top: bool = False, depth: int = 0) -> None:
+    if depth > _MAX_SUBGRAPH_DEPTH:
+        raise _TooDeep
     for num, wt, val in _fields(buf, *span):
         if wt != 2:
             continue
         if num == 1:  # NodeProto
-            _scan_node(buf, val, info, init_types, q_zero_points, dq_inputs)
+            _scan_node(buf, val, info, init_types, q_zero_points, dq_inputs, depth)
         elif num == 11 and top:  # the main graph's inputs (subgraph inputs are internal)
             name, dims = _scan_value_info(buf, val)
             info.inputs[name] = dims
@@ -313,7 +330,9 @@ def _scan_graph(buf, span, info, init_types, q_zero_points, dq_inputs, top=False
                 info.external_data.add(location)
 
 
-def _scan_node(buf, span, info, init_types, q_zero_points, dq_inputs):  # type: ignore[no-untyped-def]
+def _scan_node(buf: memoryview, span: tuple[int, int], info: OnnxGraphInfo,
+               init_types: dict[str, int], q_zero_points: list[str], dq_inputs: list[str],
+               depth: int) -> None:
     inputs: list[str] = []
     op = ""
     for num, wt, val in _fields(buf, *span):
@@ -326,7 +345,8 @@ def _scan_node(buf, span, info, init_types, q_zero_points, dq_inputs):  # type: 
         elif num == 5:  # AttributeProto: subgraphs of If/Loop/Scan hold nodes too
             for n2, w2, v2 in _fields(buf, *val):
                 if w2 == 2 and n2 in (6, 11):  # g, graphs
-                    _scan_graph(buf, v2, info, init_types, q_zero_points, dq_inputs)
+                    _scan_graph(buf, v2, info, init_types, q_zero_points, dq_inputs,
+                                depth=depth + 1)
     info.op_counts[op] += 1
     if op == "QuantizeLinear" and len(inputs) >= 3:
         q_zero_points.append(inputs[2])

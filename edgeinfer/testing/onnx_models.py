@@ -308,3 +308,33 @@ def memory_hog_model(path: Path, size: int = 32, mib: int = 1024) -> Path:
                      numpy_helper.from_array(np.array([0], dtype=np.int64), "zero")],
     )
     return _save(graph, path)
+
+
+def nested_if_model(path: Path, depth: int = 2000) -> Path:
+    """``depth`` If nodes, each in the then-branch of the one above, as protobuf bytes written
+    by hand (onnx.helper's own protobuf refuses to build what is this deep)."""
+    def varint(n: int) -> bytes:
+        out = bytearray()
+        while True:
+            low, n = n & 0x7F, n >> 7
+            out.append(low | (0x80 if n else 0))
+            if not n:
+                return bytes(out)
+
+    def field(num: int, data: bytes) -> bytes:
+        return varint(num << 3 | 2) + varint(len(data)) + data
+
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
+    leaf = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "leaf", [], [y])
+    else_only = helper.make_node("If", ["c"], ["y"], else_branch=leaf).SerializeToString()
+    body = leaf.SerializeToString()
+    for i in range(depth):  # AttributeProto: name=1, g=6, type=20 (GRAPH=5)
+        then = field(1, b"then_branch") + field(6, body) + varint(20 << 3) + varint(5)
+        body = field(1, else_only + field(5, then)) + field(2, f"g{i}".encode()) \
+            + field(12, y.SerializeToString())
+    inputs = [helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+              helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])]
+    graph = body + b"".join(field(11, v.SerializeToString()) for v in inputs)
+    opset = helper.make_opsetid("", 17).SerializeToString()
+    path.write_bytes(varint(1 << 3) + varint(8) + field(8, opset) + field(7, graph))
+    return path

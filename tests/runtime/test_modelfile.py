@@ -89,6 +89,13 @@ def test_truncated_onnx_is_a_format_error(tmp_path: Path, yolo_path: Path) -> No
             inspect_model(p)
 
 
+def test_subgraphs_nested_thousands_deep_are_a_format_error(tmp_path: Path) -> None:
+    path = om.nested_if_model(tmp_path / "nested.onnx", depth=2000)
+    with pytest.raises(ModelFormatError, match="nested deeper than 64 levels"):
+        inspect_model(path)  # was RecursionError: an internal error for edgeinfer info/run
+    assert inspect_model(om.nested_if_model(tmp_path / "shallow.onnx", depth=3)).format == "onnx"
+
+
 def test_missing_and_directory_paths(tmp_path: Path) -> None:
     with pytest.raises(ModelNotFoundError, match="not found"):
         inspect_model(tmp_path / "absent.onnx")
