@@ -14,9 +14,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import msgspec
 from msgspec import Meta
 
 __all__ = [
+    "ConfigStruct",
     "DAY",
     "PATTERN_HELP",
     "Arg",
@@ -109,3 +111,10 @@ PATTERN_HELP = {
                  "no control characters, not starting with '$')",
 }
 """What each pattern asks for, in words, for error messages (by pattern)."""
+
+
+class ConfigStruct(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """The base of every config struct: unknown keys refused, keyword-only, immutable.
+
+    A subclass repeats ``frozen=True``: msgspec inherits it, but mypy's dataclass_transform
+    reads it per class (without it: "Non-frozen dataclass cannot inherit from a frozen one")."""

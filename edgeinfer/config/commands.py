@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-from ._types import DAY, PipelineName
+from ._types import ConfigStruct, DAY, PipelineName
 
 __all__ = ["VERBS", "CommandsConfig", "SnapshotArgs", "Verb"]
 
@@ -17,11 +17,7 @@ Verb = Literal["status", "pause", "resume", "reload", "snapshot", "set"]
 VERBS: tuple[str, ...] = ("status", "pause", "resume", "reload", "snapshot", "set")
 
 
-class _Struct(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
-    pass
-
-
-class CommandsConfig(_Struct, frozen=True):
+class CommandsConfig(ConfigStruct, frozen=True):
     """The command policy of a device (``mqtt.commands: {...}``; ``true`` is all defaults,
     ``false`` answers no command).
 
@@ -43,7 +39,7 @@ class CommandsConfig(_Struct, frozen=True):
             raise ValueError(f"signed verbs must also be in allow: {', '.join(loose)}")
 
 
-class SnapshotArgs(_Struct, frozen=True):
+class SnapshotArgs(ConfigStruct, frozen=True):
     """The arguments of the ``snapshot`` command.
 
     Attributes:

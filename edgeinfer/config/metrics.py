@@ -3,18 +3,12 @@ contract."""
 
 from __future__ import annotations
 
-import msgspec
-
-from ._types import Host, Port
+from ._types import ConfigStruct, Host, Port
 
 __all__ = ["MetricsConfig"]
 
 
-class _Struct(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
-    pass
-
-
-class MetricsConfig(_Struct):
+class MetricsConfig(ConfigStruct, frozen=True):
     """A Prometheus ``/metrics`` endpoint (needs the ``metrics`` extra).
 
     Attributes:

@@ -9,17 +9,13 @@ import msgspec
 from msgspec import Meta
 
 from .commands import CommandsConfig
-from ._types import DAY, ClientId, FilePath, Host, MiB, Port, Text, TopicPath
+from ._types import ConfigStruct, DAY, ClientId, FilePath, Host, MiB, Port, Text, TopicPath
 from .pipeline import ReconnectConfig
 
 __all__ = ["HomeAssistantConfig", "MqttConfig", "OutboxConfig", "TlsConfig"]
 
 
-class _Struct(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
-    pass
-
-
-class TlsConfig(_Struct):
+class TlsConfig(ConfigStruct, frozen=True):
     """TLS to the broker.
 
     Attributes:
@@ -41,7 +37,7 @@ class TlsConfig(_Struct):
             raise ValueError("give both `cert_file` and `key_file`, or neither")
 
 
-class OutboxConfig(_Struct):
+class OutboxConfig(ConfigStruct, frozen=True):
     """The durable outbox every result goes through (SQLite, WAL) before it is published.
 
     A result leaves the outbox only when the broker acknowledged it (PUBACK). When a bound is
@@ -63,7 +59,7 @@ class OutboxConfig(_Struct):
     replay_rate: Annotated[float, Meta(ge=0.1, le=100_000)] = 500.0
 
 
-class HomeAssistantConfig(_Struct):
+class HomeAssistantConfig(ConfigStruct, frozen=True):
     """Home Assistant MQTT discovery (opt-in).
 
     Attributes:
@@ -75,7 +71,7 @@ class HomeAssistantConfig(_Struct):
     prefix: TopicPath = "homeassistant"
 
 
-class MqttConfig(_Struct):
+class MqttConfig(ConfigStruct, frozen=True):
     """The broker connection and what edgeinfer publishes and answers there.
 
     Attributes:

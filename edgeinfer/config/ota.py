@@ -9,16 +9,12 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
-from ._types import GroupName, MiB, Seconds
+from ._types import ConfigStruct, GroupName, MiB, Seconds
 
 __all__ = ["HealthConfig", "OtaConfig", "VerifyConfig"]
 
 
-class _Struct(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
-    pass
-
-
-class VerifyConfig(_Struct):
+class VerifyConfig(ConfigStruct, frozen=True):
     """The trial run of a candidate model in an isolated worker.
 
     Attributes:
@@ -35,7 +31,7 @@ class VerifyConfig(_Struct):
     runs: Annotated[int, Meta(ge=1, le=1000)] = 5
 
 
-class HealthConfig(_Struct):
+class HealthConfig(ConfigStruct, frozen=True):
     """The gate after a swap that commits the update or rolls it back.
 
     Attributes:
@@ -49,7 +45,7 @@ class HealthConfig(_Struct):
     max_error_rate: Annotated[float, Meta(ge=0, le=1)] = 0.05
 
 
-class OtaConfig(_Struct):
+class OtaConfig(ConfigStruct, frozen=True):
     """Signed model updates over MQTT (needs an ``mqtt:`` section).
 
     Attributes:

@@ -61,7 +61,7 @@ class ReconnectConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, 
 # --- sources -----------------------------------------------------------------------------------
 
 
-class CameraSource(_Part, tag="camera"):
+class CameraSource(_Part, tag="camera", frozen=True):
     """OpenCV capture: a V4L2 device (``/dev/video0`` or an index), ``rtsp://``, ``http(s)://``
     MJPEG, or a GStreamer pipeline (``backend: gstreamer``, ``uri`` ending in ``appsink``).
 
@@ -85,7 +85,7 @@ class CameraSource(_Part, tag="camera"):
     reconnect: ReconnectConfig = msgspec.field(default_factory=ReconnectConfig)
 
 
-class Picamera2Source(_Part, tag="picamera2"):
+class Picamera2Source(_Part, tag="picamera2", frozen=True):
     """The Raspberry Pi CSI camera through picamera2/libcamera (the ``picamera`` extra)."""
 
     width: Size = 640
@@ -96,7 +96,7 @@ class Picamera2Source(_Part, tag="picamera2"):
     reconnect: ReconnectConfig = msgspec.field(default_factory=ReconnectConfig)
 
 
-class VideoSource(_Part, tag="video"):
+class VideoSource(_Part, tag="video", frozen=True):
     """A video file, read to the end (nothing skipped), optionally looping.
 
     Attributes:
@@ -110,7 +110,7 @@ class VideoSource(_Part, tag="video"):
     loop: bool = False
 
 
-class ImagesSource(_Part, tag="images"):
+class ImagesSource(_Part, tag="images", frozen=True):
     """Image files: a folder (sorted) or a glob pattern."""
 
     uri: FilePath
@@ -118,7 +118,7 @@ class ImagesSource(_Part, tag="images"):
     loop: bool = False
 
 
-class SyntheticSource(_Part, tag="synthetic"):
+class SyntheticSource(_Part, tag="synthetic", frozen=True):
     """A generated moving test pattern, for smoke tests on a device with no camera.
 
     Attributes:
@@ -131,7 +131,7 @@ class SyntheticSource(_Part, tag="synthetic"):
     frames: Annotated[int, Meta(ge=1, le=1_000_000_000)] | None = None
 
 
-class AudioSource(_Part, tag="audio"):
+class AudioSource(_Part, tag="audio", frozen=True):
     """Raw PCM from a command's stdout (e.g. ``arecord -f S16_LE -r 16000 -c 1 -t raw``) or a
     WAV file, cut into windows.
 
@@ -162,7 +162,7 @@ class AudioSource(_Part, tag="audio"):
             raise ValueError("give exactly one of `command` or `path`")
 
 
-class SerialSource(_Part, tag="serial"):
+class SerialSource(_Part, tag="serial", frozen=True):
     """A line-based sensor on a tty (the ``serial`` extra): CSV or JSON per line, windowed.
 
     Attributes:
@@ -181,7 +181,7 @@ class SerialSource(_Part, tag="serial"):
     reconnect: ReconnectConfig = msgspec.field(default_factory=ReconnectConfig)
 
 
-class MqttSource(_Part, tag="mqtt"):
+class MqttSource(_Part, tag="mqtt", frozen=True):
     """Sensor readings arriving as JSON on an MQTT topic, windowed (the broker is ``mqtt:``)."""
 
     topic: TopicFilter
@@ -223,7 +223,7 @@ class PreprocessConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True,
     pad_value: Annotated[int, Meta(ge=0, le=255)] = 114
 
 
-class ClassifyTask(_Part, tag="classify"):
+class ClassifyTask(_Part, tag="classify", frozen=True):
     """Top-k classification.
 
     Attributes:
@@ -240,7 +240,7 @@ class ClassifyTask(_Part, tag="classify"):
     preprocess: PreprocessConfig = msgspec.field(default_factory=PreprocessConfig)
 
 
-class DetectTask(_Part, tag="detect"):
+class DetectTask(_Part, tag="detect", frozen=True):
     """Object detection.
 
     Attributes:
@@ -261,7 +261,7 @@ class DetectTask(_Part, tag="detect"):
     preprocess: PreprocessConfig = msgspec.field(default_factory=PreprocessConfig)
 
 
-class VadTask(_Part, tag="vad"):
+class VadTask(_Part, tag="vad", frozen=True):
     """Voice activity on audio windows with a stateful model (Silero), state carried across.
 
     Attributes:
@@ -275,7 +275,7 @@ class VadTask(_Part, tag="vad"):
     min_silence_ms: Milliseconds = 300.0
 
 
-class RawTask(_Part, tag="raw"):
+class RawTask(_Part, tag="raw", frozen=True):
     """The output tensors as lists, for models edgeinfer has no decoder for."""
 
     preprocess: PreprocessConfig | None = None
@@ -287,19 +287,19 @@ TaskConfig = ClassifyTask | DetectTask | VadTask | RawTask
 # --- sinks and emission ------------------------------------------------------------------------
 
 
-class StdoutSink(_Part, tag="stdout"):
+class StdoutSink(_Part, tag="stdout", frozen=True):
     """Results on standard output: readable lines, or one JSON object per line."""
 
     format: Literal["text", "json"] = "text"
 
 
-class JsonlSink(_Part, tag="jsonl"):
+class JsonlSink(_Part, tag="jsonl", frozen=True):
     """Results appended to a JSON Lines file, flushed after each line."""
 
     path: FilePath
 
 
-class MqttSink(_Part, tag="mqtt"):
+class MqttSink(_Part, tag="mqtt", frozen=True):
     """Results published to ``<prefix>/<device>/<pipeline>/result`` (configured under ``mqtt:``)."""
 
     qos: Literal[0, 1] = 1

@@ -16,7 +16,7 @@ import msgspec
 from msgspec import Meta
 
 from ..paths import cache_dir, state_dir
-from ._types import DeviceId, Dim, FilePath, MiB, PipelineName, Threads
+from ._types import ConfigStruct, DeviceId, Dim, FilePath, MiB, PipelineName, Threads
 from .metrics import MetricsConfig
 from .mqtt import MqttConfig
 from .ota import OtaConfig
@@ -40,11 +40,7 @@ _WarmupNumber = (
 WarmupValue = _WarmupNumber | list[_WarmupNumber]
 
 
-class _Struct(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
-    """Shared options; msgspec subclasses inherit them."""
-
-
-class LoggingConfig(_Struct):
+class LoggingConfig(ConfigStruct, frozen=True):
     """Logging of the daemon.
 
     Attributes:
@@ -54,7 +50,7 @@ class LoggingConfig(_Struct):
     level: Literal["debug", "info", "warning", "error"] = "info"
 
 
-class RuntimeConfig(_Struct):
+class RuntimeConfig(ConfigStruct, frozen=True):
     """Process-wide runtime settings.
 
     Attributes:
@@ -81,7 +77,7 @@ class RuntimeConfig(_Struct):
         return Path(self.cache_dir) if self.cache_dir else cache_dir()
 
 
-class DelegateConfig(_Struct):
+class DelegateConfig(ConfigStruct, frozen=True):
     """A TFLite delegate library and its options.
 
     Attributes:
@@ -93,7 +89,7 @@ class DelegateConfig(_Struct):
     options: dict[str, str] = {}
 
 
-class ModelConfig(_Struct):
+class ModelConfig(ConfigStruct, frozen=True):
     """One model; mirrors the keyword arguments of ``edgeinfer.load_model``.
 
     Attributes:
@@ -168,7 +164,7 @@ class ModelConfig(_Struct):
         }
 
 
-class PipelineConfig(_Struct):
+class PipelineConfig(ConfigStruct, frozen=True):
     """One pipeline: a source, a model, a task and its sinks.
 
     Attributes:
@@ -195,7 +191,7 @@ class PipelineConfig(_Struct):
     required: bool = False
 
 
-class Config(_Struct):
+class Config(ConfigStruct, frozen=True):
     """The whole config file.
 
     Attributes:
