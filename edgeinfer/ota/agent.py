@@ -459,6 +459,7 @@ class OtaAgent:
             kind, arg = self._jobs.get()
             if kind == "stop":
                 return
+            request = self._busy
             try:
                 if kind == "apply":
                     self.updater.apply(arg)
@@ -471,7 +472,8 @@ class OtaAgent:
                                  message=repr(exc))
             finally:
                 with self._lock:
-                    self._busy = None
+                    if self._busy == request:  # not a newer one, accepted after our outcome
+                        self._busy = None
 
     # -- status ----------------------------------------------------------------------------------
     def _publish_progress(self, staged: StagedTransfer) -> None:
@@ -500,6 +502,12 @@ class OtaAgent:
                            **fields)
         if state in FINAL_STATES and state in self.counters:
             self.counters[state] += 1
+        if state in FINAL_STATES:
+            # Free before telling: a pusher that sends its next update the moment it reads
+            # this outcome must not be refused as busy with the one that just ended.
+            with self._lock:
+                if status.request is not None and status.request == self._busy:
+                    self._busy = None
         self._send(status, retain=retain)
         if state in FINAL_STATES:
             level = logging.WARNING if state != "committed" else logging.INFO
