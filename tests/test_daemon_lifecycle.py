@@ -59,6 +59,21 @@ class Manager:
     def count(self, key: str, since: int = 0) -> int:
         return sum(1 for _, m in self.messages[since:] if key in m)
 
+    def wait_count(self, key: str, at_least: int, since: int = 0, timeout: float = 60) -> None:
+        """Until ``at_least`` notifications with ``key`` came from ``since`` on (a loaded
+        machine is slower, never wrong: wait on the state, not a sleep)."""
+        until(lambda: self.count(key, since) >= at_least, timeout,
+              lambda: f"fewer than {at_least} {key} since {since}: {self.messages[since:]}")
+
+
+def until(pred: Callable[[], bool], timeout: float = 60,
+          what: Callable[[], str] = lambda: "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what()}")
+        time.sleep(0.05)
+
     def close(self) -> None:
         self._stop.set()
         self._thread.join(2)
@@ -120,9 +135,7 @@ def test_ready_watchdog_reload_and_stop(manager: Manager, video: Path, blazeface
         ready = manager.wait(lambda m: m.get("READY") == "1")
         status = manager.messages[ready][1]["STATUS"]
         assert status.startswith("1 pipeline, ") and " fps" in status, status
-        n = manager.count("WATCHDOG")
-        time.sleep(2.5)
-        assert manager.count("WATCHDOG") >= n + 3  # every 0.5 s
+        manager.wait_count("WATCHDOG", manager.count("WATCHDOG") + 3)  # every 0.5 s
         assert last_detections(out, 0)[-1] == 1  # the face is found at 0.5
 
         # A changed config takes effect: nothing scores 0.9999.
@@ -133,7 +146,7 @@ def test_ready_watchdog_reload_and_stop(manager: Manager, video: Path, blazeface
         assert int(manager.messages[reloading][1]["MONOTONIC_USEC"]) > 0
         manager.wait(lambda m: m.get("READY") == "1", 30, reloading)
         lines = len(out.read_text().splitlines())
-        time.sleep(1.5)
+        until(lambda: len(last_detections(out, lines)) >= 5)
         assert set(last_detections(out, lines)) == {0}
 
         # A broken config is refused: RELOADING, READY again, the old one keeps running.
@@ -143,9 +156,9 @@ def test_ready_watchdog_reload_and_stop(manager: Manager, video: Path, blazeface
         reloading = manager.wait(lambda m: m.get("RELOADING") == "1", 30, mark)
         manager.wait(lambda m: m.get("READY") == "1", 30, reloading)
         n, lines = manager.count("WATCHDOG"), len(out.read_text().splitlines())
-        time.sleep(1.5)
+        manager.wait_count("WATCHDOG", n + 1)
+        until(lambda: len(out.read_text().splitlines()) > lines)
         assert proc.poll() is None
-        assert manager.count("WATCHDOG") > n and len(out.read_text().splitlines()) > lines
     finally:
         code = stop(proc)
     stderr = (tmp_path / "stderr").read_text()
@@ -171,9 +184,7 @@ def test_a_hung_camera_is_restarted_then_the_watchdog_pings_stop(
                      EDGEINFER_RESTART_BUDGET="2")
         try:
             manager.wait(lambda m: m.get("READY") == "1")
-            n = manager.count("WATCHDOG")
-            time.sleep(1.5)
-            assert manager.count("WATCHDOG") > n  # frames flow: healthy
+            manager.wait_count("WATCHDOG", manager.count("WATCHDOG") + 1)  # frames flow: healthy
             server.stall()
             stuck = manager.wait(lambda m: "cam stuck" in m.get("STATUS", ""), 60)
             assert "2 restarts" in manager.messages[stuck][1]["STATUS"]
@@ -209,8 +220,7 @@ def test_a_missing_camera_does_not_fail_the_service(
     try:
         manager.wait(lambda m: m.get("READY") == "1")
         since = len(manager.messages)
-        time.sleep(4)
-        assert manager.count("WATCHDOG", since) >= 4
+        manager.wait_count("WATCHDOG", 4, since)
         assert not any("stuck" in m.get("STATUS", "") for _, m in manager.messages)
         assert proc.poll() is None
     finally:
