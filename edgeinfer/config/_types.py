@@ -81,6 +81,10 @@ _HOST = rf"^[^\s{_CONTROL}]+{_END}"
 _PIPELINE_NAME = rf"^[A-Za-z0-9_-]{{1,64}}{_END}"
 # One topic level that is also a safe file name: not "." or "..".
 _SAFE_LEVEL = rf"^(?!\.\.?{_END})[A-Za-z0-9_.-]{{1,64}}{_END}"
+# A device id: such a level that is not one of the levels the topic layout gives a meaning of
+# its own beside device ids (<prefix>/group/<group>/ota/..., <prefix>/reply/... for MQTT 5
+# response topics): a device so named would share its topics with those.
+_DEVICE_ID = rf"^(?!(?:\.\.?|group|reply){_END})[A-Za-z0-9_.-]{{1,64}}{_END}"
 # Topic levels joined by "/": none empty, no wildcard, not starting with "$" (broker topics).
 _LEVEL = rf"[^#+/{_CONTROL}]+"
 _TOPIC_PATH = rf"^(?!\$){_LEVEL}(?:/{_LEVEL})*{_END}"
@@ -94,7 +98,7 @@ Text = Annotated[str, Meta(pattern=_PRINTABLE, max_length=65535)]
 ClientId = Annotated[str, Meta(pattern=_PRINTABLE, min_length=1, max_length=128)]
 Host = Annotated[str, Meta(pattern=_HOST, max_length=253)]
 PipelineName = Annotated[str, Meta(pattern=_PIPELINE_NAME)]
-DeviceId = Annotated[str, Meta(pattern=_SAFE_LEVEL)]
+DeviceId = Annotated[str, Meta(pattern=_DEVICE_ID)]
 GroupName = Annotated[str, Meta(pattern=_SAFE_LEVEL)]
 TopicPath = Annotated[str, Meta(pattern=_TOPIC_PATH, max_length=256)]
 """Topic levels to publish under, e.g. ``edgeinfer`` or ``site/a``."""
@@ -107,6 +111,8 @@ PATTERN_HELP = {
     _HOST: "a host name or address (no spaces or control characters)",
     _PIPELINE_NAME: "a name of 1 to 64 characters A-Z a-z 0-9 _ -",
     _SAFE_LEVEL: "a name of 1 to 64 characters A-Z a-z 0-9 _ . -, not '.' or '..'",
+    _DEVICE_ID: "a name of 1 to 64 characters A-Z a-z 0-9 _ . -, not '.', '..', 'group' or "
+                "'reply' (topic levels of their own)",
     _TOPIC_PATH: "MQTT topic levels joined by '/' (no empty level, no '+' or '#', "
                  "no control characters, not starting with '$')",
 }

@@ -231,4 +231,4 @@ class Config(ConfigStruct, frozen=True):
             return self.device_id
         # Hostnames are normally [A-Za-z0-9.-] already; anything else would break the topic.
         name = re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname())[:64]
-        return name if name.strip(".") else "edgeinfer"
+        return name if name.strip(".") and name not in ("group", "reply") else "edgeinfer"

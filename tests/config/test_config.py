@@ -418,7 +418,7 @@ def test_bad_device_id(tmp_path: Path) -> None:
 
     assert message.endswith(
         ":1: $.device_id: expected a name of 1 to 64 characters A-Z a-z 0-9 _ . -, "
-        "not '.' or '..'"
+        "not '.', '..', 'group' or 'reply' (topic levels of their own)"
     )
 
 

@@ -19,6 +19,8 @@ from edgeinfer.errors import ConfigError
 PIPELINE = "pipelines:\n  - name: cam\n    model: {path: m.onnx}\n    source: {type: synthetic}\n"
 TOPIC_WORDS = "expected MQTT topic levels joined by '/'"
 LEVEL_WORDS = "expected a name of 1 to 64 characters A-Z a-z 0-9 _ . -, not '.' or '..'"
+DEVICE_WORDS = ("expected a name of 1 to 64 characters A-Z a-z 0-9 _ . -, not '.', '..', "
+                "'group' or 'reply' (topic levels of their own)")
 NUL_WORDS = "expected str without NUL characters"
 HOST_WORDS = "expected a host name or address (no spaces or control characters)"
 
@@ -54,13 +56,15 @@ def refused(data: dict[str, object], path: str) -> str:
     ({"mqtt": {"prefix": "$SYS"}}, "$.mqtt.prefix", TOPIC_WORDS),
     ({"mqtt": {"prefix": ""}}, "$.mqtt.prefix", TOPIC_WORDS),
     ({"mqtt": {"homeassistant": {"prefix": "ha\n"}}}, "$.mqtt.homeassistant.prefix", TOPIC_WORDS),
-    ({"device_id": ".."}, "$.device_id", LEVEL_WORDS),
-    ({"device_id": "."}, "$.device_id", LEVEL_WORDS),
-    ({"device_id": "a/b"}, "$.device_id", LEVEL_WORDS),
-    ({"device_id": "a+"}, "$.device_id", LEVEL_WORDS),
-    ({"device_id": "pi\n"}, "$.device_id", LEVEL_WORDS),
-    ({"device_id": ""}, "$.device_id", LEVEL_WORDS),
-    ({"device_id": "x" * 65}, "$.device_id", LEVEL_WORDS),
+    ({"device_id": ".."}, "$.device_id", DEVICE_WORDS),
+    ({"device_id": "group"}, "$.device_id", DEVICE_WORDS),
+    ({"device_id": "reply"}, "$.device_id", DEVICE_WORDS),
+    ({"device_id": "."}, "$.device_id", DEVICE_WORDS),
+    ({"device_id": "a/b"}, "$.device_id", DEVICE_WORDS),
+    ({"device_id": "a+"}, "$.device_id", DEVICE_WORDS),
+    ({"device_id": "pi\n"}, "$.device_id", DEVICE_WORDS),
+    ({"device_id": ""}, "$.device_id", DEVICE_WORDS),
+    ({"device_id": "x" * 65}, "$.device_id", DEVICE_WORDS),
     ({"mqtt": {"host": ""}}, "$.mqtt.host", HOST_WORDS),
     ({"mqtt": {"host": "broker local"}}, "$.mqtt.host", HOST_WORDS),
     ({"mqtt": {"host": "broker\n"}}, "$.mqtt.host", HOST_WORDS),
@@ -116,6 +120,8 @@ def test_device_id_from_an_odd_hostname_is_still_a_safe_level(
     import socket
 
     monkeypatch.setattr(socket, "gethostname", lambda: "..")
+    assert Config().resolved_device_id() == "edgeinfer"
+    monkeypatch.setattr(socket, "gethostname", lambda: "reply")
     assert Config().resolved_device_id() == "edgeinfer"
     monkeypatch.setattr(socket, "gethostname", lambda: "h" * 100)
     assert Config().resolved_device_id() == "h" * 64
