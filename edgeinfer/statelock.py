@@ -35,8 +35,9 @@ def _describe(owner: dict[str, Any]) -> str:
         text += f" on {owner['host']}"
     if owner.get("cmdline"):
         text += f" ({owner['cmdline']})"
-    if owner.get("since"):
-        text += f", since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(owner['since']))}"
+    since = owner.get("since")
+    if isinstance(since, (int, float)) and 0 < since < 2**31:  # the file is only informative
+        text += f", since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(since))}"
     return text
 
 

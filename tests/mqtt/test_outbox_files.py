@@ -224,3 +224,18 @@ def test_a_plumbing_that_fails_to_build_leaves_its_outbox_unlocked(tmp_path: Pat
         MqttPlumbing(bad, "a", tmp_path)
     plumbing = MqttPlumbing(MqttConfig(port=1), "a", tmp_path)  # same outbox, same process
     plumbing.stop()
+
+
+def test_a_lock_file_saying_odd_things_still_gives_a_clear_refusal(tmp_path: Path) -> None:
+    """The lock file is only informative: whatever another process wrote in it, the refusal is
+    an AlreadyRunningError, not a TypeError from formatting it."""
+    from edgeinfer.errors import AlreadyRunningError
+    from edgeinfer.statelock import StateLock
+
+    path = tmp_path / "edgeinfer.lock"
+    with StateLock(path):
+        for text in ('{"pid": [1], "since": "yesterday", "cmdline": {"a": 1}}', "[1, 2]",
+                     '{"since": 1e300}', "\xff\xfe"):
+            path.write_text(text, errors="surrogateescape")
+            with pytest.raises(AlreadyRunningError, match="in use by"):
+                StateLock(path).acquire()
