@@ -65,6 +65,11 @@ class Manager:
         until(lambda: self.count(key, since) >= at_least, timeout,
               lambda: f"fewer than {at_least} {key} since {since}: {self.messages[since:]}")
 
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+        self._sock.close()
+
 
 def until(pred: Callable[[], bool], timeout: float = 60,
           what: Callable[[], str] = lambda: "condition") -> None:
@@ -73,11 +78,6 @@ def until(pred: Callable[[], bool], timeout: float = 60,
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {timeout} s: {what()}")
         time.sleep(0.05)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(2)
-        self._sock.close()
 
 
 @pytest.fixture
