@@ -255,7 +255,8 @@ class MqttLink:
         if policy is None or not policy.signed:
             return None
         from ..ota.keys import load_trusted_keys
-        from .signed import NonceBook, SignedCommands
+        from ..nonces import NonceBook
+        from .signed import SignedCommands
 
         trusted = load_trusted_keys(self.config.ota.trusted_keys) if self.config.ota else {}
         if not trusted:

@@ -19,26 +19,23 @@ expire, so a replay is refused after a restart too.
 from __future__ import annotations
 
 import json
-import logging
 import re
 import secrets
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
 
 from .. import _json
 from ..errors import OtaRejected
+from ..nonces import NonceBook, NonceRefused
 from .commands import CommandError, too_deep
 
-__all__ = ["SCHEMA", "NonceBook", "SignedCommands", "make_command"]
+__all__ = ["SCHEMA", "SignedCommands", "make_command"]
 
-logger = logging.getLogger(__name__)
 
 SCHEMA = "edgeinfer-cmd/1"
-MAX_NONCES = 10_000  # signed commands remembered at once (within max_age_s)
 _NONCE = re.compile(r"[0-9a-f]{16,64}")
 _FUTURE_SKEW_S = 60.0
 _MAX_DEPTH = 16
@@ -134,51 +131,10 @@ class SignedCommands:
         if created - now > _FUTURE_SKEW_S:
             raise CommandError(f"signed command created in the future ({req.created}, "
                                f"{created - now:.0f} s ahead): check the clocks")
-        self.nonces.add(req.nonce, created + self.max_age_s + _FUTURE_SKEW_S, now=now)
-        return dict(req.args)
-
-
-class NonceBook:
-    """Nonces of the signed commands taken, each until its command would be stale anyway;
-    written through to ``path`` (atomically) before the command runs.
-
-    Args:
-        path: The JSON file (``{nonce: expiry unix time}``).
-        max_nonces: At most this many are kept; past it new commands are refused until some
-            expire (never an old nonce forgotten early: that would allow its replay).
-    """
-
-    def __init__(self, path: Path, *, max_nonces: int = MAX_NONCES) -> None:
-        self.path = path
-        self.max_nonces = max_nonces
-        self._seen: dict[str, float] = {}
         try:
-            raw = json.loads(path.read_bytes())
-            self._seen = {str(k): float(v) for k, v in dict(raw).items()}
-        except FileNotFoundError:
-            pass
-        except (OSError, ValueError, TypeError) as exc:
-            logger.error("cannot read the seen command nonces in %s (%s); starting afresh",
-                         path, exc)
-
-    def add(self, nonce: str, expires: float, *, now: float | None = None) -> None:
-        """Remember ``nonce`` until ``expires``.
-
-        Raises:
-            CommandError: seen before, or the book is full.
-        """
-        from ..ota._durable import write_atomic
-
-        now = time.time() if now is None else now
-        self._seen = {k: v for k, v in self._seen.items() if v > now}
-        if nonce in self._seen:
-            raise CommandError(f"replayed signed command (nonce {nonce} already used)")
-        if len(self._seen) >= self.max_nonces:
-            raise CommandError(f"{len(self._seen)} signed commands within their max_age_s: "
-                               "refused until some expire")
-        self._seen[nonce] = expires
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(self.path, json.dumps(self._seen).encode(), 0o600)
-
-    def __contains__(self, nonce: object) -> bool:
-        return nonce in self._seen
+            self.nonces.take(req.nonce, created + self.max_age_s + _FUTURE_SKEW_S, now=now)
+        except NonceRefused as exc:
+            raise CommandError(f"signed command refused: {exc}"
+                               if exc.reason == "full" else
+                               f"replayed signed command ({exc})") from None
+        return dict(req.args)

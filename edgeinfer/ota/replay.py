@@ -2,8 +2,9 @@
 
     <state_dir>/ota/replay.json
         {"sequences": {"<pipeline>": <highest sequence installed>},
-         "nonces": {"<rollback nonce>": <its created time>},
          "downgrades": {"<request id>": <its expires time>}}
+    <state_dir>/ota/rollback-nonces.json      (an ``edgeinfer.nonces.NonceBook``)
+        {"<rollback nonce>": <when its request is too old anyway>}
 
 A manifest must carry a sequence above the pipeline's highest installed one, unless it is
 signed as a deliberate ``downgrade`` (and that one request is then taken only once). A rollback
@@ -21,6 +22,7 @@ from pathlib import Path
 import msgspec
 
 from ..errors import OtaRejected
+from ..nonces import NonceBook, NonceRefused
 from ._durable import write_atomic
 
 __all__ = ["ReplayGuard"]
@@ -28,11 +30,11 @@ __all__ = ["ReplayGuard"]
 logger = logging.getLogger(__name__)
 
 FILE = "replay.json"
+NONCES_FILE = "rollback-nonces.json"
 
 
 class _State(msgspec.Struct, kw_only=True):
     sequences: dict[str, int] = {}
-    nonces: dict[str, float] = {}
     downgrades: dict[str, float] = {}
 
 
@@ -48,6 +50,7 @@ class ReplayGuard:
         self.path = Path(folder) / FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.nonce_ttl_s = nonce_ttl_s
+        self.nonces = NonceBook(self.path.parent / NONCES_FILE, max_nonces=100_000)
         self._lock = threading.Lock()
         self._state = self._load()
 
@@ -118,12 +121,8 @@ class ReplayGuard:
         Raises:
             OtaRejected: ``replayed``.
         """
-        with self._lock:
-            nonces = self._state.nonces
-            if nonce in nonces:
-                raise OtaRejected("replayed", f"replayed rollback request (nonce {nonce} "
-                                              "already taken)")
-            cutoff = time.time() - self.nonce_ttl_s
-            self._state.nonces = {k: v for k, v in nonces.items() if v >= cutoff}
-            self._state.nonces[nonce] = created
-            self._save()
+        try:
+            self.nonces.take(nonce, created + self.nonce_ttl_s)
+        except NonceRefused as exc:
+            reason = "replayed" if exc.reason == "replayed" else "busy"
+            raise OtaRejected(reason, f"rollback request refused: {exc}") from None

@@ -58,7 +58,7 @@ def test_nonces_are_taken_once_across_restarts_and_pruned_when_old(tmp_path: Pat
     guard.use_nonce("8899aabbccddeeff", now)
     assert _reason(ReplayGuard(tmp_path).use_nonce, "8899aabbccddeeff", now) == "replayed"
     ReplayGuard(tmp_path, nonce_ttl_s=100).use_nonce("1234567812345678", now)
-    kept = json.loads((tmp_path / "replay.json").read_bytes())["nonces"]
+    kept = json.loads((tmp_path / "rollback-nonces.json").read_bytes())
     assert set(kept) == {"8899aabbccddeeff", "1234567812345678"}
 
 
