@@ -79,7 +79,8 @@ class MqttConfig(ConfigStruct, frozen=True):
         embedded: Start a small MQTT broker inside the process on ``host``/``port`` (loopback
             by default): for the demo and for a device with no broker. Needs the ``broker``
             extra.
-        protocol: ``v5`` (MQTT 5) or ``v3.1.1``.
+        protocol: ``auto`` (MQTT 5, falling back to 3.1.1 when the broker refuses it or does
+            not answer), ``v5`` (MQTT 5 only) or ``v3.1.1``.
         client_id: Default ``edgeinfer-<device_id>``.
         username, password: ``password`` is best given as ``${credential:mqtt_password}`` (a
             systemd credential) or ``${ENV_VAR}``; it is never logged.
@@ -98,7 +99,7 @@ class MqttConfig(ConfigStruct, frozen=True):
     host: Host = "127.0.0.1"
     port: Port | None = None
     embedded: bool = False
-    protocol: Literal["v5", "v3.1.1"] = "v5"
+    protocol: Literal["auto", "v5", "v3.1.1"] = "auto"
     client_id: ClientId | None = None
     username: Text | None = None
     password: str | None = None

@@ -135,6 +135,7 @@ class MqttLink:
             "failed": dict(self.daemon.failed),
             "groups": list(self.config.ota.groups) if self.config.ota is not None else [],
             "outbox": self.plumbing.birth_info() if self.plumbing is not None else None,
+            "mqtt_protocol": self.plumbing.client.protocol if self.plumbing is not None else None,
             "commands": None if self.commands is None else self.commands.stats()["state"],
             "problem": self.problem(),
         }

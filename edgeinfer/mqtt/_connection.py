@@ -18,10 +18,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import paho.mqtt.client as paho
+
 from ..config.mqtt import TlsConfig
 from ..errors import ConfigError
 
-__all__ = ["AckBook", "FailureLog", "PahoErrors", "os_reason", "ssl_context", "tls_reason"]
+__all__ = ["AckBook", "FailureLog", "PahoErrors", "ProtocolChoice", "os_reason", "ssl_context",
+           "tls_reason"]
 
 logger = logging.getLogger("edgeinfer.mqtt.client")
 
@@ -154,3 +157,55 @@ class PahoErrors:
     def log(self, level: int, msg: str, *args: Any) -> None:
         if level >= logging.ERROR:
             self._sink(msg, args)
+
+
+class ProtocolChoice:
+    """Which MQTT version the next CONNECT uses, for ``mqtt.protocol`` ``auto``, ``v5`` or
+    ``v3.1.1``.
+
+    ``auto`` starts with MQTT 5 and falls back to 3.1.1 when the broker refuses it (CONNACK
+    "Unsupported protocol version": NATS, amqtt) or gives no CONNACK at all (closes the
+    connection: RabbitMQ 3.10; or stays silent: amqtt misreads an MQTT 5 CONNECT with a will).
+    Before a first success any such failure switches; after one, only an explicit refusal
+    does (a silence then is an outage, not a verdict on the version). A 3.1.1 attempt that gets
+    no CONNACK before any success tries MQTT 5 again, unless the broker refused MQTT 5.
+    """
+
+    __slots__ = ("mode", "v5", "_settled", "_v5_refused")
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.v5 = mode != "v3.1.1"
+        self._settled = False
+        self._v5_refused = False
+
+    @property
+    def name(self) -> str:
+        """``v5`` or ``v3.1.1``: the version in use (or being tried)."""
+        return "v5" if self.v5 else "v3.1.1"
+
+    def connected(self) -> None:
+        """A CONNACK accepted the current version."""
+        self._settled = True
+
+    def failed(self, *, refused: bool) -> bool:
+        """The broker refused the version (``refused``) or gave no CONNACK; returns whether
+        the next attempt uses the other version (``auto`` only)."""
+        if self.mode != "auto":
+            return False
+        if self.v5 and (refused or not self._settled):
+            self._v5_refused = self._v5_refused or refused
+            self.v5 = False
+            return True
+        if not self.v5 and not refused and not self._settled and not self._v5_refused:
+            self.v5 = True
+            return True
+        return False
+
+    def apply(self, client: paho.Client) -> None:
+        """Make ``client``'s next CONNECT use the chosen version (network thread, between
+        attempts)."""
+        # paho fixes the version in its constructor and has no setter; it rewrites _protocol
+        # itself when it falls back from 3.1.1 to 3.1 (Client._handle_connack), as done here.
+        client._protocol = paho.MQTTv5 if self.v5 else paho.MQTTv311
+        client._clean_session = True  # read under 3.1.1 only; a v5 client never set it

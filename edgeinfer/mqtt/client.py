@@ -11,6 +11,10 @@ up: a broker that is down, refuses the credentials or fails TLS is retried with 
 exponential backoff and jitter, the reason kept in `MqttClient.state` and ``last_error`` and
 logged once (then at most every few minutes), never the password.
 
+With ``protocol: auto`` (the default) it tries MQTT 5 and falls back to 3.1.1 when the broker
+refuses MQTT 5 or sends no CONNACK within `connack_timeout_s` (see `ProtocolChoice`); the
+version in use is `MqttClient.protocol`, logged at connect and announced in the birth.
+
 Callbacks (``on_ack``, subscriptions, ``on_connect``) run in paho's network thread, some with
 paho's locks held: they must be short (queue the work) and must not block on that thread.
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import ssl
 import sys
 import threading
@@ -35,7 +40,8 @@ from paho.mqtt.properties import Properties
 from ..config.mqtt import MqttConfig
 from ..errors import StateError
 from ..sources.base import Backoff
-from ._connection import AckBook, FailureLog, PahoErrors, os_reason, ssl_context, tls_reason
+from ._connection import (AckBook, FailureLog, PahoErrors, ProtocolChoice, os_reason, ssl_context,
+                          tls_reason)
 from .topics import Topics, check_filter, matches
 
 __all__ = ["Message", "MqttClient"]
@@ -45,6 +51,7 @@ logger = logging.getLogger(__name__)
 _AUTH_REFUSED = (134, 135)  # Bad user name or password, Not authorized (3.1.1's 4 and 5 map here)
 _UNSUPPORTED_PROTOCOL = (1, 132)
 _REPORT_EVERY_S = 300.0  # a condition that persists is logged again at most this often
+_CONNACK_MAX_S = 10.0  # a broker silent this long (at most keepalive_s) after CONNECT is retried
 _MAX_INFLIGHT = 100  # QoS 1 messages awaiting PUBACK; more wait in paho's queue
 _PROPERTIES = {"response_topic": "ResponseTopic", "correlation_data": "CorrelationData",
                "content_type": "ContentType", "message_expiry": "MessageExpiryInterval"}
@@ -78,7 +85,8 @@ class MqttClient:
 
     Args:
         config: The ``mqtt:`` section. With ``embedded: true`` MQTT 3.1.1 is used whatever
-            ``protocol`` says: the embedded broker (amqtt) speaks only 3.1.1.
+            ``protocol`` says: the embedded broker (amqtt) speaks only 3.1.1. ``auto`` tries
+            MQTT 5 first and falls back to 3.1.1 (see the module docstring).
         device_id: This device's topic level.
         birth: Extra fields for the ``online`` status (pipelines, models, providers), called on
             every connect.
@@ -86,7 +94,10 @@ class MqttClient:
             client that only watches (``edgeinfer watch``).
         max_packet_bytes: Announced to an MQTT 5 broker as the CONNECT's Maximum Packet Size:
             the broker drops (for this client only) any larger message instead of sending it.
-            ``None``: no limit announced. MQTT 3.1.1 has no such property.
+            ``None``: no limit announced. MQTT 3.1.1 has no such property: there the
+            broker's own limit (mosquitto's ``max_packet_size``) is all there is.
+        connack_timeout_s: How long a CONNECT may go unanswered before the attempt is given up
+            (and, with ``auto``, the other version tried). Default ``keepalive_s``, at most 10.
 
     Attributes:
         topics: This device's topic names.
@@ -96,6 +107,7 @@ class MqttClient:
         reconnects: Connections made after the first one.
         refused: Publishes the broker refused (an MQTT 5 PUBACK with a failure reason code, e.g.
             an ACL); their ``on_ack`` is never called.
+        protocol: ``v5`` or ``v3.1.1``: the MQTT version connected with (or being tried).
 
     Raises:
         ConfigError: a TLS file cannot be read (the constructor checks them).
@@ -103,7 +115,8 @@ class MqttClient:
 
     def __init__(self, config: MqttConfig, device_id: str, *,
                  birth: Callable[[], dict[str, Any]] | None = None, announce: bool = True,
-                 max_packet_bytes: int | None = None) -> None:
+                 max_packet_bytes: int | None = None,
+                 connack_timeout_s: float | None = None) -> None:
         self.config = config
         self.max_packet_bytes = max_packet_bytes
         self.topics = Topics(config.prefix, device_id)
@@ -113,7 +126,10 @@ class MqttClient:
         self.refused = 0
         self._birth = birth
         self._announce = announce
-        self._v5 = config.protocol == "v5" and not config.embedded
+        self._choice = ProtocolChoice("v3.1.1" if config.embedded else config.protocol)
+        self._connack_s = connack_timeout_s or min(float(config.keepalive_s), _CONNACK_MAX_S)
+        self._connack_timer: threading.Timer | None = None
+        self._connack_overdue = False
         self._client_id = config.client_id or f"edgeinfer-{device_id}"
         self._where = f"{config.host}:{config.resolved_port()}"
         self._ssl = ssl_context(config.tls) if config.tls is not None else None
@@ -147,7 +163,7 @@ class MqttClient:
             self.state = "connecting"
             self._paho = client = self._make_paho()
         c = self.config
-        if self._v5:
+        if self._v5:  # v5 or auto: what a switch to MQTT 5 sends too (3.1.1 ignores both)
             props = None
             if self.max_packet_bytes is not None:
                 props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
@@ -176,6 +192,7 @@ class MqttClient:
             client.will_set(self.topics.status, self._status("offline"), qos=1, retain=True)
         client.on_connect = self._handle_connect
         client.on_connect_fail = self._handle_connect_fail
+        client.on_socket_open = self._arm_connack_timer
         client.on_disconnect = self._handle_disconnect
         client.on_publish = self._handle_publish
         client.on_message = self._handle_message
@@ -205,6 +222,9 @@ class MqttClient:
             self.state = "stopped"
             self._connected = False
             self._connected_event.clear()
+            timer, self._connack_timer = self._connack_timer, None
+        if timer is not None:
+            timer.cancel()
         self._acks.clear()
 
     def __enter__(self) -> Self:
@@ -213,6 +233,15 @@ class MqttClient:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    @property
+    def protocol(self) -> str:
+        """``v5`` or ``v3.1.1``: the MQTT version connected with (or being tried)."""
+        return self._choice.name
+
+    @property
+    def _v5(self) -> bool:
+        return self._choice.v5
 
     @property
     def connected(self) -> bool:
@@ -301,17 +330,20 @@ class MqttClient:
 
     # -- paho callbacks (network thread) ------------------------------------------------------
     def _handle_connect(self, client: paho.Client, _u: Any, _flags: Any, reason: Any, _p: Any) -> None:
+        self._disarm_connack_timer()
         if reason.is_failure:
             self._refused_connect = True
             if reason.value in _AUTH_REFUSED:
                 user = f"user {self.config.username!r}" if self.config.username else "no username"
                 self._report("auth_failed", f"{reason} ({user}); check mqtt.username/password")
             elif reason.value in _UNSUPPORTED_PROTOCOL and self._v5:
-                self._report(self._down_state(), f"{reason}: the broker does not speak MQTT 5; "
-                             "set mqtt.protocol: v3.1.1")
+                if not self._switch_protocol(client, str(reason), refused=True):
+                    self._report(self._down_state(), f"{reason}: the broker does not speak "
+                                 "MQTT 5; set mqtt.protocol: v3.1.1 (or auto)")
             else:
                 self._report(self._down_state(), f"refused: {reason}")
             return
+        self._choice.connected()
         self._refused_connect = False
         self._socket_error = None
         if self._ever_connected:
@@ -329,8 +361,13 @@ class MqttClient:
         if self._announce:  # after the subscriptions: "online" means commands are taken
             self._send_status(client, "online")
         self._failures.reset()
-        logger.info("connected to MQTT broker %s as %s (MQTT %s)", self._where, self._client_id,
-                    "5" if self._v5 else "3.1.1")
+        logger.info("connected to MQTT broker %s as %s (MQTT %s%s)", self._where, self._client_id,
+                    "5" if self._v5 else "3.1.1",
+                    ", chosen by protocol: auto" if self._choice.mode == "auto" else "")
+        if not self._v5 and self.max_packet_bytes is not None and self.reconnects == 0:
+            logger.info("MQTT 3.1.1 cannot announce a Maximum Packet Size (%d bytes): larger "
+                        "messages are limited only by the broker's own setting",
+                        self.max_packet_bytes)
         self._connected_event.set()
         for fn in self._on_connect:
             self._call(fn, "on_connect")
@@ -344,6 +381,7 @@ class MqttClient:
         self._next_retry()
 
     def _handle_disconnect(self, _client: paho.Client, _u: Any, _f: Any, reason: Any, _p: Any) -> None:
+        self._disarm_connack_timer()
         with self._lock:
             was, self._connected = self._connected, False
         self._connected_event.clear()
@@ -362,10 +400,59 @@ class MqttClient:
         elif isinstance(error, ssl.SSLError):
             self._report("tls_error", tls_reason(error))
         elif not self._refused_connect:
-            self._report(self._down_state(), os_reason(error, self.config.host) if error
-                         else f"no CONNACK from the broker ({reason})")
+            overdue, self._connack_overdue = self._connack_overdue, False
+            if error is not None and not overdue:
+                self._report(self._down_state(), os_reason(error, self.config.host))
+            else:
+                silence = (f"no CONNACK within {self._connack_s:g} s" if overdue
+                           else f"no CONNACK from the broker ({reason})")
+                if not self._switch_protocol(_client, silence, refused=False):
+                    hint = ("; if it speaks only MQTT 3.1.1 set mqtt.protocol: v3.1.1 (or auto)"
+                            if self._choice.mode == "v5" else "")
+                    self._report(self._down_state(), silence + hint)
         self._refused_connect = False
         self._next_retry()
+
+    def _switch_protocol(self, client: paho.Client, why: str, *, refused: bool) -> bool:
+        was = self.protocol
+        if not self._choice.failed(refused=refused):
+            return False
+        self._choice.apply(client)
+        self._backoff.reset()  # the other version is tried at once, not after a backoff
+        self.state, self.last_error = self._down_state(), f"MQTT {was}: {why}"
+        logger.info("MQTT broker %s: %s with MQTT %s; trying MQTT %s (protocol: auto)",
+                    self._where, why, was[1:], self.protocol[1:])
+        return True
+
+    def _arm_connack_timer(self, client: paho.Client, _u: Any, sock: Any) -> None:
+        # paho waits a whole keepalive for a CONNACK; a broker that misreads the CONNECT (amqtt
+        # given MQTT 5) would hold every attempt that long.
+        timer = threading.Timer(self._connack_s, self._connack_late, (client, sock))
+        timer.daemon = True
+        with self._lock:
+            old, self._connack_timer = self._connack_timer, timer
+        if old is not None:
+            old.cancel()
+        timer.start()
+
+    def _disarm_connack_timer(self) -> None:
+        with self._lock:
+            timer, self._connack_timer = self._connack_timer, None
+        if timer is not None:
+            timer.cancel()
+
+    def _connack_late(self, client: paho.Client, sock: Any) -> None:
+        with self._lock:
+            if self._connack_timer is None or self._connected or self._stopping:
+                return
+            self._connack_timer = None
+        if client.socket() is not sock or not isinstance(sock, socket.socket):
+            return
+        self._connack_overdue = True
+        try:  # paho's network thread then reads EOF: on_disconnect, and its next attempt
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
     def _handle_publish(self, _client: paho.Client, _u: Any, mid: int, reason: Any, _p: Any) -> None:
         ok = not reason.is_failure
@@ -409,7 +496,8 @@ class MqttClient:
 
         status: dict[str, Any] = {"state": state, "device": self.topics.device}
         if state != "offline":
-            status.update(version=__version__, ts=round(time.time(), 3))
+            status.update(version=__version__, ts=round(time.time(), 3),
+                          mqtt_protocol=self.protocol)
         if state == "online" and self._birth is not None:
             try:
                 status.update(self._birth())

@@ -335,10 +335,11 @@ class MqttPlumbing:
         self.publisher.wake()
 
     def stats(self) -> dict[str, Any]:
-        """The publisher's and outbox's stats, and the connection's."""
+        """The publisher's and outbox's stats, and the connection's (``protocol``: the MQTT
+        version in use, ``v5`` or ``v3.1.1``)."""
         data = self.publisher.stats()
         data.update(connected=self.client.connected, reconnects=self.client.reconnects,
-                    broker=self.broker)
+                    broker=self.broker, protocol=self.client.protocol)
         return data
 
     def summary(self) -> dict[str, Any]:

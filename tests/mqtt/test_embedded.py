@@ -60,7 +60,7 @@ def close(client: paho.Client) -> None:
 
 def test_results_and_status_reach_a_subscriber(embedded: EmbeddedBroker) -> None:
     config = parse_config(f"mqtt: {{embedded: true, port: {embedded.port}}}\n").mqtt
-    assert config is not None and config.protocol == "v5"  # the default, overridden below
+    assert config is not None and config.protocol == "auto"  # the default, overridden below
     client = MqttClient(config, "demo", birth=lambda: {"pipelines": ["faces"]})
     client.start()
     try:
@@ -90,7 +90,8 @@ def test_results_and_status_reach_a_subscriber(embedded: EmbeddedBroker) -> None
 
 
 def test_mqtt5_is_refused_with_a_reason(embedded: EmbeddedBroker) -> None:
-    client = MqttClient(MqttConfig(port=embedded.port, reconnect=FAST), "v5", announce=False)
+    client = MqttClient(MqttConfig(port=embedded.port, protocol="v5", reconnect=FAST), "v5",
+                        announce=False)
     client.start()
     try:
         deadline = time.monotonic() + 10
@@ -98,6 +99,17 @@ def test_mqtt5_is_refused_with_a_reason(embedded: EmbeddedBroker) -> None:
             time.sleep(0.02)
         assert "does not speak MQTT 5; set mqtt.protocol: v3.1.1" in client.last_error
         assert not client.connected
+    finally:
+        client.stop()
+
+
+def test_auto_falls_back_to_311_when_mqtt5_is_refused(embedded: EmbeddedBroker) -> None:
+    # Not embedded: true, so nothing forces 3.1.1; the broker's refusal of MQTT 5 does.
+    client = MqttClient(MqttConfig(port=embedded.port, reconnect=FAST), "auto")
+    client.start()
+    try:
+        assert client.wait_connected(20), client.last_error
+        assert client.protocol == "v3.1.1"
     finally:
         client.stop()
 

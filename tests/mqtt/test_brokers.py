@@ -1,0 +1,217 @@
+"""Issue 13, brokers other than mosquitto: ``edgeinfer run`` (a real subprocess, default
+``protocol: auto``) against a real mosquitto, a real ``nats-server`` (its MQTT listener speaks
+3.1.1 only) and a standalone amqtt broker (3.1.1 only; it misreads an MQTT 5 CONNECT with a
+will and never answers it): results in seq order, the retained status naming the MQTT version
+chosen, a command answered, the last will on a kill, all seen by a plain MQTT 3.1.1 client."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as paho
+import pytest
+
+from edgeinfer import samples
+from edgeinfer._net import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+NATS = shutil.which("nats-server") or "/usr/sbin/nats-server"
+
+
+class Listener:
+    """A plain MQTT 3.1.1 client (what every one of these brokers speaks) on one filter."""
+
+    def __init__(self, port: int, topic: str) -> None:
+        self.got: queue.Queue[paho.MQTTMessage] = queue.Queue()
+        subscribed = queue.Queue[bool]()
+        self.client = paho.Client(paho.CallbackAPIVersion.VERSION2, protocol=paho.MQTTv311,
+                                  client_id=f"listener-{uuid.uuid4().hex[:8]}")
+        self.client.on_connect = lambda c, *a: c.subscribe(topic, 1)
+        self.client.on_subscribe = lambda *a: subscribed.put(True)
+        self.client.on_message = lambda c, u, m: self.got.put(m)
+        self.client.connect("127.0.0.1", port, 30)
+        self.client.loop_start()
+        assert subscribed.get(timeout=20), "listener not subscribed"
+
+    def next(self, topic: str, timeout: float = 30.0, **fields: Any) -> dict[str, Any]:
+        """The next message on ``topic`` whose JSON has ``fields``; others are dropped."""
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                msg = self.got.get(timeout=left)
+            except queue.Empty:
+                break
+            if msg.topic == topic and msg.payload:
+                data: dict[str, Any] = json.loads(msg.payload)
+                if all(data.get(k) == v for k, v in fields.items()):
+                    data["_retain"] = bool(msg.retain)
+                    return data
+        raise AssertionError(f"nothing on {topic} with {fields} within {timeout:g} s")
+
+    def publish(self, topic: str, payload: str) -> None:
+        assert self.client.publish(topic, payload, qos=1).rc == 0
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+def _wait_listening(port: int, proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"broker exited {proc.returncode}: {log.read_text()[-2000:]}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError(f"broker not listening on {port}: {log.read_text()[-2000:]}")
+
+
+def _serve(cmd: list[str], port: int, log: Path) -> Iterator[int]:
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        _wait_listening(port, proc, log)
+        yield port
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def _nats(folder: Path) -> Iterator[int]:
+    if not os.path.exists(NATS):
+        pytest.skip("nats-server is not installed (apt-get install nats-server)")
+    port = free_port()
+    # MQTT in nats-server needs a server name and JetStream (it keeps sessions and retained
+    # messages in streams).
+    conf = folder / "nats.conf"
+    conf.write_text(f'server_name: edgeinfer-test\nlisten: 127.0.0.1:{free_port()}\n'
+                    f'jetstream {{ store_dir: "{folder / "js"}", max_memory_store: 64MB, '
+                    f'max_file_store: 256MB }}\nmqtt {{ listen: 127.0.0.1:{port} }}\n')
+    yield from _serve([NATS, "-c", str(conf)], port, folder / "nats.log")
+
+
+def _amqtt(folder: Path) -> Iterator[int]:
+    pytest.importorskip("amqtt.broker")
+    port = free_port()
+    conf = folder / "amqtt.yaml"
+    conf.write_text(json.dumps({
+        "listeners": {"default": {"type": "tcp", "bind": f"127.0.0.1:{port}"}},
+        "plugins": {"amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}},
+    }))
+    script = "from amqtt.scripts.broker_script import main; main()"
+    yield from _serve([sys.executable, "-c", script, "-c", str(conf)], port,
+                      folder / "amqtt.log")
+
+
+@pytest.fixture(params=["mosquitto", "nats", "amqtt"])
+def broker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[tuple[int, str]]:
+    """(port, the MQTT version ``auto`` must settle on) of a broker on loopback."""
+    if request.param == "mosquitto":
+        _, port = request.getfixturevalue("mqtt_broker")
+        yield port, "v5"
+        return
+    folder = tmp_path_factory.mktemp(request.param)
+    serve = _nats if request.param == "nats" else _amqtt
+    for port in serve(folder):
+        yield port, "v3.1.1"
+
+
+@pytest.fixture(scope="module")
+def video(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return samples.demo_video(tmp_path_factory.mktemp("video") / "people.avi", frames=30)
+
+
+def test_daemon_with_protocol_auto_works_against_each_broker(
+        broker: tuple[int, str], blazeface_path: Path, video: Path, tmp_path: Path) -> None:
+    port, version = broker
+    dev = f"d{uuid.uuid4().hex[:8]}"  # no '.': NATS maps '/' to '.'
+    config = tmp_path / "edgeinfer.json"
+    config.write_text(json.dumps({
+        "device_id": dev,
+        "mqtt": {"host": "127.0.0.1", "port": port, "keepalive_s": 5, "stats_interval_s": 60,
+                 "reconnect": {"initial_s": 0.2, "max_s": 1.0}},
+        "pipelines": [{
+            "name": "faces", "model": {"path": str(blazeface_path), "threads": 1},
+            "source": {"type": "video", "uri": str(video), "fps": 10, "loop": True},
+            "task": {"type": "detect", "decoder": "blazeface", "score_threshold": 0.6},
+            "emit": {"mode": "every"}, "sinks": [{"type": "mqtt"}],
+        }],
+    }))
+    status, result = f"edgeinfer/{dev}/status", f"edgeinfer/{dev}/faces/result"
+    listener = Listener(port, f"edgeinfer/{dev}/#")
+    proc = subprocess.Popen([sys.executable, "-m", "edgeinfer", "run", "-c", str(config)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        birth = listener.next(status, 60, state="online")
+        assert birth["mqtt_protocol"] == version, birth
+        seqs = [listener.next(result)["seq"] for _ in range(8)]
+        assert seqs == list(range(seqs[0], seqs[0] + 8)), seqs
+        listener.publish(f"edgeinfer/{dev}/cmd/status", json.dumps({"id": 7}))
+        reply = listener.next(f"edgeinfer/{dev}/cmd/status/reply", 30, id=7)
+        assert reply.get("ok") is True and reply["result"]["device"] == dev, reply
+        proc.send_signal(signal.SIGKILL)  # no clean disconnect: the broker sends the last will
+        proc.wait(10)
+        listener.next(status, 60, state="offline")
+    finally:
+        listener.close()
+        if proc.poll() is None:
+            proc.kill()
+        _, stderr = proc.communicate(timeout=10)
+    assert f"(MQTT {version[1:]}, chosen by protocol: auto)" in stderr, stderr[-3000:]
+    late = Listener(port, status)  # a later subscriber gets the retained last will
+    try:
+        kept = late.next(status, 30)
+        assert kept["state"] == "offline" and kept["_retain"], kept
+    finally:
+        late.close()
+
+
+def test_a_silent_broker_is_given_up_in_bounded_time_with_the_hint_for_explicit_v5(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from edgeinfer.config.mqtt import MqttConfig
+    from edgeinfer.config.pipeline import ReconnectConfig
+    from edgeinfer.mqtt.client import MqttClient
+
+    with socket.create_server(("127.0.0.1", 0)) as server:  # accepts, never answers a CONNECT
+        port = server.getsockname()[1]
+        fast = ReconnectConfig(initial_s=0.05, max_s=0.2)
+        v5 = MqttClient(MqttConfig(port=port, protocol="v5", reconnect=fast), "silent",
+                        connack_timeout_s=0.5)
+        auto = MqttClient(MqttConfig(port=port, reconnect=fast), "silent2", connack_timeout_s=0.5)
+        caplog.set_level(logging.INFO, logger="edgeinfer.mqtt.client")
+        for client in (v5, auto):
+            client.start()
+        switched = "no CONNACK within 0.5 s with MQTT 5; trying MQTT 3.1.1 (protocol: auto)"
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not (
+                    "no CONNACK within 0.5 s" in v5.last_error and switched in caplog.text):
+                time.sleep(0.02)
+            assert "no CONNACK within 0.5 s; if it speaks only MQTT 3.1.1 set mqtt.protocol: " \
+                   "v3.1.1 (or auto)" in v5.last_error, v5.last_error
+            assert v5.protocol == "v5" and not v5.connected
+            assert switched in caplog.text, caplog.text  # auto tried the other version
+        finally:
+            for client in (v5, auto):
+                client.stop()
