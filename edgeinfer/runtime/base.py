@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..errors import InferenceError, InvalidInputError, ModelLoadError
+from ..errors import InferenceError, InvalidInputError, ModelLoadError, ModelMemoryError
 
 logger = logging.getLogger(__name__)
 
@@ -201,26 +201,71 @@ def check_feeds(
     out: dict[str, np.ndarray] = {}
     for spec in specs:
         value = feeds[spec.name]
+        if not is_tensor(spec.dtype):  # a sequence, optional or map: onnxruntime checks it
+            out[spec.name] = value
+            continue
+        want = numpy_dtype(spec.dtype)
         if not isinstance(value, np.ndarray):
-            if isinstance(value, (int, float, bool, list, tuple, np.generic)):
-                value = np.asarray(value, dtype=spec.dtype)
-            else:
+            if not isinstance(value, (int, float, bool, str, list, tuple, np.generic)):
                 raise InvalidInputError(
                     f"input {spec.name!r}: expected a numpy array, got {type(value).__name__}"
                 )
-        _check_one(spec, value, accept_float_for_quantized)
+            try:
+                value = np.asarray(value, dtype=want)
+            except (TypeError, ValueError) as exc:
+                raise InvalidInputError(
+                    f"input {spec.name!r}: cannot be made a {spec.dtype} array: {exc}"
+                ) from None
+        _check_one(spec, want, value, accept_float_for_quantized)
         out[spec.name] = value
     return out
 
 
-def _check_one(spec: TensorSpec, value: np.ndarray, accept_float: bool) -> None:
-    want = np.dtype(spec.dtype)
-    if value.dtype != want and not (
+def is_tensor(dtype: str) -> bool:
+    """False for onnxruntime's non-tensor inputs (``seq(...)``, ``optional(...)``, ``map(...)``)."""
+    return "(" not in dtype
+
+
+def numpy_dtype(name: str) -> np.dtype[Any] | None:
+    """The numpy dtype of an edgeinfer dtype name; ``None`` where numpy and ml_dtypes lack it.
+
+    ``"str"`` (``tensor(string)``) is ``object``, the array type onnx and onnxruntime use.
+    """
+    if name == "str":
+        return np.dtype(object)
+    try:
+        return np.dtype(name)
+    except TypeError:
+        pass
+    try:
+        import ml_dtypes
+    except ImportError:
+        return None
+    found = getattr(ml_dtypes, name, None)
+    return np.dtype(found) if found is not None else None
+
+
+def _check_one(spec: TensorSpec, want: np.dtype[Any] | None, value: np.ndarray,
+               accept_float: bool) -> None:
+    if spec.dtype == "str":
+        if value.dtype.kind not in "OU":
+            raise InvalidInputError(
+                f"input {spec.name!r}: expected strings, got dtype {value.dtype.name} "
+                "(give a numpy array of str: np.array([...], dtype=object) or dtype=np.str_)"
+            )
+    elif want is None:
+        if value.dtype.name != spec.dtype:
+            raise InvalidInputError(
+                f"input {spec.name!r}: expected dtype {spec.dtype} (an ml_dtypes type), "
+                f"got {value.dtype.name}"
+            )
+    elif value.dtype != want and not (
         accept_float and spec.quantization is not None and value.dtype.kind == "f"
     ):
+        where = "np" if hasattr(np, want.name) else "ml_dtypes"  # bfloat16, float8, int4...
         raise InvalidInputError(
             f"input {spec.name!r}: expected dtype {want.name}, got {value.dtype.name}"
-            f" (convert with .astype(np.{want.name}))"
+            f" (convert with .astype({where}.{want.name}))"
         )
     if len(spec.shape) != value.ndim:
         raise InvalidInputError(
@@ -248,12 +293,22 @@ def warmup_feeds(
     """Inputs for a warm-up run, and whether any dynamic dimension had to be guessed.
 
     A dynamic dimension is taken from ``fixed`` when given, else guessed as 1. An input named
-    in ``values`` takes that value (a scalar is broadcast to the shape); the others are zeros.
+    in ``values`` takes that value (a scalar is broadcast to the shape); the others are zeros
+    (empty strings for string inputs).
+
+    Raises:
+        InvalidInputError: an input no value can be made up for (a sequence, or a type numpy
+            lacks), or a given value that does not fit.
     """
     values = values or {}
     feeds: dict[str, np.ndarray] = {}
     guessed = False
     for spec in specs:
+        want = numpy_dtype(spec.dtype) if is_tensor(spec.dtype) else None
+        if want is None:
+            raise InvalidInputError(
+                f"input {spec.name!r} is {spec.dtype}: no warm-up value can be made up for it"
+            )
         shape = fixed.get(spec.name)
         if shape is None:
             dims = []
@@ -265,38 +320,64 @@ def warmup_feeds(
                     guessed = True
             shape = tuple(dims)
         if spec.name in values:
-            given = np.asarray(values[spec.name], dtype=spec.dtype)
-            feeds[spec.name] = given if given.shape == tuple(shape) else np.broadcast_to(
-                given, shape).copy()
+            try:
+                given = np.asarray(values[spec.name], dtype=want)
+                feeds[spec.name] = given if given.shape == tuple(shape) else np.broadcast_to(
+                    given, shape).copy()
+            except (TypeError, ValueError) as exc:
+                raise InvalidInputError(
+                    f"warmup_inputs[{spec.name!r}] does not fit {spec.dtype} "
+                    f"{format_shape(tuple(shape))}: {exc}"
+                ) from None
+        elif spec.dtype == "str":
+            feeds[spec.name] = np.full(shape, "", dtype=object)
         else:
-            feeds[spec.name] = np.zeros(shape, dtype=spec.dtype)
+            feeds[spec.name] = np.zeros(shape, dtype=want)
     return feeds, guessed
 
 
 def warm_up(session: Session, spec: SessionSpec) -> None:
     """One inference before the session is handed out; the outcome goes into its report.
 
-    If the run fails on dynamic dimensions that had to be guessed, the warm-up is skipped with a
-    warning and a note (the caller should pass ``input_shapes``). If it fails on declared shapes
-    the session is closed and ``ModelLoadError`` raised.
+    A warm-up never refuses a model the runtime loaded: the values it feeds are made up (zeros,
+    dynamic dimensions guessed as 1), and for many models zeros are no valid input (a Reshape
+    shape, Resize scales, a divisor, a sample rate). A failed run is skipped with a warning and
+    a note in ``report.warmup_note`` saying what to pass (``input_shapes``, ``warmup_inputs``).
+    Only when the caller gave every input's value in ``warmup_inputs`` and every dynamic
+    dimension in ``input_shapes`` is a failure a ``ModelLoadError`` (the session is closed).
+    Running out of memory stays a ``ModelMemoryError``.
     """
-    feeds, guessed = warmup_feeds(session.inputs, spec.input_shapes, spec.warmup_inputs)
     report = session.report
+    try:
+        feeds, guessed = warmup_feeds(session.inputs, spec.input_shapes, spec.warmup_inputs)
+    except InvalidInputError as exc:
+        _skip(report, spec, f"warm-up skipped: {exc}")
+        return
     start = time.perf_counter()
     try:
         session.run(feeds)
+    except ModelMemoryError:
+        session.close()
+        raise
     except InferenceError as exc:
-        if not guessed:
+        if not guessed and set(spec.warmup_inputs) >= set(feeds):
             session.close()
             raise ModelLoadError(
-                f"{spec.path.name}: warm-up run failed: {exc} (if zeros are not a valid input "
-                "for this model, give warmup_inputs, e.g. {'sr': 16000})"
+                f"{spec.path.name}: warm-up run with the given warmup_inputs failed: {exc}"
             ) from exc
-        report.warmup_note = (
-            f"warm-up skipped: dynamic input shapes were guessed and the model refused them "
-            f"({exc}); pass input_shapes to warm it up"
-        )
-        logger.warning("%s: %s", spec.path.name, report.warmup_note)
+        if guessed:
+            why = ("dynamic input shapes were guessed and the model refused them "
+                   f"({exc}); pass input_shapes to warm it up")
+        else:
+            made_up = sorted(set(feeds) - set(spec.warmup_inputs))
+            why = (f"the model refused zeros for {made_up} ({exc}); give warmup_inputs with "
+                   "valid values to warm it up, e.g. {'sr': 16000}")
+        _skip(report, spec, f"warm-up skipped: {why}")
         return
     report.warmup_ms = (time.perf_counter() - start) * 1000
     report.warmed_up = True
+
+
+def _skip(report: LoadReport, spec: SessionSpec, note: str) -> None:
+    report.warmup_note = note
+    logger.warning("%s: %s", spec.path.name, note)

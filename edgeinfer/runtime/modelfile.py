@@ -377,7 +377,10 @@ def _scan_value_info(buf: memoryview, span: tuple[int, int]) -> tuple[str, tuple
 def _scan_dim(buf: memoryview, span: tuple[int, int]) -> int | str | None:
     for num, wt, val in _fields(buf, *span):
         if num == 1 and wt == 0:
-            return int(val)
+            # an int64 on the wire: ``dim_value: -1`` (Paddle2ONNX's dynamic dimension) arrives
+            # as 2**64 - 1. Any negative value is a dynamic dimension, as onnxruntime reads it.
+            value = int(val) - (1 << 64) if val >= 1 << 63 else int(val)
+            return value if value >= 0 else None
         if num == 2 and wt == 2:
             return _str(buf, val) or None
     return None

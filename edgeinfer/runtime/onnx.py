@@ -28,15 +28,14 @@ import numpy as np
 
 from ..errors import (
     BackendUnavailableError,
-    InferenceError,
     ModelLoadError,
-    ModelMemoryError,
     ProviderFallbackError,
     StateError,
 )
 from . import probe as _probe
-from .base import Fallback, LoadReport, SessionSpec, TensorSpec, format_shape, warm_up
+from .base import Fallback, LoadReport, SessionSpec, format_shape, warm_up
 from .memory import MemoryMeter, process_budget
+from .ort_types import load_error, run_error, spec_of
 from .providers import CPU, Candidate, ProviderContext, detect_platform, rank_providers
 from .providers import skipped_providers
 
@@ -44,13 +43,6 @@ logger = logging.getLogger(__name__)
 
 # Providers whose sessions can be saved as an optimized model (no compiled nodes).
 _CACHEABLE = {CPU}
-
-_ORT_TYPES = {
-    "tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
-    "tensor(int8)": "int8", "tensor(uint8)": "uint8", "tensor(int16)": "int16",
-    "tensor(uint16)": "uint16", "tensor(int32)": "int32", "tensor(int64)": "int64",
-    "tensor(bool)": "bool", "tensor(string)": "str",
-}
 
 _env_arena_lock = threading.Lock()
 _env_arena_registered = False
@@ -72,8 +64,8 @@ class OnnxSession:
     def __init__(self, sess: Any, spec: SessionSpec, report: LoadReport) -> None:
         self._sess: Any = sess
         self.report = report
-        self.inputs = tuple(_spec_of(a, spec.input_shapes) for a in sess.get_inputs())
-        self.outputs = tuple(_spec_of(a, {}) for a in sess.get_outputs())
+        self.inputs = tuple(spec_of(a, spec.input_shapes) for a in sess.get_inputs())
+        self.outputs = tuple(spec_of(a, {}) for a in sess.get_outputs())
         self._output_names = [o.name for o in self.outputs]
 
     @property
@@ -87,7 +79,7 @@ class OnnxSession:
         try:
             values = sess.run(self._output_names, feeds)
         except Exception as exc:  # onnxruntime raises its own pybind classes
-            raise _convert_run_error(exc) from exc
+            raise run_error(exc) from exc
         return dict(zip(self._output_names, values))
 
     def close(self) -> None:
@@ -223,7 +215,7 @@ def _create(ort: Any, spec: SessionSpec, cand: Candidate, report: LoadReport) ->
     except Exception as exc:
         if tmp is not None:
             tmp.unlink(missing_ok=True)
-        raise _convert_load_error(exc, spec) from exc
+        raise load_error(exc, spec.path.name) from exc
     if tmp is not None and cache_path is not None:
         try:
             os.replace(tmp, cache_path)  # atomic: a reader sees the old entry or the whole new one
@@ -266,34 +258,3 @@ def _cache_path(ort: Any, spec: SessionSpec, provider: str) -> Path | None:
     key = "|".join([spec.sha256, ort.__version__, provider, os.uname().machine, "extended", shapes])
     digest = hashlib.sha256(key.encode()).hexdigest()[:32]
     return spec.cache_dir / "onnx" / f"{spec.path.stem}-{digest}.ort.onnx"
-
-
-def _spec_of(arg: Any, fixed: Mapping[str, tuple[int, ...]]) -> TensorSpec:
-    shape: tuple[int | str | None, ...] = tuple(
-        d if isinstance(d, int) and d >= 0 else (d if isinstance(d, str) and d else None)
-        for d in arg.shape
-    )
-    if arg.name in fixed:
-        shape = tuple(fixed[arg.name])
-    return TensorSpec(arg.name, shape, _ORT_TYPES.get(arg.type, arg.type))
-
-
-def _short(exc: Exception, limit: int = 300) -> str:
-    """onnxruntime's messages carry source paths and repeat themselves; keep the useful head."""
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    text = text.replace("[ONNXRuntimeError] : ", "")
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _convert_load_error(exc: Exception, spec: SessionSpec) -> Exception:
-    text = _short(exc)
-    if "alloc" in text.lower() and ("fail" in text.lower() or "memory" in text.lower()):
-        return ModelMemoryError(f"{spec.path.name}: out of memory while loading: {text}")
-    return ModelLoadError(f"onnxruntime could not load {spec.path.name}: {text}")
-
-
-def _convert_run_error(exc: Exception) -> Exception:
-    text = _short(exc)
-    if "alloc" in text.lower() and ("fail" in text.lower() or "memory" in text.lower()):
-        return ModelMemoryError(f"out of memory while running: {text}")
-    return InferenceError(f"onnxruntime failed to run the model: {text}")

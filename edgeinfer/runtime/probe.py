@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import EdgeInferError
-from .base import Fallback, LoadReport, SessionSpec, TensorSpec, warmup_feeds
+from ..errors import EdgeInferError, InvalidInputError
+from .base import Fallback, LoadReport, SessionSpec, warmup_feeds
+from .ort_types import spec_of
 from .providers import CPU, Candidate, PlatformInfo
 
 logger = logging.getLogger(__name__)
@@ -57,8 +58,13 @@ def _probe(
 ) -> dict[str, Any]:
     scratch = LoadReport()
     ref_sess = create(ort, spec, Candidate(CPU, {}), scratch)
-    specs = tuple(TensorSpec(a.name, tuple(a.shape), _np_type(a.type)) for a in ref_sess.get_inputs())
-    base, _ = warmup_feeds(specs, spec.input_shapes, spec.warmup_inputs)
+    specs = tuple(spec_of(a, {}) for a in ref_sess.get_inputs())
+    try:
+        base, _ = warmup_feeds(specs, spec.input_shapes, spec.warmup_inputs)
+    except InvalidInputError as exc:  # no input can be made up: keep the ranked order
+        logger.warning("provider probe skipped for %s: %s", spec.path.name, exc)
+        return {"order": [c.name for c in candidates], "median_ms": {}, "rejected": {},
+                "runs": 0, "skipped": str(exc)}
     rng = np.random.default_rng(0)
     feeds = {  # random floats exercise the provider more than zeros; declared values stay
         n: rng.random(v.shape, dtype=np.float32).astype(v.dtype)
@@ -105,12 +111,6 @@ def _mismatch(out: list[np.ndarray], ref: list[np.ndarray]) -> str:
         elif not np.array_equal(a, b):
             return f"output {i} differs from CPU"
     return ""
-
-
-def _np_type(ort_type: str) -> str:
-    from .onnx import _ORT_TYPES
-
-    return _ORT_TYPES.get(ort_type, "float32")
 
 
 def _reorder(candidates: list[Candidate], order: list[str]) -> list[Candidate]:

@@ -280,8 +280,13 @@ def test_silero_vad_stateful_model_matches_raw(silero_path: Path) -> None:
     raw_state = state
     sr = np.array(16000, np.int64)
     shapes = {"input": (1, 512), "state": (2, 1, 128)}
-    with pytest.raises(ModelLoadError, match="give warmup_inputs"):
-        edgeinfer.load_model(silero_path, input_shapes=shapes)  # sr=0 is no valid rate
+    # sr=0 is no valid rate: the zero-feed warm-up is skipped with a note, the model still loads
+    with edgeinfer.load_model(silero_path, input_shapes=shapes) as m:
+        assert not m.report.warmed_up and "give warmup_inputs" in m.report.warmup_note
+        assert m.run({"input": np.zeros((1, 512), np.float32), "state": state, "sr": sr})
+    with pytest.raises(ModelLoadError, match="given warmup_inputs"):  # real values that fail
+        edgeinfer.load_model(silero_path, input_shapes=shapes,
+                             warmup_inputs={"input": 0.0, "state": 0.0, "sr": 0})
     with edgeinfer.load_model(silero_path, input_shapes=shapes, warmup_inputs={"sr": 16000}) as m:
         assert m.report.warmed_up
         for _ in range(3):  # state carried between windows, as the VAD task will
