@@ -6,10 +6,14 @@ device with no broker: amqtt in its own thread with its own asyncio loop.
         ...
 
 amqtt (the ``broker`` extra) implements MQTT 3.1.1 only: an MQTT 5 CONNECT is answered
-"unsupported protocol version". `MqttClient` therefore uses 3.1.1 whenever ``embedded`` is set.
+"unsupported protocol version" (one with a will is misread and never answered). `MqttClient`
+therefore uses 3.1.1 whenever ``embedded`` is set.
 QoS 0/1/2 and retained messages work; nothing is persisted (a restart forgets retained
-messages). On loopback anonymous clients are allowed; on any other address ``username`` and
-``password`` are required and checked.
+messages). amqtt 0.12.1 sends a connecting client the retained messages matching *any* client's
+subscriptions (``mosquitto_sub -t foo/bar`` got ``edgeinfer/<dev>/status``); the broker run here
+sends a client only those matching its own (`_OwnRetainedBroker`). On loopback anonymous
+clients are allowed; on any other address ``username`` and ``password`` are required and
+checked.
 """
 
 from __future__ import annotations
@@ -163,13 +167,11 @@ class EmbeddedBroker:
         }
 
     def _run(self) -> None:
-        from amqtt.broker import Broker
-
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
         self._loop = loop
         try:
-            broker = Broker(self._config(), loop=loop)
+            broker = _OwnRetainedBroker(self._config(), loop=loop)
             loop.run_until_complete(broker.start())
         except BaseException as exc:
             self._error = exc
@@ -209,10 +211,25 @@ def _reason(exc: BaseException) -> str:
 
 
 try:
+    from amqtt.broker import Broker
     from amqtt.plugins.authentication import BaseAuthPlugin
 except ImportError:  # the broker extra is not installed; start() says so
     pass
 else:
+
+    class _OwnRetainedBroker(Broker):  # type: ignore[misc]
+        """amqtt's broker, sending a client only the retained messages of its own filters.
+
+        At connect amqtt 0.12.1 calls ``_publish_retained_messages_for_subscription`` for every
+        filter any client holds (meant: the connecting session's); at subscribe, for the new
+        filter, after recording it. Both now go through only for a filter the client holds.
+        """
+
+        async def _publish_retained_messages_for_subscription(
+                self, subscription: tuple[str, int], session: Any) -> None:
+            holders = self._subscriptions.get(subscription[0], ())
+            if any(s.client_id == session.client_id for s, _ in holders):
+                await super()._publish_retained_messages_for_subscription(subscription, session)
 
     class PasswordAuthPlugin(BaseAuthPlugin):  # type: ignore[misc]
         """amqtt plugin: accept the one configured username and password."""

@@ -185,3 +185,27 @@ def test_watch_reads_the_embedded_broker(embedded: EmbeddedBroker) -> None:
         client.stop()
     assert watch.returncode == 0, err
     assert out == "demo faces #4 frame 9 3.5 ms  no detections\n"
+
+
+def test_retained_messages_reach_only_subscriptions_that_match_them(embedded: EmbeddedBroker) -> None:
+    # amqtt 0.12.1 sends a connecting client the retained messages matching *any* client's
+    # subscriptions (`mosquitto_sub -t foo/bar` printed edgeinfer/<dev>/status); worked around.
+    status = "edgeinfer/demo/status"
+    watcher, _ = subscriber(embedded.port, "edgeinfer/#")  # someone else's matching filter
+    publisher = paho.Client(paho.CallbackAPIVersion.VERSION2, protocol=paho.MQTTv311)
+    publisher.connect("127.0.0.1", embedded.port)
+    publisher.loop_start()
+    try:
+        publisher.publish(status, b'{"state": "online"}', qos=1, retain=True).wait_for_publish(10)
+        other, got = subscriber(embedded.port, "foo/bar")
+        publisher.publish("foo/bar", b"marker", qos=1).wait_for_publish(10)
+        first = got.get(timeout=10)  # the leak came before the SUBACK, so before the marker
+        close(other)
+        assert (first.topic, first.payload) == ("foo/bar", b"marker")
+        mine, got = subscriber(embedded.port, "edgeinfer/+/status")  # still delivered where due
+        kept = got.get(timeout=10)
+        close(mine)
+        assert kept.topic == status and kept.retain
+    finally:
+        close(publisher)
+        close(watcher)
