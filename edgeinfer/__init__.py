@@ -20,6 +20,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "load_model": "edgeinfer.model:load_model",
     "Model": "edgeinfer.model:Model",
+    "Pipeline": "edgeinfer.pipeline:Pipeline",
     "TensorSpec": "edgeinfer.runtime.base:TensorSpec",
     "set_memory_budget": "edgeinfer.runtime.memory:set_memory_budget",
     "load_config": "edgeinfer.config:load_config",
@@ -30,6 +31,7 @@ __all__ = ["__version__", *_LAZY, *_error_names]
 if TYPE_CHECKING:
     from .config import load_config
     from .model import Model, load_model
+    from .pipeline import Pipeline
     from .runtime.base import TensorSpec
     from .runtime.memory import set_memory_budget
 

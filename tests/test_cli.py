@@ -114,3 +114,17 @@ def test_validate_config_ok_and_error_with_path_and_line(tmp_path: Path) -> None
     assert r.returncode == 78
     assert "bad.yaml:5: $.pipelines[0].model.threads: expected int, got str" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_the_public_api_names_of_the_readme_and_architecture_resolve_lazily() -> None:
+    """README's tour calls ``edgeinfer.Pipeline.from_config(...)``; it was missing from the
+    package (``module 'edgeinfer' has no attribute 'Pipeline'``). Still nothing heavy is
+    imported until a name is used."""
+    code = ("import sys, edgeinfer\n"
+            "heavy = [m for m in ('onnxruntime', 'cv2', 'numpy') if m in sys.modules]\n"
+            "names = [n for n in ('load_model', 'Model', 'Pipeline', 'load_config', "
+            "'ConfigError') if not hasattr(edgeinfer, n)]\n"
+            "print('HEAVY', heavy, 'MISSING', names, callable(edgeinfer.Pipeline.from_config))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.stdout.strip() == "HEAVY [] MISSING [] True", proc.stdout + proc.stderr
