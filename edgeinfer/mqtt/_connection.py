@@ -23,8 +23,8 @@ import paho.mqtt.client as paho
 from ..config.mqtt import TlsConfig
 from ..errors import ConfigError
 
-__all__ = ["AckBook", "FailureLog", "PahoErrors", "ProtocolChoice", "os_reason", "ssl_context",
-           "tls_reason"]
+__all__ = ["AckBook", "ConnackDeadline", "FailureLog", "PahoErrors", "ProtocolChoice",
+           "os_reason", "ssl_context", "tls_reason"]
 
 logger = logging.getLogger("edgeinfer.mqtt.client")
 
@@ -209,3 +209,54 @@ class ProtocolChoice:
         # itself when it falls back from 3.1.1 to 3.1 (Client._handle_connack), as done here.
         client._protocol = paho.MQTTv5 if self.v5 else paho.MQTTv311
         client._clean_session = True  # read under 3.1.1 only; a v5 client never set it
+
+
+class ConnackDeadline:
+    """Gives up a CONNECT left unanswered for ``seconds``: shuts the socket down, so that paho's
+    network thread reads EOF, calls ``on_disconnect`` and makes its next attempt.
+
+    paho itself waits a whole keepalive for a CONNACK; a broker that misreads the CONNECT
+    (amqtt given MQTT 5 with a will) would hold every attempt that long.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+        self._overdue = False
+
+    def arm(self, client: paho.Client, sock: Any) -> None:
+        """A socket to the broker opened (paho's ``on_socket_open``): start counting."""
+        timer = threading.Timer(self.seconds, self._late, (client, sock))
+        timer.daemon = True
+        with self._lock:
+            old, self._timer = self._timer, timer
+        if old is not None:
+            old.cancel()
+        timer.start()
+
+    def disarm(self) -> None:
+        """A CONNACK came, the attempt ended otherwise, or the client stops."""
+        with self._lock:
+            timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
+
+    def take_overdue(self) -> bool:
+        """Whether the attempt that just ended was given up here (and forget it)."""
+        with self._lock:
+            overdue, self._overdue = self._overdue, False
+        return overdue
+
+    def _late(self, client: paho.Client, sock: Any) -> None:
+        with self._lock:
+            if self._timer is None:
+                return
+            self._timer = None
+            if client.socket() is not sock or not isinstance(sock, socket.socket):
+                return
+            self._overdue = True
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:  # closed meanwhile
+            pass

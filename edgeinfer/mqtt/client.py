@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import ssl
 import sys
 import threading
@@ -40,8 +39,8 @@ from paho.mqtt.properties import Properties
 from ..config.mqtt import MqttConfig
 from ..errors import StateError
 from ..sources.base import Backoff
-from ._connection import (AckBook, FailureLog, PahoErrors, ProtocolChoice, os_reason, ssl_context,
-                          tls_reason)
+from ._connection import (AckBook, ConnackDeadline, FailureLog, PahoErrors, ProtocolChoice,
+                          os_reason, ssl_context, tls_reason)
 from .topics import Topics, check_filter, matches
 
 __all__ = ["Message", "MqttClient"]
@@ -127,9 +126,8 @@ class MqttClient:
         self._birth = birth
         self._announce = announce
         self._choice = ProtocolChoice("v3.1.1" if config.embedded else config.protocol)
-        self._connack_s = connack_timeout_s or min(float(config.keepalive_s), _CONNACK_MAX_S)
-        self._connack_timer: threading.Timer | None = None
-        self._connack_overdue = False
+        self._connack = ConnackDeadline(connack_timeout_s
+                                        or min(float(config.keepalive_s), _CONNACK_MAX_S))
         self._client_id = config.client_id or f"edgeinfer-{device_id}"
         self._where = f"{config.host}:{config.resolved_port()}"
         self._ssl = ssl_context(config.tls) if config.tls is not None else None
@@ -192,7 +190,7 @@ class MqttClient:
             client.will_set(self.topics.status, self._status("offline"), qos=1, retain=True)
         client.on_connect = self._handle_connect
         client.on_connect_fail = self._handle_connect_fail
-        client.on_socket_open = self._arm_connack_timer
+        client.on_socket_open = lambda c, _u, sock: self._connack.arm(c, sock)
         client.on_disconnect = self._handle_disconnect
         client.on_publish = self._handle_publish
         client.on_message = self._handle_message
@@ -222,9 +220,7 @@ class MqttClient:
             self.state = "stopped"
             self._connected = False
             self._connected_event.clear()
-            timer, self._connack_timer = self._connack_timer, None
-        if timer is not None:
-            timer.cancel()
+        self._connack.disarm()
         self._acks.clear()
 
     def __enter__(self) -> Self:
@@ -330,7 +326,7 @@ class MqttClient:
 
     # -- paho callbacks (network thread) ------------------------------------------------------
     def _handle_connect(self, client: paho.Client, _u: Any, _flags: Any, reason: Any, _p: Any) -> None:
-        self._disarm_connack_timer()
+        self._connack.disarm()
         if reason.is_failure:
             self._refused_connect = True
             if reason.value in _AUTH_REFUSED:
@@ -365,9 +361,11 @@ class MqttClient:
                     "5" if self._v5 else "3.1.1",
                     ", chosen by protocol: auto" if self._choice.mode == "auto" else "")
         if not self._v5 and self.max_packet_bytes is not None and self.reconnects == 0:
-            logger.info("MQTT 3.1.1 cannot announce a Maximum Packet Size (%d bytes): larger "
-                        "messages are limited only by the broker's own setting",
-                        self.max_packet_bytes)
+            # said when auto chose it; one who wrote v3.1.1 knows (docs/mqtt.md, message sizes)
+            logger.log(logging.INFO if self._choice.mode == "auto" else logging.DEBUG,
+                       "MQTT 3.1.1 cannot announce a Maximum Packet Size (%d bytes): larger "
+                       "messages are limited only by the broker's own setting",
+                       self.max_packet_bytes)
         self._connected_event.set()
         for fn in self._on_connect:
             self._call(fn, "on_connect")
@@ -381,7 +379,7 @@ class MqttClient:
         self._next_retry()
 
     def _handle_disconnect(self, _client: paho.Client, _u: Any, _f: Any, reason: Any, _p: Any) -> None:
-        self._disarm_connack_timer()
+        self._connack.disarm()
         with self._lock:
             was, self._connected = self._connected, False
         self._connected_event.clear()
@@ -400,11 +398,11 @@ class MqttClient:
         elif isinstance(error, ssl.SSLError):
             self._report("tls_error", tls_reason(error))
         elif not self._refused_connect:
-            overdue, self._connack_overdue = self._connack_overdue, False
+            overdue = self._connack.take_overdue()
             if error is not None and not overdue:
                 self._report(self._down_state(), os_reason(error, self.config.host))
             else:
-                silence = (f"no CONNACK within {self._connack_s:g} s" if overdue
+                silence = (f"no CONNACK within {self._connack.seconds:g} s" if overdue
                            else f"no CONNACK from the broker ({reason})")
                 if not self._switch_protocol(_client, silence, refused=False):
                     hint = ("; if it speaks only MQTT 3.1.1 set mqtt.protocol: v3.1.1 (or auto)"
@@ -423,36 +421,6 @@ class MqttClient:
         logger.info("MQTT broker %s: %s with MQTT %s; trying MQTT %s (protocol: auto)",
                     self._where, why, was[1:], self.protocol[1:])
         return True
-
-    def _arm_connack_timer(self, client: paho.Client, _u: Any, sock: Any) -> None:
-        # paho waits a whole keepalive for a CONNACK; a broker that misreads the CONNECT (amqtt
-        # given MQTT 5) would hold every attempt that long.
-        timer = threading.Timer(self._connack_s, self._connack_late, (client, sock))
-        timer.daemon = True
-        with self._lock:
-            old, self._connack_timer = self._connack_timer, timer
-        if old is not None:
-            old.cancel()
-        timer.start()
-
-    def _disarm_connack_timer(self) -> None:
-        with self._lock:
-            timer, self._connack_timer = self._connack_timer, None
-        if timer is not None:
-            timer.cancel()
-
-    def _connack_late(self, client: paho.Client, sock: Any) -> None:
-        with self._lock:
-            if self._connack_timer is None or self._connected or self._stopping:
-                return
-            self._connack_timer = None
-        if client.socket() is not sock or not isinstance(sock, socket.socket):
-            return
-        self._connack_overdue = True
-        try:  # paho's network thread then reads EOF: on_disconnect, and its next attempt
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
 
     def _handle_publish(self, _client: paho.Client, _u: Any, mid: int, reason: Any, _p: Any) -> None:
         ok = not reason.is_failure
