@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import os
 import resource
@@ -200,9 +201,15 @@ def process_budget() -> MemoryBudget:
 def physical_cores() -> int:
     """Physical CPU cores (not SMT siblings) available to this process, at least 1."""
     try:
-        allowed = os.sched_getaffinity(0)
+        allowed = frozenset(os.sched_getaffinity(0))
     except AttributeError:
-        allowed = set(range(os.cpu_count() or 1))
+        allowed = frozenset(range(os.cpu_count() or 1))
+    return _cores_of(allowed)
+
+
+@functools.lru_cache(maxsize=8)
+def _cores_of(allowed: frozenset[int]) -> int:
+    """The topology read once per set of allowed CPUs (the affinity may change, the CPUs not)."""
     cores: set[tuple[str, str]] = set()
     for cpu in allowed:
         base = f"/sys/devices/system/cpu/cpu{cpu}/topology/"

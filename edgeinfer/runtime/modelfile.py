@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ModelFormatError, ModelNotFoundError, ModelTooLargeError, UnsafeModelError
+from .digest import cached_digest
 
 _MiB = 1024 * 1024
 
@@ -140,7 +141,8 @@ def inspect_model(path: Path, *, max_model_mb: float | None = None,
     """
     path = Path(path)
     try:
-        size = path.stat().st_size
+        st = path.stat()
+        size = st.st_size
         if not path.is_file():
             raise ModelNotFoundError(f"model path {path} is not a file")
         f = open(path, "rb")  # noqa: SIM115 (closed by the `with f:` below, after the errors are mapped)
@@ -156,7 +158,8 @@ def inspect_model(path: Path, *, max_model_mb: float | None = None,
             raise ModelFormatError(f"{path}: {exc}") from None
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             # ``digest=False``: a caller that only reads the graph skips hashing the weights
-            sha = hashlib.sha256(mm).hexdigest() if digest else ""
+            # and a file version already hashed in this process is not hashed again
+            sha = cached_digest(path, st, lambda: hashlib.sha256(mm).hexdigest()) if digest else ""
             graph = None
             if fmt == "onnx":
                 view = memoryview(mm)

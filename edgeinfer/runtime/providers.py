@@ -11,6 +11,7 @@ The ArmNN execution provider was removed from onnxruntime; ARM NN is reached as 
 
 from __future__ import annotations
 
+import functools
 import platform as _platform
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -214,8 +215,9 @@ def explain(
     return rows
 
 
+@functools.lru_cache(maxsize=1)
 def detect_platform() -> PlatformInfo:
-    """Read the machine, board, CPU model and whether this is a Jetson."""
+    """Read the machine, board, CPU model and whether this is a Jetson, once per process."""
     board = _read("/proc/device-tree/model").rstrip("\x00").strip()
     cpu = ""
     for line in _read("/proc/cpuinfo").splitlines():

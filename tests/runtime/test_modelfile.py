@@ -143,3 +143,41 @@ def test_missing_external_data_is_named(tmp_path: Path) -> None:
 def test_detect_format_heads() -> None:
     assert detect_format(b"\x1c\x00\x00\x00TFL3\x00\x00") == "tflite"
     assert detect_format(b"\x08\x08\x12\x07pytorch") == "onnx"
+
+
+def test_a_file_version_is_hashed_once_per_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import hashlib
+    import os
+
+    from edgeinfer.runtime import digest
+
+    digest.forget()
+    path = om.matmul_model(tmp_path / "m.onnx", k=64, n=64)
+    calls = []
+    real = hashlib.sha256
+
+    def counting(*args: object) -> object:
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(hashlib, "sha256", counting)
+    first = inspect_model(path).sha256  # written a moment ago: timestamps may not tell a rewrite
+    assert inspect_model(path).sha256 == first and len(calls) == 2
+    monkeypatch.setattr(digest, "RACY_NS", 0)  # as if written long ago
+    assert inspect_model(path).sha256 == first and len(calls) == 3
+    assert inspect_model(path).sha256 == first and len(calls) == 3  # remembered: no hashing
+    # written in place, same size, mtime set back: ctime still moves, so it is hashed again
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    data[-20] ^= 0xFF  # a weight byte
+    with open(path, "r+b") as f:
+        f.write(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    changed = inspect_model(path).sha256
+    assert changed != first and changed == real(bytes(data)).hexdigest() and len(calls) == 4
+    # replaced by a rename (a new inode), as an OTA commit does
+    om.matmul_model(tmp_path / "new.onnx", k=64, n=64, batch="b")
+    os.replace(tmp_path / "new.onnx", path)
+    assert inspect_model(path).sha256 == real(path.read_bytes()).hexdigest() and len(calls) == 5

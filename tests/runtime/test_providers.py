@@ -88,3 +88,32 @@ def test_normalize_aliases_and_errors() -> None:
         normalize(["auto", "cpu"])
     with pytest.raises(ConfigError, match="ArmNN|unknown provider 'armnn'"):
         normalize("armnn")
+
+
+def test_the_platform_and_cpu_topology_are_read_once_per_process(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from edgeinfer.runtime import memory, providers
+
+    reads: list[str] = []
+    real_read = providers._read
+    monkeypatch.setattr(providers, "_read", lambda p: reads.append(p) or real_read(p))
+    providers.detect_platform.cache_clear()
+    assert providers.detect_platform() == providers.detect_platform()
+    assert reads.count("/proc/cpuinfo") == 1
+    providers.detect_platform.cache_clear()
+
+    opened: list[str] = []
+
+    def counting_open(path: str, *a: object, **kw: object) -> object:
+        opened.append(path)
+        return open(path, *a, **kw)
+
+    monkeypatch.setattr(memory, "open", counting_open, raising=False)
+    memory._cores_of.cache_clear()
+    assert memory.physical_cores() == memory.physical_cores() >= 1
+    first = len(opened)
+    assert first > 0 or not Path("/sys/devices/system/cpu/cpu0/topology").exists()
+    memory.physical_cores()
+    assert len(opened) == first  # the topology files are not read again
+    memory._cores_of.cache_clear()
