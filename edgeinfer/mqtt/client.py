@@ -398,16 +398,17 @@ class MqttClient:
         elif isinstance(error, ssl.SSLError):
             self._report("tls_error", tls_reason(error))
         elif not self._refused_connect:
-            overdue = self._connack.take_overdue()
-            if error is not None and not overdue:
-                self._report(self._down_state(), os_reason(error, self.config.host))
+            # Connected, then no CONNACK: silent, closed (RabbitMQ given MQTT 5) or reset.
+            if self._connack.take_overdue():
+                why = f"no CONNACK within {self._connack.seconds:g} s"
+            elif error is not None:
+                why = os_reason(error, self.config.host)
             else:
-                silence = (f"no CONNACK within {self._connack.seconds:g} s" if overdue
-                           else f"no CONNACK from the broker ({reason})")
-                if not self._switch_protocol(_client, silence, refused=False):
-                    hint = ("; if it speaks only MQTT 3.1.1 set mqtt.protocol: v3.1.1 (or auto)"
-                            if self._choice.mode == "v5" else "")
-                    self._report(self._down_state(), silence + hint)
+                why = f"no CONNACK from the broker ({reason})"
+            if not self._switch_protocol(_client, why, refused=False):
+                hint = ("; if it speaks only MQTT 3.1.1 set mqtt.protocol: v3.1.1 (or auto)"
+                        if self._choice.mode == "v5" else "")
+                self._report(self._down_state(), why + hint)
         self._refused_connect = False
         self._next_retry()
 

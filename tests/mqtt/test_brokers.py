@@ -215,3 +215,53 @@ def test_a_silent_broker_is_given_up_in_bounded_time_with_the_hint_for_explicit_
         finally:
             for client in (v5, auto):
                 client.stop()
+
+
+@pytest.mark.parametrize("reset", [False, True], ids=["closed", "reset"])
+def test_a_broker_closing_an_mqtt5_connect_gets_311_with_auto(
+        reset: bool, caplog: pytest.LogCaptureFixture) -> None:
+    # RabbitMQ 3.10 closes the connection on an MQTT 5 CONNECT; the stand-in here closes every
+    # connection (or resets it) after reading the CONNECT.
+    import struct
+    import threading
+
+    from edgeinfer.config.mqtt import MqttConfig
+    from edgeinfer.config.pipeline import ReconnectConfig
+    from edgeinfer.mqtt.client import MqttClient
+
+    versions: list[int] = []
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server.settimeout(0.2)
+        done = threading.Event()
+
+        def serve() -> None:
+            while not done.is_set():
+                try:
+                    conn, _ = server.accept()
+                except TimeoutError:
+                    continue
+                with conn:
+                    conn.settimeout(5)
+                    head = conn.recv(64)  # fixed header, length, "\0\4MQTT", version
+                    if len(head) > 8:
+                        versions.append(head[8])
+                    if reset:
+                        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+        thread = threading.Thread(target=serve, daemon=True)
+        thread.start()
+        caplog.set_level(logging.INFO, logger="edgeinfer.mqtt.client")
+        client = MqttClient(MqttConfig(port=server.getsockname()[1],
+                                       reconnect=ReconnectConfig(initial_s=0.05, max_s=0.2)),
+                            "closed", connack_timeout_s=5)
+        client.start()
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and 4 not in versions:
+                time.sleep(0.02)
+        finally:
+            client.stop()
+            done.set()
+            thread.join(10)
+    assert versions[:1] == [5] and 4 in versions, versions  # MQTT 5 first, then 3.1.1
+    assert "with MQTT 5; trying MQTT 3.1.1 (protocol: auto)" in caplog.text, caplog.text
