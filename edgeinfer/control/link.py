@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +45,10 @@ class MqttLink:
         self.commands: CommandServer | None = None
         self._next_stats = 0.0
         self._started = time.monotonic()
-        self._ha_unsubscribe: Any = None
+        self._ha_unsubscribe: list[Any] = []
+        self._discovery_lock = threading.Lock()
+        self._discovery_topics: set[str] = set()  # the configs this device has now
+        self._shape: Any = None  # what the birth and discovery were last made from
         self._opener: Any = None
         self._reported: str | None = None  # the problem last announced on the status topic
 
@@ -89,11 +93,20 @@ class MqttLink:
                                           allow=policy.allow, signed=policy.signed,
                                           opener=self._opener)
             self.commands.start()
+        self._shape = self._current_shape()
         self.publish_birth()
         if self.mqtt.homeassistant.enabled:
+            from ..mqtt.discovery import config_filter
+
+            ha = self.mqtt.homeassistant.prefix
+            # After every (re)connect too: a broker down at start (or one that lost its
+            # retained messages) would otherwise never get them. Hooked first: a connect
+            # between the two would miss both.
+            client.on_connect(self.publish_discovery)
             self.publish_discovery()
-            ha_status = f"{self.mqtt.homeassistant.prefix}/status"
-            self._ha_unsubscribe = client.subscribe(ha_status, 1, self._on_ha_status)
+            self._ha_unsubscribe = [
+                client.subscribe(f"{ha}/status", 1, self._on_ha_status),
+                client.subscribe(config_filter(ha, self.device_id), 1, self._on_config)]
 
     def tick(self) -> None:
         now = time.monotonic()
@@ -104,14 +117,34 @@ class MqttLink:
         if problem != self._reported:  # a dead command thread shows on the status topic
             self._reported = problem
             self.publish_birth()
+        shape = self._current_shape()
+        if shape != self._shape:  # a reload added, removed or changed pipelines
+            configured_changed = self._shape is None or shape[0] != self._shape[0]
+            self._shape = shape
+            self.publish_birth()
+            if configured_changed and self.mqtt.homeassistant.enabled:
+                self.publish_discovery()
+
+    def _current_shape(self) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...],
+                                      tuple[str, ...]]:
+        """(configured pipelines with their task, running ones, failed ones)."""
+        return (tuple(sorted(self._configured().items())),
+                tuple(sorted(p.name for p in self.daemon.pipelines)),
+                tuple(sorted(self.daemon.failed)))
+
+    def _configured(self) -> dict[str, str]:
+        """Configured pipeline -> task type: discovery covers a pipeline that failed to start
+        too, so that a transient failure does not remove its entities."""
+        return {pc.name: str(type(pc.task).__struct_config__.tag)
+                for pc in self.daemon.config.pipelines}
 
     def problem(self) -> str | None:
         """Why this link no longer does its job (the command thread died), or ``None``."""
         return self.commands.problem() if self.commands is not None else None
 
     def stop(self, flush_s: float = 5.0) -> None:
-        if self._ha_unsubscribe is not None:
-            self._ha_unsubscribe()
+        for unsubscribe in self._ha_unsubscribe:
+            unsubscribe()
         if self.commands is not None:
             self.commands.stop()
         if self.plumbing is not None:
@@ -166,18 +199,35 @@ class MqttLink:
         client.publish(client.topics.stats, json.dumps(self.stats_message(), default=str), qos=0)
 
     def publish_discovery(self) -> None:
+        """Publish the retained discovery configs of the configured pipelines, and clear (an
+        empty retained message) those of pipelines no longer configured. Any thread."""
         from ..mqtt.discovery import discovery_messages
 
         client = self.plumbing.client
-        pipelines = {p.name: type(p.task.config).__struct_config__.tag
-                     for p in self.daemon.pipelines if p.task.config is not None}
-        for topic, payload in discovery_messages(client.topics, self.device_id, pipelines,
-                                                 self.mqtt.homeassistant.prefix, __version__):
+        messages = discovery_messages(client.topics, self.device_id, self._configured(),
+                                      self.mqtt.homeassistant.prefix, __version__)
+        with self._discovery_lock:
+            gone = self._discovery_topics - {topic for topic, _ in messages}
+            self._discovery_topics = {topic for topic, _ in messages}
+        for topic in sorted(gone):
+            client.publish(topic, b"", qos=1, retain=True)
+        for topic, payload in messages:
             client.publish(topic, payload, qos=1, retain=True)
 
     def _on_ha_status(self, message: Any) -> None:
         if message.payload.strip().lower() == b"online":
             self.publish_discovery()
+
+    def _on_config(self, message: Any) -> None:
+        """A retained config of this device the broker holds: cleared when it is not one of
+        ours now (its pipeline was removed while the daemon was stopped or disconnected)."""
+        with self._discovery_lock:
+            stale = (message.retain and message.payload
+                     and message.topic not in self._discovery_topics)
+        if stale:
+            logger.info("clearing Home Assistant discovery config %s (no such pipeline now)",
+                        message.topic)
+            self.plumbing.client.publish(message.topic, b"", qos=1, retain=True)
 
     # -- commands -------------------------------------------------------------------------------
     def handlers(self) -> dict[str, Any]:

@@ -3,7 +3,18 @@
 For each pipeline: a binary sensor (something detected / speech), a count and a top-label
 sensor (detection and classification), and fps and latency sensors from the stats topic.
 Availability follows the status topic (``online`` / ``offline`` from the last will /
-``stopped``). Republished whenever Home Assistant announces ``<ha>/status`` = ``online``.
+``stopped``). The link publishes them after every connect, again whenever Home Assistant
+announces ``<ha>/status`` = ``online``, and after a reload; a config of this device that is
+not (or no longer) part of the set is cleared with an empty retained message.
+
+Names are injective, so no two pipelines or devices share a topic or a unique id:
+
+- node id (a topic level): ``edgeinfer_`` + the device id with ``_`` written ``__`` and ``.``
+  written ``_d`` (``cam.1`` -> ``edgeinfer_cam_d1``, ``cam_1`` -> ``edgeinfer_cam__1``,
+  ``cam-1`` -> ``edgeinfer_cam-1``): Home Assistant takes only ``[A-Za-z0-9_-]`` there;
+- object id: ``<pipeline>_<what>`` (pipeline names are ``[A-Za-z0-9_-]`` already and no
+  ``<what>`` holds ``_``);
+- unique id: ``<node id>:<object id>`` (``:`` is in neither).
 """
 
 from __future__ import annotations
@@ -11,11 +22,23 @@ from __future__ import annotations
 import json
 from typing import Any
 
+__all__ = ["config_filter", "discovery_messages", "node_id"]
+
+
+def node_id(device_id: str) -> str:
+    """This device's node id in discovery topics (injective: see the module docstring)."""
+    return "edgeinfer_" + device_id.replace("_", "__").replace(".", "_d")
+
+
+def config_filter(ha_prefix: str, device_id: str) -> str:
+    """The filter matching every discovery config of this device (to find stale ones)."""
+    return f"{ha_prefix}/+/{node_id(device_id)}/+/config"
+
 
 def discovery_messages(topics: Any, device_id: str, pipelines: dict[str, str], ha_prefix: str,
                        version: str) -> list[tuple[str, bytes]]:
     """``(topic, retained payload)`` for every entity; ``pipelines`` maps name -> task type."""
-    node = f"edgeinfer_{_slug(device_id)}"
+    node = node_id(device_id)
     device = {"identifiers": [node], "name": f"edgeinfer {device_id}",
               "manufacturer": "edgeinfer", "model": "edge inference daemon",
               "sw_version": version}
@@ -24,10 +47,11 @@ def discovery_messages(topics: Any, device_id: str, pipelines: dict[str, str], h
                                        "else 'offline' }}"}]
     out: list[tuple[str, bytes]] = []
 
-    def add(component: str, key: str, config: dict[str, Any]) -> None:
-        uid = f"{node}_{_slug(key)}"
-        config.update(unique_id=uid, object_id=uid, device=device, availability=availability)
-        out.append((f"{ha_prefix}/{component}/{node}/{_slug(key)}/config",
+    def add(component: str, name: str, what: str, config: dict[str, Any]) -> None:
+        object_id = f"{name}_{what}"
+        config.update(unique_id=f"{node}:{object_id}", object_id=f"{node}_{object_id}",
+                      device=device, availability=availability)
+        out.append((f"{ha_prefix}/{component}/{node}/{object_id}/config",
                     json.dumps(config).encode()))
 
     for name, task in sorted(pipelines.items()):
@@ -36,31 +60,33 @@ def discovery_messages(topics: Any, device_id: str, pipelines: dict[str, str], h
             what = "speech" if task == "vad" else "detected"
             template = ("{{ 'ON' if value_json.vad.speech else 'OFF' }}" if task == "vad" else
                         "{{ 'ON' if value_json.detections | length > 0 else 'OFF' }}")
-            add("binary_sensor", f"{name}_{what}", {
+            add("binary_sensor", name, what, {
                 "name": f"{name} {what}", "state_topic": result, "value_template": template,
                 "device_class": "sound" if task == "vad" else "occupancy"})
         if task == "detect":
-            add("sensor", f"{name}_count", {
+            add("sensor", name, "count", {
                 "name": f"{name} count", "state_topic": result, "state_class": "measurement",
                 "value_template": "{{ value_json.detections | length }}"})
-            add("sensor", f"{name}_top", {
+            add("sensor", name, "top", {
                 "name": f"{name} top label", "state_topic": result,
                 "value_template": "{{ value_json.detections[0].label if value_json.detections "
                                   "else 'none' }}"})
         elif task == "classify":
-            add("sensor", f"{name}_top", {
+            add("sensor", name, "top", {
                 "name": f"{name} top label", "state_topic": result,
                 "value_template": "{{ value_json.top[0].label if value_json.top else 'none' }}"})
-        stats = f"value_json.pipelines['{name}']"
-        add("sensor", f"{name}_fps", {
+        add("sensor", name, "fps", {
             "name": f"{name} fps", "state_topic": topics.stats, "unit_of_measurement": "fps",
-            "state_class": "measurement", "value_template": f"{{{{ {stats}.fps }}}}"})
-        add("sensor", f"{name}_latency", {
+            "state_class": "measurement", "value_template": _stat(name, "fps")})
+        add("sensor", name, "latency", {
             "name": f"{name} inference latency", "state_topic": topics.stats,
             "unit_of_measurement": "ms", "state_class": "measurement",
-            "value_template": f"{{{{ {stats}.latency_ms.infer.p50 }}}}"})
+            "value_template": _stat(name, "latency_ms.infer.p50")})
     return out
 
 
-def _slug(text: str) -> str:
-    return "".join(c if c.isalnum() or c == "_" else "_" for c in text)
+def _stat(pipeline: str, path: str) -> str:
+    # A pipeline that is configured but not running (it failed to start) has no stats entry:
+    # "None" is Home Assistant's "unknown", where a bare lookup logs a template error each time.
+    stats = f"value_json.pipelines['{pipeline}']"
+    return f"{{{{ {stats}.{path} if '{pipeline}' in value_json.pipelines else None }}}}"
