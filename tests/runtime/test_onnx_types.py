@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 import pytest
 from onnx import TensorProto as T
@@ -82,6 +81,7 @@ def test_string_inputs_as_object_or_str_arrays(tmp_path: Path) -> None:
 def test_bfloat16_and_float8_load_and_refuse_numpy_types_with_typed_errors(
     tmp_path: Path
 ) -> None:
+    ml_dtypes = pytest.importorskip("ml_dtypes")
     for onnx_type, name in ((T.BFLOAT16, "bfloat16"), (T.FLOAT8E4M3FN, "float8_e4m3fn")):
         with edgeinfer.load_model(_identity(tmp_path / f"{name}.onnx", onnx_type)) as m:
             assert m.inputs[0].dtype == name
