@@ -265,3 +265,24 @@ def test_a_broker_closing_an_mqtt5_connect_gets_311_with_auto(
             thread.join(10)
     assert versions[:1] == [5] and 4 in versions, versions  # MQTT 5 first, then 3.1.1
     assert "with MQTT 5; trying MQTT 3.1.1 (protocol: auto)" in caplog.text, caplog.text
+
+
+def test_protocol_choice_switches_only_while_the_version_is_in_question() -> None:
+    from edgeinfer.mqtt._connection import ProtocolChoice
+
+    fresh = ProtocolChoice("auto")  # silent under both: keeps alternating until one answers
+    assert fresh.name == "v5" and fresh.failed(refused=False) and fresh.name == "v3.1.1"
+    assert fresh.failed(refused=False) and fresh.name == "v5"
+    refused = ProtocolChoice("auto")  # refused MQTT 5: never tries it again before a success
+    assert refused.failed(refused=True) and not refused.failed(refused=False)
+    assert refused.name == "v3.1.1"
+    settled = ProtocolChoice("auto")
+    settled.connected()  # MQTT 5 worked: a silence later is an outage, a refusal is news
+    assert not settled.failed(refused=False) and settled.name == "v5"
+    assert settled.failed(refused=True) and settled.name == "v3.1.1"
+    settled.connected()
+    assert not settled.failed(refused=False) and settled.name == "v3.1.1"
+    for fixed in ("v5", "v3.1.1"):
+        choice = ProtocolChoice(fixed)
+        assert not choice.failed(refused=True) and not choice.failed(refused=False)
+        assert choice.name == fixed
