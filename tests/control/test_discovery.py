@@ -152,17 +152,19 @@ def test_discovery_reaches_a_broker_that_comes_up_after_the_daemon(
             assert run.proc.poll() is None, run.stop()
             assert time.monotonic() < deadline, "the pipeline never ran"
             time.sleep(0.1)
-        broker.start()
-        peer = Peer(broker.host, broker.port)
-        try:
-            peer.subscribe(f"ha-{device}/#")
-            node = node_id(device)
-            cfg = _retained(peer, f"ha-{device}/binary_sensor/{node}/faces_detected/config",
-                            lambda m: m.payload)
-            assert json.loads(cfg.payload)["state_topic"] == f"edgeinfer/{device}/faces/result"
-        finally:
-            peer.close()
-        assert run.stop() is not None and run.proc.returncode == 0
+        topic = f"ha-{device}/binary_sensor/{node_id(device)}/faces_detected/config"
+        for _ in range(2):  # the first connect, then a reconnect to a broker that lost them
+            broker.start()
+            peer = Peer(broker.host, broker.port)
+            try:
+                peer.subscribe(f"ha-{device}/#")
+                cfg = _retained(peer, topic, lambda m: m.payload)
+                assert json.loads(cfg.payload)["state_topic"] == f"edgeinfer/{device}/faces/result"
+            finally:
+                peer.close()
+            broker.stop()  # no persistence: the retained configs go with it
+        stderr = run.stop()
+        assert run.proc.returncode == 0, stderr
 
 
 def test_reload_refreshes_discovery_and_status_and_clears_removed_configs(
