@@ -222,9 +222,13 @@ def load_model(
         input_shapes: fixed shapes for inputs with dynamic dimensions.
         arena: ``"bounded"``, ``"off"`` or ``"default"`` (ONNX only).
         delegates: TFLite external delegates: library paths or ``{library, options}``.
-        warmup: run one inference before returning.
+        warmup: run one inference before returning. It never refuses a model the runtime
+            loaded: if the model refuses the made-up feeds (zeros, guessed dynamic dimensions)
+            the warm-up is skipped with a warning and ``report.warmup_note``.
         warmup_inputs: values for the warm-up by input name (scalars broadcast), for models
             where zeros are not valid input (e.g. ``{"sr": 16000}``); other inputs get zeros.
+            With every input given (and no dimension guessed) a failed warm-up is a
+            ``ModelLoadError``.
         max_model_mb: refuse larger files (default 512).
         name, version: identity reported in results (default name: the file's stem).
         state_dir, cache_dir: override the state and cache directories.

@@ -78,7 +78,8 @@ class SessionSpec:
         external_data: the ONNX model keeps weights in files beside it (not cached: the
             optimized copy would duplicate them on the device's storage).
         warmup_inputs: values for the warm-up run by input name (scalars are broadcast);
-            inputs not named get zeros. For models where zeros are not a valid input.
+            inputs not named get zeros. For models where zeros are not a valid input; see
+            :func:`warm_up` for when a failed warm-up refuses the model.
     """
 
     path: Path
