@@ -371,8 +371,13 @@ def warm_up(session: Session, spec: SessionSpec) -> None:
                    f"({exc}); pass input_shapes to warm it up")
         else:
             made_up = sorted(set(feeds) - set(spec.warmup_inputs))
-            why = (f"the model refused zeros for {made_up} ({exc}); give warmup_inputs with "
-                   "valid values to warm it up, e.g. {'sr': 16000}")
+            # bfloat16, float8, int4 (ml_dtypes): onnxruntime's Python API may take none of them
+            foreign = sorted({v.dtype.name for v in feeds.values() if not hasattr(np, v.dtype.name)})
+            if foreign:
+                why = f"the runtime took no {', '.join(foreign)} arrays ({exc})"
+            else:
+                why = (f"the model refused zeros for {made_up} ({exc}); give warmup_inputs with "
+                       "valid values to warm it up, e.g. {'sr': 16000}")
         _skip(report, spec, f"warm-up skipped: {why}")
         return
     report.warmup_ms = (time.perf_counter() - start) * 1000

@@ -89,6 +89,7 @@ def test_bfloat16_and_float8_load_and_refuse_numpy_types_with_typed_errors(
                 m.run(np.zeros(2, np.float32))
             # onnxruntime's Python API takes no ml_dtypes array: a typed error, not a TypeError
             if not m.report.warmed_up:
+                assert f"the runtime took no {name} arrays" in m.report.warmup_note
                 with pytest.raises(InferenceError):
                     m.run(np.zeros(2, getattr(ml_dtypes, name)))
 
