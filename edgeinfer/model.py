@@ -210,7 +210,9 @@ def load_model(
     """Load an ONNX or TFLite model (format detected from its bytes) on the best provider.
 
     Args:
-        path: the model file.
+        path: the model file, or an example model's name or file name (``"yolov8n-320"``,
+            ``"320n.onnx"``) found in the models cache, pulled into it when missing, as the
+            CLI and configs do (``edgeinfer.catalog.resolve_model``).
         providers: ``"auto"`` (TensorRT > CUDA > accelerated CPU > CPU), or names/aliases in order.
         threads: intra-op threads; default the physical cores, at most 4.
         memory_limit_mb: refuse the model if load + first run cost more resident memory; with
@@ -251,7 +253,9 @@ def load_model(
         raise ConfigError(f"memory_limit_mb must be > 0, got {memory_limit_mb!r}")
     wanted = normalize(providers if isinstance(providers, str) else list(providers))
     limit = DEFAULT_MAX_MODEL_MB if max_model_mb is None else max_model_mb
-    info = inspect_model(Path(path), max_model_mb=limit)
+    from .catalog import resolve_model  # the CLI's and the configs' resolver too
+
+    info = inspect_model(resolve_model(path), max_model_mb=limit)
     model_name = name or info.path.stem
     budget = process_budget()
     budget.check(model_name, info.size_mb)  # early refusal: the weights alone must fit
