@@ -91,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Parse and validate CONFIG; errors name the path and line.")
     p.add_argument("config", help="YAML config file")
     p.add_argument("--json", action="store_true", help="print the resolved config as JSON")
+    p.add_argument("--strict", action="store_true",
+                   help="also fail (exit 78) when the config cannot start here: a missing model "
+                   "or key file, no pipelines (without it these are warnings)")
 
     p = sub.add_parser("watch", help=VERBS["watch"][1],
                        description="Subscribe to <prefix>/<device>/status, .../<pipeline>/result "

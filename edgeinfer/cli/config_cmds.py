@@ -8,17 +8,38 @@ import sys
 import msgspec
 
 from ..config import load_config
+from ..config.startable import start_problems
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    """Exit 0 for a valid config; with ``--strict``, 78 also when it cannot start here.
+
+    A config is usually written on one machine and run on another: the model files and keys it
+    names may exist only on the device. So by default what keeps it from starting *here* is
+    printed as a warning (on stderr, never "OK"); ``--strict`` (on the device, before
+    ``systemctl restart``) makes it an error, as ``edgeinfer run`` does.
+    """
     config = load_config(args.config)
+    problems = start_problems(config)
     if args.json:
         data = msgspec.to_builtins(config)
         if data.get("mqtt") and data["mqtt"].get("password"):
             data["mqtt"]["password"] = "<redacted>"  # never print a secret
         sys.stdout.write(msgspec.json.format(msgspec.json.encode(data)).decode() + "\n")
+    if problems:
+        fatal = any(p.fatal for p in problems)
+        head = ("cannot start here" if fatal else "some pipelines cannot start here")
+        label = "error" if args.strict else "warning"
+        print(f"{args.config}: valid, but {head}:", file=sys.stderr)
+        for p in problems:
+            print(f"  {label}: {p}", file=sys.stderr)
+        if args.strict:
+            return 78
+        if not args.json:
+            print(f"{args.config}: valid (not startable here; `--strict` fails on this)")
         return 0
-    names = ", ".join(p.name for p in config.pipelines) or "none"
-    print(f"{args.config}: OK (device {config.resolved_device_id()}, "
-          f"{len(config.pipelines)} pipeline(s): {names})")
+    if not args.json:
+        names = ", ".join(p.name for p in config.pipelines) or "none"
+        print(f"{args.config}: OK (device {config.resolved_device_id()}, "
+              f"{len(config.pipelines)} pipeline(s): {names})")
     return 0

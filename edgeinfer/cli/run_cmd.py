@@ -18,12 +18,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ..daemon import Daemon
 
     config = load_config(args.config)
+    _refuse_unstartable(args.config, config)
     _apply_log_level(args, config.logging.level)
     daemon = Daemon(config, config_path=args.config, stats_interval_s=args.stats_interval,
                     **_watchdog_overrides())
     code = daemon.run()
     _print_summary(daemon)
     return code
+
+
+def _refuse_unstartable(path: str, config: Any) -> None:
+    """Fail before opening anything, with `validate-config`'s messages; a pipeline that would
+    only be skipped is logged by the daemon when it starts."""
+    from ..config.startable import start_problems
+    from ..errors import ConfigError
+
+    fatal = [str(p) for p in start_problems(config) if p.fatal]
+    if fatal:
+        raise ConfigError(f"{path}: cannot start: " + "; ".join(fatal))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -79,6 +91,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
         listener.stop(timeout_s=2)
     _print_summary(daemon)
     return code
+
+
+def _say_where_results_go(config: Any) -> None:
+    from ..config import JsonlSink
+
+    for p in config.pipelines:
+        for sink in p.sinks:
+            if isinstance(sink, JsonlSink):
+                print(f"edgeinfer: {p.name}: results appended to {sink.path}", file=sys.stderr)
 
 
 def _watchdog_overrides() -> dict[str, Any]:
