@@ -81,9 +81,22 @@ def assemble(pc: PipelineConfig, model: Model, *, on_result: ResultCallback | No
 
     task = make_task(pc.task, model)
     sinks = [make_sink(s, **context) for s in pc.sinks]
-    source = open_source(pc.source, **context)
+    source = open_source(_sample_video(pc.source), **context)
     return Pipeline(pc.name, source, model, task, sinks, emit=pc.emit, queue_size=pc.queue_size,
                     on_result=on_result, seq_start=seq_start)
+
+
+def _sample_video(source: Any) -> Any:
+    """A missing ``demo.mp4`` video is the demo clip from the samples cache (made if needed)."""
+    from .config import VideoSource
+
+    if not isinstance(source, VideoSource):
+        return source
+    import msgspec
+
+    from .samples import resolve_video
+
+    return msgspec.structs.replace(source, uri=resolve_video(source.uri))
 
 
 def _task_load_options(pc: PipelineConfig, model_path: Path) -> dict[str, Any]:

@@ -24,8 +24,12 @@ from .paths import cache_dir
 if TYPE_CHECKING:
     import zipfile
 
-__all__ = ["PHOTOS", "SAMPLES", "demo_video", "load_image", "pull_sample", "sample_images",
-           "sample_path", "samples_dir"]
+__all__ = ["DEMO_VIDEO", "PHOTOS", "SAMPLES", "demo_video", "load_image", "pull_sample",
+           "resolve_video", "sample_images", "sample_path", "samples_dir"]
+
+DEMO_VIDEO = "demo.mp4"
+"""A video source whose file is missing and is called this gets the demo clip from the samples
+cache, made there on first use (``configs/demo.yaml`` relies on it)."""
 
 logger = logging.getLogger(__name__)
 
@@ -116,6 +120,20 @@ def demo_video(path: str | os.PathLike[str] | None = None, frames: int = 90, fps
     finally:
         writer.release()
     return out
+
+
+def resolve_video(uri: str) -> str:
+    """``uri`` itself when it exists or is not the demo clip's name; otherwise the demo clip in
+    ``samples_dir()``, made there (from the pinned sample photograph) when missing."""
+    path = Path(uri)
+    if path.exists() or path.name != DEMO_VIDEO:
+        return uri
+    target = samples_dir() / DEMO_VIDEO
+    if not target.is_file():
+        logger.info("making the demo clip %s from a sample photograph", target)
+        partial = demo_video(target.with_name("demo.partial.mp4"))
+        os.replace(partial, target)  # whole or absent, for a second run or another process
+    return str(target)
 
 
 def _pan_zoom(src: np.ndarray, t: float, w: int, h: int) -> np.ndarray:

@@ -93,15 +93,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return code
 
 
-def _say_where_results_go(config: Any) -> None:
-    from ..config import JsonlSink
-
-    for p in config.pipelines:
-        for sink in p.sinks:
-            if isinstance(sink, JsonlSink):
-                print(f"edgeinfer: {p.name}: results appended to {sink.path}", file=sys.stderr)
-
-
 def _watchdog_overrides() -> dict[str, Any]:
     """Stall deadline and restart budget from ``EDGEINFER_STALL_S``, ``EDGEINFER_RESTART_BUDGET``
     and ``EDGEINFER_RESTART_WINDOW_S`` (for tests and unusually slow pipelines)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -9,6 +10,8 @@ from typing import Any, BinaryIO
 from ..errors import ConfigError
 from ..frames import Result
 from .base import Sink
+
+logger = logging.getLogger(__name__)
 
 
 class JsonlSink(Sink):
@@ -21,6 +24,7 @@ class JsonlSink(Sink):
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(self.path, "ab")  # noqa: SIM115 (held until close)
+            logger.info("results appended to %s", self.path)
         except OSError as exc:
             raise ConfigError(f"jsonl sink {self.path}: {exc.strerror or exc}") from exc
 
