@@ -10,7 +10,11 @@ pipeline runs, ``STATUS=`` every few seconds, ``RELOADING=1``/``READY=1`` around
 ``STOPPING=1`` at shutdown, and ``WATCHDOG=1`` only while every pipeline is healthy and the
 command thread runs. A live
 pipeline that processes no frame for ``stall_s`` is rebuilt from its config, at most
-``RESTART_BUDGET`` times in ``RESTART_WINDOW_S``; then the pings stop and systemd restarts us.
+``RESTART_BUDGET`` times in the restart window; then the pings stop and systemd kills and
+restarts us. `stall_policy` keeps the two consistent: the window always holds a full budget of
+stalls, so a hung pipeline is escalated whatever ``WatchdogSec=`` is. A sensor source (``mqtt``,
+``serial``: `Source.paced_by_data`) may be quiet for hours: it stalls only when a frame it
+yielded goes unhandled for ``stall_s``.
 """
 
 from __future__ import annotations
@@ -36,10 +40,32 @@ logger = logging.getLogger(__name__)
 TICK_S = 0.5
 EXIT_FORCED = 130
 STATUS_INTERVAL_S = 5.0  # how often STATUS= is refreshed
-MIN_STALL_S = 10.0  # a live pipeline silent this long (or 3 watchdog intervals) is stuck
+MIN_STALL_S = 10.0  # a live pipeline silent this long (or one watchdog interval) is stuck
 RESTART_BUDGET = 5  # internal restarts of one stuck pipeline ...
-RESTART_WINDOW_S = 60.0  # ... within this window, before the watchdog pings stop
+RESTART_WINDOW_S = 60.0  # ... within at least this window, before the watchdog pings stop
 RESTART_CLOSE_S = 5.0  # how long a stuck pipeline's stages get to finish when restarted
+
+
+def stall_policy(watchdog_s: float | None, stall_s: float | None = None,
+                 restart_budget: int = RESTART_BUDGET,
+                 restart_window_s: float | None = None) -> tuple[float, float]:
+    """The stall deadline and the restart window, made consistent.
+
+    The deadline defaults to ``max(MIN_STALL_S, watchdog_s)``. The window defaults to room for
+    the whole budget with slack: ``2 x budget x (stall_s + RESTART_CLOSE_S)``, at least
+    ``RESTART_WINDOW_S``. A window shorter than ``budget x stall_s`` could never fill (one stall
+    takes ``stall_s`` to notice), so the pipeline would be rebuilt forever and never escalated
+    to the service manager: such a window is raised to that default.
+    """
+    stall = stall_s or max(MIN_STALL_S, watchdog_s or 0.0)
+    needed = 2 * restart_budget * (stall + RESTART_CLOSE_S)
+    window = max(RESTART_WINDOW_S, needed)
+    if restart_window_s is not None and restart_window_s > restart_budget * stall:
+        window = restart_window_s
+    elif restart_window_s is not None:
+        logger.warning("restart window %g s cannot hold %d stalls of %g s: using %g s",
+                       restart_window_s, restart_budget, stall, window)
+    return stall, window
 
 
 class Daemon:
@@ -51,14 +77,15 @@ class Daemon:
         stats_interval_s: How often the tick logs a stats line (0: never).
         flush_timeout_s: How long shutdown waits for the outbox to reach the broker.
         stall_s: Seconds without a processed frame after which a live, unpaused pipeline is
-            stuck (default: ``max(MIN_STALL_S, 3 x the watchdog interval)``).
-        restart_budget, restart_window_s: Internal restarts allowed per pipeline and window.
+            stuck (default: ``max(MIN_STALL_S, the watchdog interval)``).
+        restart_budget, restart_window_s: Internal restarts allowed per pipeline and window
+            (see `stall_policy`).
     """
 
     def __init__(self, config: Config, *, config_path: str | None = None,
                  stats_interval_s: float = 0.0, flush_timeout_s: float = 5.0,
                  stall_s: float | None = None, restart_budget: int = RESTART_BUDGET,
-                 restart_window_s: float = RESTART_WINDOW_S, **context: Any) -> None:
+                 restart_window_s: float | None = None, **context: Any) -> None:
         self.config = config
         self.config_path = config_path
         self.context = context
@@ -74,9 +101,9 @@ class Daemon:
         self._reload_lock = threading.Lock()
         self._reload_requested = threading.Event()
         self.watchdog_s = systemd.watchdog_interval()
-        self.stall_s = stall_s or max(MIN_STALL_S, 3 * (self.watchdog_s or 0.0))
+        self.stall_s, self.restart_window_s = stall_policy(
+            self.watchdog_s, stall_s, restart_budget, restart_window_s)
         self.restart_budget = restart_budget
-        self.restart_window_s = restart_window_s
         self.restarts: dict[str, int] = {}  # internal restarts of stuck pipelines, per name
         self.stuck: str | None = None  # a pipeline whose restart budget is spent
         self._restart_times: dict[str, deque[float]] = {}
@@ -355,10 +382,17 @@ class Daemon:
         """A live, unpaused, unfinished pipeline whose processed count has not moved for
         ``stall_s``. A file source that ended is not a stall, nor a camera that cannot be opened
         (unplugged: it retries with backoff and shows on stats; restarting the service would
-        not bring it back)."""
-        n = p.stats.processed
+        not bring it back), nor a quiet sensor: a source `paced_by_data` owes progress only
+        while a frame it yielded is in flight, and any handling of a frame (processed, dropped
+        by the task or the queue, skipped, failed) is progress."""
+        src, stats = p.source, p.stats
+        n = stats.processed
+        idle = False
+        if getattr(src, "paced_by_data", False):
+            n += stats.dropped_by_task + stats.dropped_queue + stats.errors + stats.paused
+            idle = src.stats.frames <= n  # nothing yielded waits: a quiet sensor
         mark = self._progress.get(p.name)
-        if not p.source.live or p.paused or p.join(0) or p.source.waiting or mark is None \
+        if not src.live or p.paused or p.join(0) or src.waiting or idle or mark is None \
                 or mark[0] is not p or mark[1] != n:
             self._progress[p.name] = (p, n, now)
             return False

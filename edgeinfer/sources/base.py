@@ -48,6 +48,10 @@ class Source(ABC):
     """
 
     live: bool = True
+    #: A sensor (an MQTT topic, a serial line) yields a frame only when data comes, and may be
+    #: quiet for hours: the watchdog counts a stall only while one of its frames is in flight.
+    #: A sensor that hangs inside its own read looks quiet, and is not restarted.
+    paced_by_data: bool = False
 
     def __init__(self, config: Any) -> None:
         self.config = config

@@ -47,6 +47,8 @@ class MqttSource(Source):
         **context: Ignored (what other sources need).
     """
 
+    paced_by_data = True  # a quiet topic/line is not a stall
+
     def __init__(self, config: MqttConfig, subscribe: Subscribe | None = None,
                  queue_size: int | None = None, **context: Any) -> None:
         super().__init__(config)

@@ -48,6 +48,8 @@ class SerialSource(Source):
         **context: Ignored (what other sources need).
     """
 
+    paced_by_data = True  # a quiet topic/line is not a stall
+
     def __init__(self, config: SerialConfig, **context: Any) -> None:
         super().__init__(config)
         self._parser = ReadingParser(config.format, config.fields)

@@ -1,0 +1,81 @@
+"""The stall deadline and restart budget against the shipped unit's watchdog, and a quiet
+sensor under the watchdog (a real ``edgeinfer run`` with an mqtt source on a real mosquitto)."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from pathlib import Path
+
+import paho.mqtt.publish as publish
+
+from edgeinfer.daemon import RESTART_BUDGET, stall_policy
+from edgeinfer.testing.onnx_models import add_model
+from tests.test_daemon_lifecycle import Manager, manager, start, stop, until  # noqa: F401
+
+UNIT = Path(__file__).resolve().parents[1] / "systemd" / "edgeinfer.service"
+
+
+def _shipped_watchdog_s() -> float:
+    match = re.search(r"^WatchdogSec=(\d+)s?$", UNIT.read_text(), re.M)
+    assert match, "the unit sets WatchdogSec="
+    return float(match.group(1))
+
+
+def test_the_shipped_watchdog_escalates_a_hung_pipeline() -> None:
+    """A stall is noticed ``stall_s`` after the last restart at the soonest, so a full budget
+    of restarts needs ``budget x stall_s``: the window must hold it, or the budget never fills
+    and the pipeline is rebuilt forever instead of the watchdog restarting the service."""
+    watchdog = _shipped_watchdog_s()
+    stall, window = stall_policy(watchdog)
+    assert stall >= watchdog  # one slow frame is not a stall
+    # restarting (close + model load) takes time too: room for a full budget with slack
+    assert window >= RESTART_BUDGET * (stall + 5.0)
+    # the first-to-last restart of a full budget fits, and then some
+    assert window > (RESTART_BUDGET + 1) * stall
+
+
+def test_a_window_too_short_for_the_budget_is_widened() -> None:
+    stall, window = stall_policy(None, stall_s=90.0, restart_budget=5, restart_window_s=60.0)
+    assert stall == 90.0 and window > 5 * 90.0
+    assert stall_policy(None, stall_s=2.0, restart_budget=2, restart_window_s=30.0) == (2.0, 30.0)
+
+
+def test_a_quiet_sensor_is_not_stalled(manager: Manager, mqtt_broker: tuple[str, int],  # noqa: F811
+                                       tmp_path: Path) -> None:
+    host, port = mqtt_broker
+    topic = f"test/{uuid.uuid4().hex}/env"
+    out = tmp_path / "out.jsonl"
+    cfg = tmp_path / "sensor.yaml"
+    cfg.write_text(json.dumps({
+        "device_id": f"quiet-{uuid.uuid4().hex[:6]}",
+        "mqtt": {"host": host, "port": port},
+        "runtime": {"state_dir": str(tmp_path / "state")},
+        "pipelines": [{
+            "name": "env",
+            "source": {"type": "mqtt", "topic": topic, "fields": ["t", "h"], "window": 2,
+                       "hop": 2},
+            "model": {"path": str(add_model(tmp_path / "add.onnx", shape=(1, 4))),
+                      "threads": 1},
+            "task": {"type": "raw"},
+            "sinks": [{"type": "jsonl", "path": str(out)}],
+        }]}))
+    proc = start(cfg, manager, tmp_path, WATCHDOG_USEC="1000000", EDGEINFER_STALL_S="1",
+                 EDGEINFER_RESTART_BUDGET="1")
+    try:
+        manager.wait(lambda m: m.get("READY") == "1")
+        since = len(manager.messages)
+        manager.wait_count("WATCHDOG", 6, since)  # 3 s of silence: 3 stall deadlines
+        for reading in ('{"t": 1, "h": 2}', '{"t": 3, "h": 4}'):
+            publish.single(topic, reading, qos=1, hostname=host, port=port)
+        until(lambda: out.exists() and "5.0" in out.read_text(), 30,
+              lambda: (tmp_path / "stderr").read_text())
+        since = len(manager.messages)
+        manager.wait_count("WATCHDOG", 4, since)  # quiet again after a window: still healthy
+        assert not any("stuck" in m.get("STATUS", "") for _, m in manager.messages)
+    finally:
+        code = stop(proc)
+    stderr = (tmp_path / "stderr").read_text()
+    assert code == 0, stderr
+    assert "restarting it" not in stderr and "is stuck" not in stderr
