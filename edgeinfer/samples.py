@@ -23,6 +23,7 @@ from .paths import cache_dir
 
 if TYPE_CHECKING:
     import zipfile
+    from collections.abc import Callable
 
 __all__ = ["DEMO_VIDEO", "PHOTOS", "SAMPLES", "demo_video", "load_image", "pull_sample",
            "resolve_video", "sample_images", "sample_path", "samples_dir"]
@@ -66,8 +67,8 @@ def sample_path(name: str = "astronaut", dest: Path | None = None) -> Path:
     return (dest or samples_dir()) / _lookup(name).filename
 
 
-def pull_sample(name: str = "astronaut", dest: Path | None = None, *, force: bool = False
-                ) -> Path:
+def pull_sample(name: str = "astronaut", dest: Path | None = None, *, force: bool = False,
+                on_fetch: Callable[[CatalogModel, Path], None] | None = None) -> Path:
     """Fetch sample ``name`` into ``dest`` (default ``samples_dir()``) and return its path.
 
     A file already there with the right sha256 is reused.
@@ -75,7 +76,7 @@ def pull_sample(name: str = "astronaut", dest: Path | None = None, *, force: boo
     Raises:
         ModelFetchError: pip failed, the wheel lacks the file, or its sha256 does not match.
     """
-    return catalog.fetch(_lookup(name), sample_path(name, dest), force=force)
+    return catalog.fetch(_lookup(name), sample_path(name, dest), force=force, on_fetch=on_fetch)
 
 
 def load_image(name: str = "astronaut", dest: Path | None = None) -> np.ndarray:

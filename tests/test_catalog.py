@@ -51,3 +51,15 @@ def test_unpulled_example_without_fetch_names_the_pull_command(
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ModelNotFoundError, match="edgeinfer models pull yolov8n-320"):
         catalog.resolve_model("320n.onnx", fetch_missing=False)
+
+
+def test_on_fetch_is_called_before_the_download(tmp_path: Path) -> None:
+    seen: list[tuple[str, bool]] = []
+
+    def on_fetch(entry: catalog.CatalogModel, target: Path) -> None:
+        seen.append((entry.name, target.exists()))
+
+    path = catalog.pull("blazeface", tmp_path, on_fetch=on_fetch)
+    assert seen == [("blazeface", False)] and path.is_file()
+    catalog.pull("blazeface", tmp_path, on_fetch=on_fetch)  # cached: no fetch, no call
+    assert seen == [("blazeface", False)]

