@@ -55,6 +55,43 @@ def test_results_round_trip_to_the_sink_format() -> None:
         assert format_line(back) == format_line(result)
 
 
+def test_stats_line_shows_inference_latency_and_cuts_only_between_fields(tmp_path: Path) -> None:
+    """The line showed only the end-to-end latency (of emitted results: none for a pipeline
+    that emits on change) and was cut at 240 characters inside the ``outbox.*`` fields."""
+    from edgeinfer.mqtt.outbox import Outbox
+    from edgeinfer.stats import PipelineStats
+
+    stats = PipelineStats()
+    stats.start()
+    for n in range(100):
+        stats.processed += 1
+        stats.infer.add(3.0 + n / 100)
+    stats.emitted = 2
+    stats.latency.add(12.5)
+    stats.latency.add(14.0)
+    outbox = Outbox(tmp_path / "outbox.db")
+    try:
+        message = {"ts": 1.0, "device": "cam1", "uptime_s": 12.0, "memory_mb": 95.2,
+                   "pipelines": {"faces": stats.snapshot()},
+                   "outbox": {**outbox.stats(), "connected": True, "reconnects": 0,
+                              "broker": "127.0.0.1:1883", "protocol": "v5"},
+                   "commands": {"received": 3, "errors": 0, "ignored": 0, "state": "running"},
+                   "failed": {}}
+    finally:
+        outbox.close()
+    _, line = describe("edgeinfer/cam1/stats", json.dumps(message).encode(), "edgeinfer")
+    parts = line.split("  ")
+    assert parts[0].startswith("cam1 stats faces "), line
+    assert " fps infer p50 3.5 p99 4.0 ms e2e p50 13.2 p99 14.0 ms (2 emitted of 100)" in line
+    assert parts[1:] == ["outbox 0 waiting via MQTT v5", "memory 95.2 MiB", "commands 3",
+                         "up 12 s"], line
+    # six pipelines do not fit in 240 characters: whole fields, then how many were left out
+    message["pipelines"] = {f"faces{i}": stats.snapshot() for i in range(6)}
+    _, line = describe("edgeinfer/cam1/stats", json.dumps(message).encode(), "edgeinfer")
+    assert len(line) <= 240 and line.endswith("  (+8 more)"), line
+    assert line.count(" (2 emitted of 100)") == 2, line
+
+
 def test_describe_status_stats_and_noise() -> None:
     birth = json.dumps({"state": "online", "version": "0.1.0", "pipelines": ["faces", "vad"]})
     assert describe("edgeinfer/cam1/status", birth.encode(), "edgeinfer", retained=True) == (
@@ -69,8 +106,8 @@ def test_describe_status_stats_and_noise() -> None:
                             "latency_ms": {"end_to_end": {"p50": 3.1, "p99": 7.0}}}],
              "outbox": {"depth": 0}, "reconnects": 2, "ts": 1.0}
     kind, line = describe("edgeinfer/cam1/stats", json.dumps(stats).encode(), "edgeinfer")
-    assert (kind, line) == ("stats", "cam1 stats faces 29.5 fps p50 3.1 p99 7.0 ms  "
-                                     "outbox.depth=0 reconnects=2")
+    assert (kind, line) == ("stats", "cam1 stats faces 29.5 fps e2e p50 3.1 p99 7.0 ms  "
+                                     "outbox 0 waiting  reconnects=2")
     kind, line = describe("edgeinfer/cam1/faces/result", b"{not json", "edgeinfer")
     assert kind == "result" and line.startswith("cam1 edgeinfer/cam1/faces/result: ")
     kind, line = describe("edgeinfer/cam1/faces/result", b'{"seq": 1}', "edgeinfer")

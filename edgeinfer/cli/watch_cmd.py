@@ -4,7 +4,7 @@ One line per message, results formatted as the ``stdout`` sink writes them::
 
     cam1 faces #12 frame 36 3.1 ms  face 0.93 [101,52,188,160]
     cam1 status online  version 0.1.0  pipelines: faces
-    cam1 stats faces 29.8 fps p50 3.1 ms  outbox 0
+    cam1 stats faces 29.8 fps infer p50 3.1 p99 4.0 ms  memory 95.2 MiB  outbox 0 waiting
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def describe(topic: str, payload: bytes, prefix: str, *, as_json: bool = False,
     elif kind == "status":
         line = _status_line(data) + (" (retained)" if retained else "")
     elif kind == "stats":
-        line = "stats " + _stats_line(data)
+        line = "stats " + _stats_line(data, _MAX_LINE - len(device) - 7)
     else:
         line = f"{topic} {_scalars(data)}"
     return kind, f"{device} {line}"[:_MAX_LINE]
@@ -190,22 +190,88 @@ def _status_line(data: dict[str, Any]) -> str:
     return "  ".join(parts)
 
 
-def _stats_line(data: dict[str, Any]) -> str:
+def _stats_line(data: dict[str, Any], budget: int = _MAX_LINE) -> str:
+    """Per pipeline: fps, inference latency (every processed frame) and end-to-end latency
+    (source to sink, of the emitted results only, so labelled with their count); then memory,
+    the outbox, failures and other scalars. Cut between fields, never inside one."""
     parts: list[str] = []
     pipelines = data.get("pipelines")
     if isinstance(pipelines, dict):
         pipelines = [{"pipeline": k, **v} for k, v in pipelines.items() if isinstance(v, dict)]
     for p in pipelines if isinstance(pipelines, list) else []:
-        if not isinstance(p, dict):
-            continue
-        text = f"{p.get('pipeline', p.get('name', '?'))} {p.get('fps', 0)} fps"
-        e2e = (p.get("latency_ms") or {}).get("end_to_end") if isinstance(p.get("latency_ms"), dict) else None
-        if isinstance(e2e, dict) and "p50" in e2e:
-            text += f" p50 {e2e['p50']} p99 {e2e.get('p99', '?')} ms"
-        parts.append(text)
-    rest = {k: v for k, v in data.items() if k != "pipelines"}
+        if isinstance(p, dict):
+            parts.append(_pipeline_stats(p))
+    rest = {k: v for k, v in data.items() if k not in ("pipelines", "outbox", "memory_mb",
+                                                         "uptime_s", "failed", "commands")}
+    outbox = data.get("outbox")
+    if isinstance(outbox, dict):
+        parts.append(_outbox_stats(outbox))
+    if isinstance(data.get("memory_mb"), (int, float)):
+        parts.append(f"memory {data['memory_mb']} MiB")
+    commands = data.get("commands")
+    if isinstance(commands, dict):
+        parts.append(f"commands {commands.get('received', '?')}" + "".join(
+            f" {commands[k]} {k}" for k in ("errors", "ignored") if commands.get(k))
+            + ("" if commands.get("state", "running") == "running" else f" {commands['state']}"))
+    failed = data.get("failed")
+    if isinstance(failed, dict) and failed:
+        parts.append("not started: " + ", ".join(map(str, failed)))
+    if isinstance(data.get("uptime_s"), (int, float)):
+        parts.append(f"up {data['uptime_s']:.0f} s")
     scalars = _scalars(rest)
-    return "  ".join(parts + ([scalars] if scalars else []))
+    if scalars:
+        parts.append(scalars)
+    return _fit(parts, budget)
+
+
+def _pipeline_stats(p: dict[str, Any]) -> str:
+    text = f"{p.get('pipeline', p.get('name', '?'))} {_num(p.get('fps', 0))} fps"
+    given = p.get("latency_ms")
+    lat: dict[str, Any] = given if isinstance(given, dict) else {}
+    infer, e2e = lat.get("infer"), lat.get("end_to_end")
+    if isinstance(infer, dict) and "p50" in infer:
+        text += f" infer p50 {_num(infer['p50'])} p99 {_num(infer.get('p99'))} ms"
+    if isinstance(e2e, dict) and "p50" in e2e:
+        emitted = p.get("emitted")
+        text += f" e2e p50 {_num(e2e['p50'])} p99 {_num(e2e.get('p99'))} ms"
+        if isinstance(emitted, int):
+            text += f" ({emitted} emitted of {p.get('processed', '?')})"
+    dropped = p.get("dropped")
+    lost = sum(v for v in dropped.values() if isinstance(v, int)) if isinstance(dropped, dict) \
+        else dropped
+    for label, value in (("dropped", lost), ("errors", p.get("errors"))):
+        if isinstance(value, int) and value:
+            text += f" {label} {value}"
+    return text
+
+
+def _num(value: Any) -> str:
+    return f"{value:.1f}" if isinstance(value, float) else str(value if value is not None else "?")
+
+
+def _outbox_stats(o: dict[str, Any]) -> str:
+    text = f"outbox {o.get('depth', '?')} waiting"
+    for key in ("in_flight", "dropped"):
+        if o.get(key):
+            text += f" {o[key]} {key.replace('_', ' ')}"
+    if o.get("connected") is False:
+        text += f" (broker {o.get('broker', '?')} not connected)"
+    elif o.get("protocol"):
+        text += f" via MQTT {o['protocol']}"
+    if o.get("disk_full"):
+        text += " DISK FULL"
+    return text
+
+
+def _fit(parts: list[str], budget: int) -> str:
+    """``parts`` joined by two spaces: as many whole ones as fit in ``budget`` characters, and
+    ``(+N more)`` when some do not."""
+    for keep in range(len(parts), 0, -1):
+        more = f"  (+{len(parts) - keep} more)" if keep < len(parts) else ""
+        text = "  ".join(parts[:keep]) + more
+        if len(text) <= budget:
+            return text
+    return parts[0][:budget] if parts else ""
 
 
 def _scalars(data: dict[str, Any], prefix: str = "") -> str:
