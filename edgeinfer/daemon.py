@@ -100,6 +100,7 @@ class Daemon:
         self._signals = 0
         self._reload_lock = threading.Lock()
         self._reload_requested = threading.Event()
+        self._reloads = 0  # SIGHUP reloads so far: the generation in the reload outcome file
         self.watchdog_s = systemd.watchdog_interval()
         self.stall_s, self.restart_window_s = stall_policy(
             self.watchdog_s, stall_s, restart_budget, restart_window_s)
@@ -319,14 +320,30 @@ class Daemon:
                 logger.error("pipeline %s not restarted: %s", name, exc)
 
     def _reload_from_signal(self) -> None:
+        """SIGHUP: reload, and write the outcome where ``edgeinfer reload`` (the unit's
+        ``ExecReload=``) waits for it."""
+        self._reloads += 1
         try:
             result = self.reload()
         except EdgeInferError as exc:
             logger.error("reload refused, the running config is kept: %s", exc)
+            self._record_reload(False, str(exc))
             return
+        self._record_reload(True, f"restarted {', '.join(result['restarted']) or 'none'}")
         logger.info("reloaded: restarted %s, removed %s, unchanged %s",
                     result["restarted"] or "none", result["removed"] or "none",
                     result["unchanged"] or "none")
+
+    def _record_reload(self, ok: bool, detail: str) -> None:
+        from .reload import result_path, write_result
+
+        path = result_path(self.config.runtime.resolved_state_dir())
+        if path is None:
+            return
+        try:
+            write_result(path, self._reloads, ok, detail)
+        except OSError as exc:
+            logger.warning("cannot write the reload outcome to %s: %s", path, exc)
 
     def summary(self) -> list[dict[str, Any]]:
         return [dict(p.snapshot(), restarts=self.restarts.get(p.name, 0))

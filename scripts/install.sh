@@ -193,7 +193,7 @@ fi
 
 install -d -m 0755 "$(dirname "$UNIT")"
 TMP_UNIT=$(mktemp)
-sed "/^ExecStart=/s#/opt/edgeinfer/#$PREFIX/#" "$FROM/systemd/edgeinfer.service" > "$TMP_UNIT"
+sed "/^Exec\(Start\|Reload\)=/s#/opt/edgeinfer/#$PREFIX/#" "$FROM/systemd/edgeinfer.service" > "$TMP_UNIT"
 install -m 0644 "$TMP_UNIT" "$UNIT"
 log "installed /etc/systemd/system/edgeinfer.service (ExecStart=$PREFIX/venv/bin/edgeinfer)"
 

@@ -4,7 +4,10 @@ sensor under the watchdog (a real ``edgeinfer run`` with an mqtt source on a rea
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -12,7 +15,8 @@ import paho.mqtt.publish as publish
 
 from edgeinfer.daemon import RESTART_BUDGET, stall_policy
 from edgeinfer.testing.onnx_models import add_model
-from tests.test_daemon_lifecycle import Manager, manager, start, stop, until  # noqa: F401
+from tests.test_daemon_lifecycle import (  # noqa: F401
+    Manager, face_config, manager, start, stop, until, video)
 
 UNIT = Path(__file__).resolve().parents[1] / "systemd" / "edgeinfer.service"
 
@@ -79,3 +83,47 @@ def test_a_quiet_sensor_is_not_stalled(manager: Manager, mqtt_broker: tuple[str,
     stderr = (tmp_path / "stderr").read_text()
     assert code == 0, stderr
     assert "restarting it" not in stderr and "is stuck" not in stderr
+
+
+def _reload(pid: int, run_dir: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "edgeinfer", "reload", "--pid", str(pid),
+                           "--timeout", "60"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "RUNTIME_DIRECTORY": str(run_dir)})
+
+
+def test_reload_waits_for_the_daemon_and_fails_when_it_refuses(
+        manager: Manager, video: Path, blazeface_path: Path, tmp_path: Path) -> None:  # noqa: F811
+    """What the unit's ExecReload= runs: success only once the daemon has reloaded, and exit
+    78 with the daemon's reason for a config it refuses (the old one keeps running)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    out = tmp_path / "out.jsonl"
+    cfg = tmp_path / "faces.yaml"
+    cfg.write_text(face_config(video, blazeface_path, out))
+    proc = start(cfg, manager, tmp_path, RUNTIME_DIRECTORY=str(run_dir))
+    try:
+        manager.wait(lambda m: m.get("READY") == "1")
+        cfg.write_text(face_config(video, blazeface_path, out, threshold=0.7))
+        good = _reload(proc.pid, run_dir)
+        assert good.returncode == 0, good.stderr
+        assert "restarted faces" in good.stderr
+        # the daemon had reloaded when the helper returned: its answer is on record
+        assert json.loads((run_dir / "reload.json").read_text())["ok"] is True
+        cfg.write_text("pipelines: [{name: faces, source: {type: nope}}]\n")
+        bad = _reload(proc.pid, run_dir)
+        assert bad.returncode == 78, bad.stderr
+        assert "reload refused" in bad.stderr and "nope" in bad.stderr
+        assert proc.poll() is None  # the old config runs on
+        again = _reload(proc.pid, run_dir)  # a second refusal is a new answer, not the old one
+        assert again.returncode == 78
+        assert json.loads((run_dir / "reload.json").read_text())["generation"] == 3
+    finally:
+        code = stop(proc)
+    assert code == 0, (tmp_path / "stderr").read_text()
+
+
+def test_reload_of_no_daemon_says_so(tmp_path: Path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    proc = _reload(dead.pid, tmp_path)
+    assert proc.returncode == 70 and f"no daemon with pid {dead.pid}" in proc.stderr

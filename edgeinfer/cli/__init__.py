@@ -31,6 +31,8 @@ VERBS = {
     "push-model": ("edgeinfer.cli.ota_cmds:cmd_push_model",
                    "push a signed model to devices over MQTT (or roll one back)"),
     "cmd": ("edgeinfer.cli.cmd_cmd:cmd_cmd", "send a device a command (signed with --key)"),
+    "reload": ("edgeinfer.cli.reload_cmd:cmd_reload",
+               "make a running daemon reload its config and wait for the outcome"),
 }
 
 EXIT_INTERNAL = 70
@@ -226,6 +228,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=30.0, metavar="S",
                    help="give up waiting for the reply after S seconds (default: %(default)s)")
     _broker_options(p)
+
+    p = sub.add_parser("reload", help=VERBS["reload"][1],
+                       description="Send the daemon SIGHUP and wait until it reports the "
+                       "reload's outcome: exit 0 when reloaded, 78 when it refused the config "
+                       "(it keeps the running one). The unit's ExecReload= runs this.")
+    p.add_argument("--pid", type=int, help="the daemon's pid (default: $MAINPID)")
+    p.add_argument("--file", help="the outcome file the daemon writes (default: "
+                   "$RUNTIME_DIRECTORY/reload.json, else the state directory's)")
+    p.add_argument("--timeout", type=float, default=90.0, metavar="S",
+                   help="give up after S seconds (default: %(default)s)")
     return parser
 
 
