@@ -18,7 +18,8 @@
 #   --no-enable              do not run systemctl daemon-reload / enable
 #   --uninstall [--purge]    remove (see above)
 # Environment: DESTDIR (staging root, default empty), PYTHON (default python3),
-#   EDGEINFER_PIP_ARGS (extra pip install arguments, e.g. "--no-deps --no-build-isolation").
+#   EDGEINFER_PIP_ARGS (extra pip install arguments, e.g. "--no-deps"; --no-build-isolation
+#   also needs setuptools and wheel in the venv, which a stock bookworm venv lacks).
 # Running it again is safe: the venv is reused and upgraded, an existing config is never touched.
 set -euo pipefail
 
@@ -67,7 +68,9 @@ ETC="$DESTDIR/etc/edgeinfer"
 UNIT="$DESTDIR/etc/systemd/system/edgeinfer.service"
 
 # systemctl only for a real install on a machine that runs systemd.
-systemd_running() { [ -z "$DESTDIR" ] && [ -d /run/systemd/system ] && [ "$(ps -p 1 -o comm= 2>/dev/null)" = systemd ]; }
+# PID 1's name from /proc (procps' ps may be missing on a minimal image).
+pid1_name() { tr -d '\n' < /proc/1/comm 2>/dev/null || true; }
+systemd_running() { [ -z "$DESTDIR" ] && [ -d /run/systemd/system ] && [ "$(pid1_name)" = systemd ]; }
 
 board_model() { if [ -r "$MODEL_FILE" ]; then tr -d '\0' < "$MODEL_FILE"; fi; }
 MODEL=$(board_model)
@@ -97,6 +100,23 @@ if [ "$UNINSTALL" = 1 ]; then
 fi
 
 # ---- checks ------------------------------------------------------------------------------
+# The unit's sandbox hides some trees from the service: a venv there cannot be executed
+# (status 203/EXEC, "Failed at step EXEC") and the unit restart-loops.
+hidden_by_sandbox() {
+    case "$1/" in
+        /home/*|/root/*|/run/user/*)
+            echo "ProtectHome=yes hides /home, /root and /run/user from the service" ;;
+        /tmp/*|/var/tmp/*)
+            echo "PrivateTmp=yes gives the service its own empty /tmp and /var/tmp" ;;
+    esac
+}
+for p in "$PREFIX" "$(realpath -m "$PREFIX" 2>/dev/null || printf '%s' "$PREFIX")"; do
+    why=$(hidden_by_sandbox "$p")
+    shown=$PREFIX; [ "$p" = "$PREFIX" ] || shown="$PREFIX (that is $p)"
+    [ -z "$why" ] || die "--prefix $shown cannot hold the service's venv: $why," \
+        "so the unit would fail at step EXEC and restart-loop. Use a prefix such as" \
+        "/opt/edgeinfer (the default) or /usr/local/lib/edgeinfer."
+done
 case "$MACHINE" in
     x86_64|aarch64|arm64) ;;
     armv7l|armv6l|armhf|arm*)
@@ -203,6 +223,12 @@ if [ "$ENABLE" = 1 ] && systemd_running; then
     systemctl try-restart edgeinfer.service  # a re-run (upgrade) restarts a running service
     log "enabled edgeinfer.service; check the config (edgeinfer validate-config" \
         "/etc/edgeinfer/config.yaml), then: systemctl restart edgeinfer; journalctl -u edgeinfer -f"
+elif [ "$ENABLE" = 0 ]; then
+    log "not enabling the service (--no-enable)"
+elif [ -n "$DESTDIR" ]; then
+    log "not enabling the service (staged into DESTDIR=$DESTDIR)"
 else
-    log "not enabling the service (--no-enable, DESTDIR set, or systemd not running)"
+    log "warning: not enabling the service: systemd is not running here (PID 1 is" \
+        "'$(pid1_name)', /run/systemd/system $([ -d /run/systemd/system ] || echo 'missing')" \
+        "); on the device run: systemctl daemon-reload; systemctl enable edgeinfer" >&2
 fi
