@@ -132,7 +132,7 @@ def resolve_video(uri: str) -> str:
     target = samples_dir() / DEMO_VIDEO
     if not target.is_file():
         logger.info("making the demo clip %s from a sample photograph", target)
-        partial = demo_video(target.with_name("demo.partial.mp4"))
+        partial = demo_video(target.with_name(f"demo.partial-{os.getpid()}.mp4"))
         os.replace(partial, target)  # whole or absent, for a second run or another process
     return str(target)
 
