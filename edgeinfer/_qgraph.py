@@ -31,6 +31,7 @@ def prepare(src: Path, work: Path) -> tuple[Path, str]:
     from onnxruntime.quantization import quant_pre_process
 
     out = work / "prepared.onnx"
+    model = str(src.resolve())  # before the chdir below: a relative path is the caller's
     attempts: tuple[tuple[str, dict[str, Any]], ...] = (("symbolic shape inference + optimization", {}),
                 ("ONNX shape inference + optimization (symbolic shape inference failed)",
                  {"skip_symbolic_shape": True}))
@@ -39,7 +40,7 @@ def prepare(src: Path, work: Path) -> tuple[Path, str]:
             # A failed symbolic shape inference dumps sym_shape_infer_temp.onnx (and its weights)
             # into the current directory: let that be the work folder, removed afterwards.
             with _CWD_LOCK, contextlib.chdir(work):
-                quant_pre_process(str(src.resolve()), str(out), **kwargs)
+                quant_pre_process(model, str(out), **kwargs)
             return out, note
         except Exception as exc:  # onnxruntime raises bare Exceptions here
             logger.info("quantization pre-processing (%s) failed: %s", note, exc)

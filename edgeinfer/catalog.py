@@ -34,6 +34,10 @@ class CatalogModel:
     member: str
     sha256: str
     description: str
+    # Fixed shapes for the model's dynamic inputs and valid warm-up values (zeros are not for
+    # every input): `info`, `bench` and `quantize` use them unless given others.
+    input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    warmup_inputs: tuple[tuple[str, int | float], ...] = ()
 
     @property
     def filename(self) -> str:
@@ -50,6 +54,7 @@ CATALOG: dict[str, CatalogModel] = {
             sha256="c15d8273adad2d0a92f014cc69ab2d6c311a06777a55545f2c4eb46f51911f0f",
             description="YOLOv8n-architecture detector, images 1x3x320x320 float -> 1x22x2100 "
             "(benchmarks and detection decoding only; its classes are not for demos)",
+            input_shapes=(("images", (1, 3, 320, 320)),),
         ),
         CatalogModel(
             name="blazeface",
@@ -65,9 +70,24 @@ CATALOG: dict[str, CatalogModel] = {
             sha256="1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3",
             description="Silero voice-activity detector (stateful ONNX): input [batch, samples], "
             "state [2, batch, 128], sr int64",
+            input_shapes=(("input", (1, 512)), ("state", (2, 1, 128))),
+            warmup_inputs=(("sr", 16000),),
         ),
     )
 }
+
+
+def for_path(path: str | os.PathLike[str]) -> CatalogModel | None:
+    """The example model ``path`` names (its catalog name, or its file in the models cache),
+    else ``None``: a file of another folder that only shares the name is not it."""
+    for entry in CATALOG.values():
+        if str(path) == entry.name:
+            return entry
+        cached = cached_path(entry.name)
+        if Path(path).name == entry.filename and cached.is_file() and \
+                Path(path).resolve() == cached.resolve():
+            return entry
+    return None
 
 
 def models_dir() -> Path:

@@ -26,7 +26,7 @@ import os
 import platform
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -134,6 +134,7 @@ def quantize_model(
     force: bool = False,
     progress: Progress | None = None,
     reduce_range: bool | None = None,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> ModelCard:
     """Quantize a float ONNX model to INT8 and measure it against the original.
 
@@ -163,6 +164,8 @@ def quantize_model(
         progress: Called as ``progress(done, total)`` during calibration.
         reduce_range: Quantize weights to 7 bits (default: on for ``x86_64``, see
             ``REDUCE_RANGE``; off for ``aarch64``).
+        input_shapes: Fixed shapes for the model's dynamic inputs (``{"images": [1, 3, 320,
+            320]}``); over those the config's preprocessing or an ``.npz`` implies.
 
     Returns:
         The model card.
@@ -173,11 +176,55 @@ def quantize_model(
         ModelError: the model cannot be quantized (TFLite, already quantized, float16, no
             quantizable operators) or its quantized version fails to load or run.
     """
+    _require_tooling()
+    with _onnxruntime_quiet():
+        return _quantize(model, output, calibration, config=config, pipeline=pipeline, mode=mode,
+                         target=target, method=method, per_channel=per_channel,
+                         exclude_nodes=exclude_nodes, exclude_types=exclude_types,
+                         exclude_first_conv=exclude_first_conv, exclude_head=exclude_head,
+                         samples=samples, held_out=held_out, force=force, progress=progress,
+                         reduce_range=reduce_range, input_shapes=input_shapes)
+
+
+class _FromOnnxruntime(logging.Filter):
+    """onnxruntime's quantization tooling warns through the root logger (``logging.warning``:
+    opset advice, "please use QDQ"): advice to its own API's callers, not to ours, who see what
+    matters in the card. Kept at debug level under this module's logger."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if f"{os.sep}onnxruntime{os.sep}" not in record.pathname:
+            return True
+        logger.debug("onnxruntime: %s", record.getMessage())
+        return False
+
+
+@contextlib.contextmanager
+def _onnxruntime_quiet() -> Iterator[None]:
+    import onnxruntime as ort
+
+    root, quiet = logging.getLogger(), _FromOnnxruntime()
+    root.addFilter(quiet)
+    # the sessions its pre-processing and calibration create log C++ warnings to stderr
+    ort.set_default_logger_severity(1 if logger.isEnabledFor(logging.DEBUG) else 3)
+    try:
+        yield
+    finally:
+        ort.set_default_logger_severity(2)
+        root.removeFilter(quiet)
+
+
+def _quantize(model: str | os.PathLike[str], output: str | os.PathLike[str],
+              calibration: str | os.PathLike[str] | None, *, config: Any, pipeline: str | None,
+              mode: str, target: str, method: str, per_channel: bool,
+              exclude_nodes: Iterable[str], exclude_types: Iterable[str],
+              exclude_first_conv: bool, exclude_head: bool, samples: int,
+              held_out: str | os.PathLike[str] | None, force: bool, progress: Progress | None,
+              reduce_range: bool | None, input_shapes: Mapping[str, Sequence[int]] | None
+              ) -> ModelCard:
     from .catalog import resolve_model
     from .model import load_model
     from .runtime.modelfile import inspect_model
 
-    _require_tooling()
     src = resolve_model(model)
     info = inspect_model(src)
     _check_quantizable(src, info)
@@ -197,6 +244,9 @@ def quantize_model(
     warnings: list[str] = []
     npz_shapes = _npz_shapes(calibration) or _npz_shapes(held_out)
     load_opts = _load_options(task_cfg, source_cfg, src, info, npz_shapes)
+    if input_shapes:
+        load_opts["input_shapes"] = {**(load_opts.get("input_shapes") or {}),
+                                     **{k: list(v) for k, v in input_shapes.items()}}
     with load_model(src, **load_opts) as float_model:
         task = _make_task(task_cfg, float_model, calibration, held_out)
         calib, held, data_card = collect(task, float_model, calibration, held_out, samples,
@@ -394,6 +444,9 @@ def _write(src: Path, info: ModelFileInfo, out: Path, float_model: Model, task: 
 
     card_path = out.with_suffix(".card.json")
     fd, tmp_name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.stem}.", suffix=".partial.onnx")
+    # mkstemp makes it 0600: a model is no secret, and the service (systemd DynamicUser=) must
+    # read it. The mode a new file gets here (0644 under the usual umask 022).
+    os.fchmod(fd, 0o666 & ~_umask())
     os.close(fd)
     tmp = Path(tmp_name)
     card_tmp = card_path.with_name(f".{card_path.name}.partial")
@@ -478,6 +531,18 @@ def _quantize_static(named: Path, tmp: Path, proto: onnx.ModelProto, calib: Sequ
     finally:
         if chatter.getvalue():
             logger.debug("onnxruntime calibration: %s", chatter.getvalue().strip())
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it (``os.umask`` sets it, racing threads)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
 
 
 # ConvInteger, what dynamic quantization makes of a Conv, has CPU kernels for uint8 weights only:

@@ -164,6 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--held-out", metavar="DIR|VIDEO|NPZ",
                    help="inputs for the accuracy report (default: samples left out of "
                    "--calibration)")
+    p.add_argument("--input-shape", action="append", default=[], metavar="NAME=D1,D2,...",
+                   help="fix a dynamic input shape, e.g. images=1,3,320,320 (repeatable; an "
+                   "example model's own shapes are the default)")
     p.add_argument("--force", action="store_true", help="overwrite OUT")
     p.add_argument("--json", action="store_true", help="print the model card as JSON")
 

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from .model_cmds import _input_shapes
+from .model_cmds import model_inputs
 
 _COLUMNS = (
     ("provider", "<22"), ("threads", ">7"), ("load ms", ">8"), ("p50 ms", ">8"), ("p90 ms", ">8"),
@@ -32,7 +32,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         threads=parse_threads(args.threads),
         runs=args.runs,
         warmup=args.warmup,
-        input_shapes=_input_shapes(args.input_shape),
+        input_shapes=model_inputs(args.model, args.input_shape)[0],
     )
     if args.plot:
         plot_histograms(results, args.plot)

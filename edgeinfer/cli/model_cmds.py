@@ -29,10 +29,28 @@ def _input_shapes(items: list[str]) -> dict[str, list[int]]:
     return shapes
 
 
+def model_inputs(model: str, items: list[str]) -> tuple[dict[str, list[int]], dict[str, Any]]:
+    """Input shapes (``--input-shape`` over an example model's own) and warm-up values for
+    ``model`` (a path or an example model's name)."""
+    from ..catalog import for_path
+
+    entry = for_path(model)
+    shapes = {name: list(dims) for name, dims in entry.input_shapes} if entry else {}
+    shapes.update(_input_shapes(items))
+    return shapes, dict(entry.warmup_inputs) if entry else {}
+
+
+def _dims(shape: list[Any]) -> str:
+    """``1x3x320x320``; a symbolic dimension by its name, ``?`` when that is an expression."""
+    return "x".join("?" if d is None or (isinstance(d, str) and not d.isidentifier()) else str(d)
+                    for d in shape) or "scalar"
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     from ..catalog import resolve_model
     from ..model import load_model
 
+    shapes, warm = model_inputs(args.model, args.input_shape)
     with load_model(
         resolve_model(args.model),
         providers=args.providers,
@@ -41,7 +59,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         isolation=args.isolation,
         strict_providers=args.strict_providers,
         probe=args.probe,
-        input_shapes=_input_shapes(args.input_shape),
+        input_shapes=shapes,
+        warmup_inputs=warm,
         max_model_mb=args.max_model_mb,
     ) as model:
         info = model.info()
@@ -67,7 +86,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     for kind in ("inputs", "outputs"):
         print(f"{kind}:")
         for t in info[kind]:
-            dims = "x".join("?" if d is None else str(d) for d in t["shape"]) or "scalar"
+            dims = _dims(t["shape"])
             q = t.get("quantization")
             extra = f"  scale {q['scale']:.6g} zero point {q['zero_point']}" if q else ""
             print(f"  {t['name']:<20} {t['dtype']:<8} {dims}{extra}")

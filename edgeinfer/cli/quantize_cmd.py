@@ -44,7 +44,9 @@ class _Bar:
 
 def cmd_quantize(args: argparse.Namespace) -> int:
     from ..quantize import quantize_model
+    from .model_cmds import model_inputs
 
+    shapes = model_inputs(args.input, args.input_shape)[0]
     bar = _Bar("calibrating") if sys.stderr.isatty() or not args.json else None
     try:
         card = quantize_model(
@@ -53,7 +55,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
             per_channel=args.per_channel, exclude_nodes=_names(args.exclude_nodes),
             exclude_types=_names(args.exclude_types), exclude_first_conv=args.exclude_first_conv,
             exclude_head=args.exclude_head, samples=args.samples, held_out=args.held_out,
-            force=args.force, progress=bar,
+            force=args.force, progress=bar, input_shapes=shapes,
         )
     finally:
         if bar is not None:

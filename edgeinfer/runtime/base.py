@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -367,8 +368,7 @@ def warm_up(session: Session, spec: SessionSpec) -> None:
                 f"{spec.path.name}: warm-up run with the given warmup_inputs failed: {exc}"
             ) from exc
         if guessed:
-            why = ("dynamic input shapes were guessed and the model refused them "
-                   f"({exc}); pass input_shapes to warm it up")
+            why = _guessed_shapes_refused(session.inputs, feeds, exc)
         else:
             made_up = sorted(set(feeds) - set(spec.warmup_inputs))
             # bfloat16, float8, int4 (ml_dtypes): onnxruntime's Python API may take none of them
@@ -382,6 +382,23 @@ def warm_up(session: Session, spec: SessionSpec) -> None:
         return
     report.warmup_ms = (time.perf_counter() - start) * 1000
     report.warmed_up = True
+
+
+def _guessed_shapes_refused(specs: tuple[TensorSpec, ...], feeds: Mapping[str, np.ndarray],
+                            exc: Exception) -> str:
+    """What to pass, in the API's and the command line's words; the runtime's internals (its
+    source file, C++ signatures) reduced to the node that refused."""
+    dynamic = [s for s in specs if any(not (isinstance(d, int) and d >= 0) for d in s.shape)]
+    tried = ", ".join(f"{s.name} {format_shape(feeds[s.name].shape)}" for s in dynamic)
+    example = {s.name: ",".join(str(d) if isinstance(d, int) and d >= 0 else
+                                (d if isinstance(d, str) and d.isidentifier() else "N")
+                                for d in s.shape) for s in dynamic}
+    node = re.search(r"running (\w+) node\. Name:'([^']*)'", str(exc))
+    where = f" at its {node[1]} node {node[2]!r}" if node else f" ({str(exc)[:160]})"
+    flags = " ".join(f"--input-shape {name}={dims}" for name, dims in example.items())
+    api = ", ".join(f"{name!r}: [{dims.replace(',', ', ')}]" for name, dims in example.items())
+    return (f"the model refused the guessed input shapes ({tried}){where}; pass "
+            f"input_shapes={{{api}}} with its real sizes for the names (command line: {flags})")
 
 
 def _skip(report: LoadReport, spec: SessionSpec, note: str) -> None:
