@@ -154,6 +154,11 @@ def mqtt_config(args: argparse.Namespace) -> MqttConfig:
     if args.tls or args.ca or args.cert or args.cert_key:
         if bool(args.cert) != bool(args.cert_key):
             raise ConfigError("give both --cert and --cert-key, or neither")
+        for flag, value in (("--ca", args.ca), ("--cert", args.cert),
+                            ("--cert-key", args.cert_key)):
+            if value and not os.path.isfile(value):
+                raise ConfigError(f"{flag} {value}: no such file" if not os.path.exists(value)
+                                  else f"{flag} {value}: not a file")
         base = config.tls or TlsConfig()
         changes["tls"] = msgspec.structs.replace(
             base, ca_file=args.ca or base.ca_file, cert_file=args.cert or base.cert_file,

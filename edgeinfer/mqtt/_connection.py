@@ -10,6 +10,7 @@ failed in words, when to say it again, and which publish a PUBACK belongs to. Re
 from __future__ import annotations
 
 import logging
+import os
 import re
 import socket
 import ssl
@@ -39,6 +40,11 @@ def ssl_context(tls: TlsConfig) -> ssl.SSLContext:
     Raises:
         ConfigError: a file is missing or not a CA, certificate or key.
     """
+    for name in ("ca_file", "cert_file", "key_file"):
+        # ssl names no file in its FileNotFoundError (the CA's): say which key and which file
+        value = getattr(tls, name)
+        if value is not None and not os.path.isfile(value):
+            raise ConfigError(f"mqtt.tls.{name}: no such file: {value}")
     try:
         ctx = ssl.create_default_context(cafile=tls.ca_file)
         ctx.minimum_version = (ssl.TLSVersion.TLSv1_3 if tls.min_version == "1.3"

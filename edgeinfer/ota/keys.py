@@ -188,12 +188,14 @@ def load_private_key(path: str | os.PathLike[str]) -> PrivateKey:
         raise ConfigError(f"private key path {p} is a directory") from None
     except OSError as exc:
         raise ConfigError(f"cannot read private key file {p}: {exc.strerror}") from None
+    text = data.decode("ascii", "replace")
+    # A public key first: it is readable by everyone on purpose, so no chmod hint for it.
+    if text.lstrip().startswith(_PREFIX) or _PEM_BEGIN in text:
+        raise ConfigError(f"{p} is a public key; --key takes the private key (the file without "
+                          ".pub that `edgeinfer keygen` wrote next to it)")
     if st.st_mode & (stat.S_IRGRP | stat.S_IROTH):
         logger.warning("private key %s is readable by group or others (mode %o); chmod 600 it",
                        p, stat.S_IMODE(st.st_mode))
-    text = data.decode("ascii", "replace")
-    if text.lstrip().startswith(_PREFIX) or _PEM_BEGIN in text:
-        raise ConfigError(f"{p} holds a public key; give the private key (the file without .pub)")
     try:
         key = serialization.load_pem_private_key(data, password=None)
     except TypeError:

@@ -13,6 +13,7 @@ import logging
 import os
 import select
 import shlex
+import shutil
 import signal
 import struct
 import subprocess
@@ -21,6 +22,7 @@ import time
 import wave
 from collections import deque
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
@@ -47,6 +49,10 @@ _POLL_MS = 200  # how long a read waits before it looks at stop()
 _STDERR_LINES = 20
 _LINE_BYTES = 1024
 _NAME_CHARS = 120  # a command in messages is cut here (an inline script would flood the log)
+# Recorders an audio `command` usually names, and the Debian/Raspberry Pi OS package of each
+_PACKAGES = {"arecord": "alsa-utils", "parec": "pulseaudio-utils", "pw-record": "pipewire-bin",
+             "ffmpeg": "ffmpeg", "sox": "sox", "rec": "sox", "gst-launch-1.0":
+             "gstreamer1.0-tools"}
 
 
 class _Pcm:
@@ -125,6 +131,9 @@ class AudioSource(Source):
             return
         if not self._argv:
             raise SourceError("audio source: `command` is empty")
+        program = self._argv[0]
+        if shutil.which(program) is None:  # no retry brings a missing program back
+            raise SourceError(f"audio command {self.name!r}: {_not_installed(program)}")
         self._last_error = self._start()
 
     def _frames(self) -> Iterator[Frame]:
@@ -201,6 +210,11 @@ class AudioSource(Source):
         rc = proc.returncode
         how = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exited with code {rc}"
         tail = [line for line in self._stderr if line][-3:]
+        if rc == 127:  # a shell's "command not found": name the package
+            missing = [w for w in _PACKAGES if any(f"{w}: not found" in t or
+                                                    f"{w}: command not found" in t for t in tail)]
+            if missing:
+                tail.append(_not_installed(missing[0]))
         return how + (": " + " | ".join(tail) if tail else "")
 
     def _read_pipe(self, mv: memoryview) -> int:
@@ -337,6 +351,12 @@ def _drain(pipe: IO[bytes], tail: deque[str]) -> None:
             tail.append(partial.decode(errors="replace").rstrip())
     except (OSError, ValueError):  # closed under us by _reap: a grandchild kept it open
         pass
+
+
+def _not_installed(program: str) -> str:
+    package = _PACKAGES.get(Path(program).name)
+    hint = f" (apt install {package})" if package else ""
+    return f"{program} is not installed or not on PATH{hint}"
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:

@@ -373,7 +373,7 @@ def test_tls_version_below_the_minimum_fails(tmp_path: Path,
 
 
 def test_unreadable_tls_files_are_a_config_error(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="no such file"):
+    with pytest.raises(ConfigError, match=f"mqtt.tls.ca_file: no such file: {tmp_path}/missing.crt"):
         MqttClient(config(1883, tls=TlsConfig(ca_file=str(tmp_path / "missing.crt"))), "dev")
     garbage = tmp_path / "garbage.crt"
     garbage.write_text("not a certificate")

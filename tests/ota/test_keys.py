@@ -88,10 +88,14 @@ def test_sign_verify_round_trip_and_wrong_key() -> None:
     assert not a.public.verify(b"model bytes", b"")
 
 
-def test_load_private_key_refuses_pub_file(tmp_path: Path) -> None:
+def test_load_private_key_refuses_pub_file(tmp_path: Path,
+                                           caplog: pytest.LogCaptureFixture) -> None:
     _, pub, _ = generate_keypair(tmp_path / "k")
-    with pytest.raises(ConfigError, match=r"public key.*without \.pub"):
+    pub.chmod(0o644)  # as public keys are: no "chmod 600 it" hint for one given as --key
+    with caplog.at_level("WARNING"), \
+            pytest.raises(ConfigError, match=r"is a public key; .*without \.pub"):
         load_private_key(pub)
+    assert "chmod" not in caplog.text
 
 
 def test_load_private_key_refuses_rsa(tmp_path: Path, rsa_pem: bytes) -> None:

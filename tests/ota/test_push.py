@@ -525,6 +525,8 @@ def test_cli_rollback(devices: Any, key_file: Path, prefix: str, mqtt_broker: tu
     (["missing.onnx", "--device", "a", "--version", "1"], 66, "model file not found"),
     (["MODEL", "--device", "a", "--version", "1", "--key", "nokey"], 78, "nokey"),
     (["MODEL", "--device", "a", "--version", "1", "--cert", "c.pem"], 78, "--cert-key"),
+    (["MODEL", "--device", "a", "--version", "1", "--tls", "--ca", "ca.crt"], 78,
+     "--ca ca.crt: no such file"),
     (["MODEL", "--group", "line-3", "--version", "1", "--canary", "5"], 78, "--canary 5 needs"),
 ])
 def test_cli_option_errors(argv: list[str], code: int, message: str, model: Path,

@@ -88,13 +88,33 @@ def test_command_that_dies_is_restarted_with_its_stderr_counted(tmp_path: Path) 
     assert all(b > a for a, b in zip(starts, starts[1:]))
 
 
-def test_missing_command_gives_up_naming_it() -> None:
+def test_missing_program_fails_at_once_naming_it_and_its_package(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """It said `cannot start: No such file or directory` after retrying a program that no
+    retry brings back; `arecord` comes with alsa-utils."""
+    monkeypatch.setenv("PATH", str(tmp_path))  # nothing on it
     config = AudioConfig(command="no-such-recorder -f S16_LE",
+                         reconnect=ReconnectConfig(initial_s=0.01, max_attempts=2))
+    with pytest.raises(SourceError) as err, AudioSource(config) as src:
+        list(src)
+    assert "no-such-recorder -f S16_LE" in str(err.value)
+    assert "no-such-recorder is not installed or not on PATH" in str(err.value)
+    config = AudioConfig(command="arecord -q -t raw -f S16_LE -r 16000 -c 1",
+                         reconnect=ReconnectConfig(initial_s=0.01, max_attempts=2))
+    with pytest.raises(SourceError, match=r"arecord is not installed or not on PATH "
+                       r"\(apt install alsa-utils\)"), AudioSource(config) as src:
+        list(src)
+
+
+def test_a_shell_command_missing_arecord_names_the_package(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    config = AudioConfig(command="/bin/sh -c 'arecord -q -f S16_LE'",
                          reconnect=ReconnectConfig(initial_s=0.01, max_attempts=2))
     with AudioSource(config) as src, pytest.raises(SourceError) as err:
         list(src)
-    assert "no-such-recorder -f S16_LE" in str(err.value)
-    assert "cannot start" in str(err.value)
+    assert "exited with code 127" in str(err.value)
+    assert "arecord is not installed or not on PATH (apt install alsa-utils)" in str(err.value)
     assert src.stats.errors == 2 and src.stats.reconnects == 1  # max_attempts failures in a row
 
 
@@ -126,7 +146,7 @@ def test_stop_ends_a_silent_command_and_close_kills_one_ignoring_sigterm() -> No
 
 
 def test_stop_interrupts_the_backoff() -> None:
-    config = AudioConfig(command="no-such-recorder", reconnect=ReconnectConfig(initial_s=30))
+    config = AudioConfig(command="false", reconnect=ReconnectConfig(initial_s=30))  # exits at once
     with AudioSource(config) as src:
         threading.Timer(0.2, src.stop).start()
         t0 = time.monotonic()
