@@ -23,7 +23,10 @@ import numpy as np
 from ..config.pipeline import CameraSource as CameraConfig
 from ..errors import SourceError
 from ..frames import Frame
+from .._opencv import quiet_opencv
 from .base import Backoff, Outage, RateLimiter, Source
+
+quiet_opencv()
 
 __all__ = ["CameraSource", "gstreamer_available", "redact"]
 

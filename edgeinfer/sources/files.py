@@ -28,7 +28,10 @@ from ..config.pipeline import ImagesSource as ImagesConfig
 from ..config.pipeline import VideoSource as VideoConfig
 from ..errors import SourceError
 from ..frames import Frame
+from .._opencv import quiet_opencv
 from .base import RateLimiter, Source
+
+quiet_opencv()
 
 __all__ = ["IMAGE_EXTENSIONS", "ImagesSource", "VideoSource"]
 
