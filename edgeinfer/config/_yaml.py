@@ -39,6 +39,11 @@ _STR, _SEQ, _MAP, _MERGE, _NULL = (
 )
 _SUBST = re.compile(r"\$(?:(?P<dollar>\$)|\{(?P<body>[^}]*)(?P<close>\})?)")
 _ENV_BODY = re.compile(r"(?P<var>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>.*))?", re.DOTALL)
+# `${...}` on one line, not after a `$` (`$${` is a literal), and the private-use characters
+# that stand in for one while YAML parses (printable, so YAML takes them in plain scalars)
+_FLOW_SUBST = re.compile(r"(?<!\$)\$\{[^}\n]*\}")
+_STAND_IN = ("\ue000", "\ue001")
+_STAND_IN_RE = re.compile("\ue000([0-9]+)\ue001")
 _CRED_NAME = re.compile(r"[A-Za-z0-9_.@-]+")
 MAX_CREDENTIAL_BYTES = 64 * 1024
 # Aliases are expanded while building: a few nested ones could otherwise make millions of nodes.
@@ -75,6 +80,7 @@ class YamlReader:
         self._active: set[int] = set()
         self._nodes = 0
         self._constructor = SafeConstructor()
+        self._stand_ins: list[str] = []
 
     @property
     def has_secrets(self) -> bool:
@@ -90,7 +96,7 @@ class YamlReader:
     def load(self, text: str) -> Any:
         """Parse ``text`` into dicts, lists and scalars; the top level must be a mapping."""
         try:
-            root = yaml.compose(text, Loader=yaml.SafeLoader)
+            root = self._compose(text)
         except yaml.MarkedYAMLError as exc:
             raise self._yaml_error(exc) from None
         except yaml.YAMLError as exc:
@@ -103,6 +109,24 @@ class YamlReader:
             raise self.error((), line, f"the top level must be a mapping of settings, not a {kind}")
         self.lines[()] = root.start_mark.line + 1
         return self._build(root, ())
+
+    def _compose(self, text: str) -> yaml.Node | None:
+        """``yaml.compose``; when that fails on a text with ``${...}``, again with each one
+        stood in for by a token YAML takes in any context: in a flow mapping or sequence
+        (``source: {type: camera, uri: ${CAMERA}}``) ``{`` and ``}`` are YAML's own, so a
+        plain ``${X}`` there is a syntax error. `_construct` puts them back."""
+        try:
+            return yaml.compose(text, Loader=yaml.SafeLoader)
+        except yaml.MarkedYAMLError:
+            if "${" not in text:
+                raise
+        self._stand_ins = []
+
+        def stand_in(match: re.Match[str]) -> str:
+            self._stand_ins.append(match[0])
+            return f"{_STAND_IN[0]}{len(self._stand_ins) - 1}{_STAND_IN[1]}"
+
+        return yaml.compose(_FLOW_SUBST.sub(stand_in, text), Loader=yaml.SafeLoader)
 
     def line_of(self, path: _Path) -> int | None:
         """The line of ``path``, or of its nearest parent that was read."""
@@ -184,6 +208,8 @@ class YamlReader:
         return self._construct(node, path)
 
     def _construct(self, node: yaml.ScalarNode, path: _Path) -> Any:
+        if self._stand_ins and _STAND_IN[0] in node.value:
+            node.value = _STAND_IN_RE.sub(lambda m: self._stand_ins[int(m[1])], node.value)
         try:
             return self._constructor.construct_object(node)
         except ConstructorError as exc:
