@@ -82,6 +82,10 @@ class Publisher:
         # Bumped by the client's thread on every connect; a client already connected counts.
         self._connects = int(client.connected)
         self._seen_connects = 0
+        # Down from a disconnect until our own connect callback ran: the client says
+        # `connected` a moment before its callbacks run, and results sent in that moment went
+        # out again at the catch-up that callback starts (duplicates, out of order).
+        self._down = not client.connected
         # catch-up after a connect: ids up to _backlog_end are the backlog
         self._backlog_end = 0
         self._catchup_t0 = 0.0
@@ -120,9 +124,11 @@ class Publisher:
     # -- client callbacks (the client's thread) -------------------------------------------------
     def _on_connect(self, *_: Any) -> None:
         self._connects += 1
+        self._down = False
         self._wake.set()
 
     def _on_disconnect(self, *_: Any) -> None:
+        self._down = True
         self._wake.set()
 
     # -- the thread -----------------------------------------------------------------------------
@@ -144,7 +150,7 @@ class Publisher:
 
     def _publish_some(self) -> float:
         """Publish what the window and the pacing allow; returns how long to sleep (0: go on)."""
-        if not self.client.connected:
+        if self._down or not self.client.connected:
             return _IDLE_WAIT_S
         if self._connects != self._seen_connects:
             self._begin_catch_up()
