@@ -283,8 +283,10 @@ def _check_one(spec: TensorSpec, want: np.dtype[Any] | None, value: np.ndarray,
 
 
 def format_shape(shape: tuple[Dim, ...]) -> str:
-    """``(1, 'batch', None)`` -> ``[1, batch, ?]``."""
-    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+    """``(1, 'batch', None)`` -> ``[1, batch, ?]``; a dimension onnxruntime gives as a formula
+    (YOLOv8's output: 300 characters of ``floor(...)``) is ``?`` too."""
+    return "[" + ", ".join("?" if d is None or (isinstance(d, str) and not d.isidentifier())
+                           else str(d) for d in shape) + "]"
 
 
 def warmup_feeds(
