@@ -61,8 +61,9 @@ def test_validate_config_strict_passes_a_startable_config(
 
 
 def test_an_example_model_name_not_yet_fetched_is_no_problem(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # `run` pulls it; the private cache of this test holds nothing
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `run` pulls it: an empty models cache is no reason to refuse the config
+    monkeypatch.setenv("EDGEINFER_MODELS", str(tmp_path / "no-models"))
     assert main(["validate-config", "--strict", str(_config(tmp_path, "yolov8n-320"))]) == 0
 
 
