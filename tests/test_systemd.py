@@ -100,16 +100,20 @@ def _run_cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
                           text=True, cwd=ROOT, env={**os.environ, **env}, timeout=60)
 
 
-def test_logging_under_journald_has_no_timestamps(tmp_path: Path) -> None:
+def test_logging_under_journald_has_no_timestamps(tmp_path: Path, blazeface_path: Path) -> None:
+    # a model that loads but does not fit the task: the daemon logs why the pipeline did not
+    # start (a missing model file is refused before, by `run`'s own check)
     cfg = tmp_path / "c.yaml"
     cfg.write_text("pipelines:\n  - name: p\n    source: {type: synthetic}\n"
-                   "    model: {path: " + str(tmp_path / "missing.onnx") + "}\n"
+                   "    model: {path: " + str(blazeface_path) + "}\n"
                    "    task: {type: classify}\n")
     journal = _run_cli("run", "-c", str(cfg), JOURNAL_STREAM="8:12345")
     plain = _run_cli("run", "-c", str(cfg), JOURNAL_STREAM="")
     assert journal.returncode == plain.returncode != 0
     logged = [x for x in journal.stderr.splitlines() if x.startswith("<")]
-    assert logged and logged[0].startswith("<3>edgeinfer.daemon: pipeline p not started")
+    assert logged and logged[0].startswith("<6>edgeinfer.model: loaded ")
+    errors = [x for x in logged if x.startswith("<3>")]
+    assert errors and errors[0].startswith("<3>edgeinfer.daemon: pipeline p not started")
     stamped = [x for x in plain.stderr.splitlines() if "ERROR edgeinfer.daemon" in x]
     assert stamped and stamped[0][:2] == "20"  # asctime
 
