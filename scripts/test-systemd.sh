@@ -181,7 +181,8 @@ cleanup() {
         umount "$WORK/rw" 2>/dev/null || umount -l "$WORK/rw" 2>/dev/null
         rm -rf --one-file-system "$WORK"
     fi
-    [[ -z $CGROUP ]] || rmdir "$CGROUP" 2>/dev/null
+    # nspawn leaves its payload/supervisor groups below ours: remove them deepest first.
+    [[ -z $CGROUP || ! -d $CGROUP ]] || find "$CGROUP" -depth -type d -exec rmdir {} \; 2>/dev/null
     exit "$rc"
 }
 trap cleanup EXIT
