@@ -149,14 +149,25 @@ build_rootfs
 # The dependencies of edgeinfer for Python 3.11 (this checkout's venv, as the README makes it),
 # handed to the venv inside read-only through --system-site-packages; pip inside builds
 # edgeinfer itself with setuptools from a small cached wheel folder, and nothing else.
-SITE=${EDGEINFER_SYSTEMD_SITE:-$SRC/.venv/lib/python3.11/site-packages}
-[[ -d $SITE/onnxruntime ]] ||
-    die "no Python 3.11 packages with onnxruntime in $SITE (make the README's venv, or set EDGEINFER_SYSTEMD_SITE)"
+# The first Python 3.11 with onnxruntime: $PYTHON, the python3 on PATH (an active venv), this
+# checkout's .venv.
+SITE=${EDGEINFER_SYSTEMD_SITE:-}
+HOST_PY=
+for py in "${PYTHON:-}" python3 "$SRC/.venv/bin/python"; do
+    [[ -n $py ]] && command -v "$py" >/dev/null || continue
+    cand=$("$py" -c 'import sys, sysconfig
+assert sys.version_info[:2] == (3, 11)
+print(sysconfig.get_paths()["purelib"])' 2>/dev/null) || continue
+    if [[ -z $SITE && -d $cand/onnxruntime ]]; then SITE=$cand; HOST_PY=$py; fi
+done
+[[ -n $SITE && -d $SITE/onnxruntime ]] ||
+    die "no Python 3.11 with onnxruntime (activate the README's venv, or set EDGEINFER_SYSTEMD_SITE)"
+HOST_PY=${HOST_PY:-python3}
 WHEELS=$CACHE/systemd-wheels
 if ! ls "$WHEELS"/setuptools-*.whl "$WHEELS"/wheel-*.whl >/dev/null 2>&1; then
     log "fetching setuptools and wheel into $WHEELS (the build backend pip needs inside)"
     mkdir -p "$WHEELS"
-    timeout 300 "$SRC/.venv/bin/python" -m pip download -q "setuptools>=61" wheel -d "$WHEELS" ||
+    timeout 300 "$HOST_PY" -m pip download -q "setuptools>=61" wheel -d "$WHEELS" ||
         die "cannot fetch setuptools and wheel"
 fi
 # YOLOv8n at 320x320 (`edgeinfer models pull yolov8n-320`), as the Pi config runs it.
