@@ -35,6 +35,7 @@ from edgeinfer.config import parse_config
 from edgeinfer.errors import ConfigError
 from edgeinfer.testing import onnx_models
 from edgeinfer.testing.peer import Peer
+from edgeinfer.testing.procs import stop_process
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "configs").glob("*.yaml")) + [ROOT / "edgeinfer" / "demo.yaml"]
@@ -280,13 +281,7 @@ def fuzz_daemon(mqtt_broker: tuple[str, int], tmp_path: Path) -> Iterator[dict[s
         yield {"proc": proc, "dev": dev, "peer": peer, "log": log, "key": key, "model": other,
                "host": host, "port": port}
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        stop_process(proc, 20)
         peer.close()
 
 

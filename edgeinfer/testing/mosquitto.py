@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Self
 
 from .._net import free_port
+from .procs import stop_process
 
 if TYPE_CHECKING:
     from cryptography import x509
@@ -276,15 +277,7 @@ class Mosquitto:
         proc, self._proc = self._proc, None
         if proc is None:
             return
-        if kill:
-            proc.kill()
-        else:
-            proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop_process(proc, 5, kill=kill)
 
     def kill(self) -> None:
         """SIGKILL the broker, as a crash; ``start()`` brings it back on the same port."""

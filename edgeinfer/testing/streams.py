@@ -30,6 +30,8 @@ from typing import Any, Self
 
 import numpy as np
 
+from .procs import stop_process
+
 __all__ = ["APT_PACKAGES", "MjpegServer", "RtspServer", "rtsp_available"]
 
 _RTSP_SCRIPT = Path(__file__).with_name("_rtsp_server.py")
@@ -282,12 +284,7 @@ class RtspServer:
         proc, self._proc = self._proc, None
         if proc is None:
             return
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop_process(proc, 5)
 
     def restart(self, down_s: float = 0.0) -> None:
         """``stop()``, stay down ``down_s`` seconds, ``start()`` on the same port."""

@@ -26,6 +26,7 @@ import pytest
 
 from edgeinfer import samples
 from edgeinfer._net import free_port
+from edgeinfer.testing.procs import stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 NATS = shutil.which("nats-server") or "/usr/sbin/nats-server"
@@ -89,12 +90,7 @@ def _serve(cmd: list[str], port: int, log: Path) -> Iterator[int]:
         _wait_listening(port, proc, log)
         yield port
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stop_process(proc)
 
 
 def _nats(folder: Path) -> Iterator[int]:

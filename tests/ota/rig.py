@@ -20,6 +20,7 @@ from typing import Any
 
 from edgeinfer.ota import manifest as mf
 from edgeinfer.testing.peer import Peer
+from edgeinfer.testing.procs import stop_process
 from edgeinfer.ota.keys import PrivateKey, load_private_key
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -125,13 +126,8 @@ class Device:
         return self.proc.wait(timeout)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        if self.proc is not None:
+            stop_process(self.proc, 15)
 
     def tail(self, lines: int = 40) -> str:
         try:
