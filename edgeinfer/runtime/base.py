@@ -54,6 +54,78 @@ class DelegateSpec:
     options: Mapping[str, str] = field(default_factory=dict)
 
 
+BACKEND_NAMES = ("onnxruntime", "openvino", "litert", "armnn")
+PRECISIONS = ("fp32", "fp16", "int8")
+"""The lowest arithmetic a backend may use for a model's float layers: ``fp32`` only, ``fp16``
+(also bf16 where the CPU has it), ``int8`` (also candidates that quantize float weights
+themselves). A model's own quantized layers always run as the file says."""
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """One way to run a model, exactly: the unit ``providers: auto`` measures and caches.
+
+    Attributes:
+        backend: ``"onnxruntime"``, ``"openvino"``, ``"litert"`` or ``"armnn"``.
+        device: onnxruntime: the execution provider (``"CPUExecutionProvider"``); OpenVINO: its
+            device (``"CPU"``); LiteRT: ``"xnnpack"`` or an external delegate's library path;
+            ARM NN: its backend (``"CpuAcc"``).
+        precision: arithmetic for float layers: ``"fp32"``, ``"bf16"``, ``"fp16"``, or ``"int8"``
+            (onnxruntime: weights quantized dynamically by edgeinfer).
+        threads: intra-op threads.
+        opt: onnxruntime graph optimization level (``"all"``, ``"extended"``, ``"basic"``);
+            empty for the other backends.
+        spin: onnxruntime intra-op thread spinning (faster at >1 thread, burns idle CPU).
+    """
+
+    backend: str
+    device: str
+    precision: str = "fp32"
+    threads: int = 1
+    opt: str = ""
+    spin: bool = False
+
+    @property
+    def provider(self) -> str:
+        """The short name results and stats carry: the onnxruntime execution provider's name,
+        ``"openvino-CPU"``, ``"xnnpack"`` or the delegate, ``"armnn-CpuAcc"``."""
+        if self.backend == "onnxruntime":
+            return self.device
+        if self.backend == "litert":
+            return self.device if self.device == "xnnpack" else Path(self.device).name
+        return f"{self.backend}-{self.device}"
+
+    def label(self) -> str:
+        """``onnxruntime CPU fp32 all spin 2t``: every field, for tables and logs."""
+        device = self.device.removesuffix("ExecutionProvider")
+        if self.backend == "litert" and self.device != "xnnpack":
+            device = Path(self.device).name
+        parts = [self.backend, device, self.precision]
+        if self.opt:
+            parts.append(self.opt)
+        if self.spin:
+            parts.append("spin")
+        parts.append(f"{self.threads}t")
+        return " ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Choice:
+        """The inverse of ``to_dict``; ``ValueError`` for anything else (a damaged cache)."""
+        try:
+            choice = cls(backend=str(data["backend"]), device=str(data["device"]),
+                         precision=str(data.get("precision", "fp32")),
+                         threads=int(data.get("threads", 1)), opt=str(data.get("opt", "")),
+                         spin=bool(data.get("spin", False)))
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"not a backend choice: {exc}") from None
+        if choice.backend not in BACKEND_NAMES or choice.threads < 1:
+            raise ValueError(f"not a backend choice: {dict(data)!r}")
+        return choice
+
+
 @dataclass(frozen=True, slots=True)
 class SessionSpec:
     """Everything a backend needs to build a session, resolved by ``load_model``.
@@ -81,6 +153,10 @@ class SessionSpec:
         warmup_inputs: values for the warm-up run by input name (scalars are broadcast);
             inputs not named get zeros. For models where zeros are not a valid input; see
             :func:`warm_up` for when a failed warm-up refuses the model.
+        choice: open exactly this backend configuration (set by the measuring selector in
+            ``runtime/select.py`` or from its cached decision); ``None``: the backend for
+            ``format`` picks by its own ranking (``providers``).
+        precision: the lowest arithmetic the selector may choose (see ``PRECISIONS``).
     """
 
     path: Path
@@ -101,6 +177,8 @@ class SessionSpec:
     graph_inputs: Mapping[str, tuple[Dim, ...]] = field(default_factory=dict)
     external_data: bool = False
     warmup_inputs: Mapping[str, Any] = field(default_factory=dict)
+    choice: Choice | None = None
+    precision: str = "fp16"
 
     def replace(self, **changes: Any) -> SessionSpec:
         return dataclasses.replace(self, **changes)
@@ -134,6 +212,8 @@ class LoadReport:
     rss_load_mb: float = 0.0
     rss_first_run_mb: float = 0.0
     isolation: str = "none"
+    choice: Choice | None = None
+    selection: dict[str, Any] | None = None  # the measuring selector's decision and table
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
