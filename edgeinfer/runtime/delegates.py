@@ -1,6 +1,8 @@
 """TFLite external delegates: finding them on a device, naming them, checking a library is one.
 
-Edge TPU (``libedgetpu.so.1``) and ARM NN (``libarmnnDelegate.so``) are looked for in the usual
+Edge TPU (``libedgetpu.so.1``), Mesa's Teflon for Rockchip and Amlogic NPUs (``libteflon.so``;
+Debian trixie's arm64 ``mesa-teflon-delegate`` installs it as ``/usr/lib/teflon/libteflon.so``,
+outside the linker's path) and ARM NN (``libarmnnDelegate.so``) are looked for in the usual
 library folders and with ``ctypes.util.find_library``. Only ctypes is needed: LiteRT is not
 imported here.
 """
@@ -15,33 +17,41 @@ from collections.abc import Callable, Iterable, Mapping
 
 from .base import DelegateSpec
 
-# (file name, name for ctypes.util.find_library, short name, default options)
+# (file name, name for ctypes.util.find_library or "" for none, short name, default options),
+# best first: NPUs before ARM NN's CPU/GPU kernels.
 KNOWN_DELEGATES: tuple[tuple[str, str, str, Mapping[str, str]], ...] = (
     ("libedgetpu.so.1", "edgetpu", "edgetpu", {}),
+    # not on the linker's path in Debian's package, so find_library would never see it
+    ("libteflon.so", "", "teflon", {}),
     ("libarmnnDelegate.so", "armnnDelegate", "armnn", {"backends": "CpuAcc,CpuRef"}),
 )
 LIBRARY_DIRS: tuple[str, ...] = (
     "/usr/lib",
     "/usr/lib/aarch64-linux-gnu",
     "/usr/lib/arm-linux-gnueabihf",
+    "/usr/lib/teflon",  # mesa-teflon-delegate (Debian trixie, arm64)
     "/usr/local/lib",
+    "/usr/local/lib/aarch64-linux-gnu",  # Mesa built from source with meson's default libdir
 )
 
 def discover_delegates(
     dirs: Iterable[str] = LIBRARY_DIRS,
     find_library: Callable[[str], str | None] = ctypes.util.find_library,
+    root: str = "/",
 ) -> tuple[DelegateSpec, ...]:
     """The well-known delegate libraries (``KNOWN_DELEGATES``) on this device, best first.
 
     Args:
         dirs: folders to look in, in order, before asking ``find_library``.
         find_library: ``ctypes.util.find_library`` or a stand-in for tests.
+        root: the filesystem root ``dirs`` are under (a device's root mounted elsewhere, a test's
+            temporary folder).
     """
-    dirs = tuple(dirs)
+    dirs = tuple(os.path.join(root, d.lstrip("/")) for d in dirs)
     found: list[DelegateSpec] = []
     for filename, libname, _, options in KNOWN_DELEGATES:
         path = next((p for d in dirs if os.path.isfile(p := os.path.join(d, filename))), None)
-        path = path or find_library(libname)
+        path = path or (find_library(libname) if libname else None)
         if path:
             found.append(DelegateSpec(path, dict(options)))
     return tuple(found)

@@ -36,7 +36,7 @@ from ..errors import (
 )
 from .base import Choice, Dim, LoadReport, SessionSpec, TensorSpec, format_shape, warm_up
 from .memory import MemoryMeter
-from .tflite import _import_interpreter, _quantize
+from .tflite import _import_interpreter, _quantization_of, _quantize
 from .tflite import _tensor_spec as litert_spec
 
 logger = logging.getLogger(__name__)
@@ -107,6 +107,7 @@ class OpenVinoSession:
         self.report = report
         self.inputs = inputs
         self.outputs = outputs
+        self.quantization = "unknown"  # TFLite files: LiteRT's word ("float16", "int8"...)
         self._in = [(i, s.name, s.quantization, np.dtype(s.dtype) if s.quantization else None)
                     for i, s in enumerate(inputs)]
         self._out = [(i, s.name, s.quantization if dequantize else None)
@@ -186,7 +187,7 @@ def open_session(spec: SessionSpec) -> OpenVinoSession:
     except (RuntimeError, ValueError) as exc:
         raise ModelLoadError(f"OpenVINO could not read {name}: {_short(exc)}") from exc
     _reshape(model, spec)
-    inputs, outputs = _specs(model, spec)
+    inputs, outputs, quantization = _specs(model, spec)
     try:
         compiled = core.compile_model(model, choice.device, config)
     except (RuntimeError, ValueError) as exc:
@@ -201,6 +202,7 @@ def open_session(spec: SessionSpec) -> OpenVinoSession:
     report.load_ms = (time.perf_counter() - t0) * 1000
     report.rss_load_mb = meter.added_mb()
     session = OpenVinoSession(compiled, report, inputs, outputs, spec.dequantize_outputs)
+    session.quantization = quantization
     if spec.warmup:
         warm_up(session, spec)
     report.rss_first_run_mb = meter.added_mb()
@@ -268,12 +270,16 @@ def _reshape(model: Any, spec: SessionSpec) -> None:
         ) from exc
 
 
-def _specs(model: Any, spec: SessionSpec) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+Specs = tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...], str]
+
+
+def _specs(model: Any, spec: SessionSpec) -> Specs:
+    """Inputs, outputs and (TFLite files) how the model is quantized, as LiteRT says."""
     inputs = tuple(_tensor_spec(p, spec, spec.graph_inputs) for p in model.inputs)
     outputs = tuple(_tensor_spec(p, spec, {}) for p in model.outputs)
     if spec.format == "tflite":
-        inputs, outputs = _litert_view(spec, inputs, outputs)
-    return inputs, outputs
+        return _litert_view(spec, inputs, outputs)
+    return inputs, outputs, "unknown"  # Model takes an ONNX file's from its inspection
 
 
 def _tensor_spec(port: Any, spec: SessionSpec, declared: Mapping[str, tuple[Dim, ...]]) -> TensorSpec:
@@ -310,7 +316,7 @@ def _dims(shape: Any) -> tuple[Dim, ...]:
 
 
 def _litert_view(spec: SessionSpec, inputs: tuple[TensorSpec, ...],
-                 outputs: tuple[TensorSpec, ...]) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+                 outputs: tuple[TensorSpec, ...]) -> Specs:
     """Names and quantization of a TFLite model's inputs and outputs as LiteRT reports them.
 
     OpenVINO keeps the file's order and names; it drops the scale and zero point of quantized
@@ -318,16 +324,18 @@ def _litert_view(spec: SessionSpec, inputs: tuple[TensorSpec, ...],
     """
     try:
         mod, _ = _import_interpreter()
-        interp = mod.Interpreter(model_path=str(spec.path))
-        lite_in = [litert_spec(d) for d in interp.get_input_details()]
-        lite_out = [litert_spec(d) for d in interp.get_output_details()]
+        interp = mod.Interpreter(model_path=str(spec.path))  # not allocated: details only
+        in_details, out_details = interp.get_input_details(), interp.get_output_details()
+        quantization = _quantization_of(interp, in_details, out_details)
+        lite_in = [litert_spec(d) for d in in_details]
+        lite_out = [litert_spec(d) for d in out_details]
     except BackendUnavailableError:
-        lite_in, lite_out = [], []
+        lite_in, lite_out, quantization = [], [], "unknown"
     except (ValueError, RuntimeError) as exc:
         raise ModelLoadError(f"LiteRT cannot read {spec.path.name}: {exc}") from exc
     quantized = [s for s in (*lite_in, *lite_out) if s.quantization is not None]
     if not quantized:
-        return inputs, outputs
+        return inputs, outputs, quantization
     if [s.name for s in lite_in] != [s.name for s in inputs] or \
             [s.name for s in lite_out] != [s.name for s in outputs]:
         raise ModelLoadError(
@@ -335,7 +343,7 @@ def _litert_view(spec: SessionSpec, inputs: tuple[TensorSpec, ...],
             "quantized tensors cannot be matched to their scales"
         )
     return (tuple(_with_quant(o, lt) for o, lt in zip(inputs, lite_in)),
-            tuple(_with_quant(o, lt) for o, lt in zip(outputs, lite_out)))
+            tuple(_with_quant(o, lt) for o, lt in zip(outputs, lite_out)), quantization)
 
 
 def _with_quant(ov_spec: TensorSpec, lite: TensorSpec) -> TensorSpec:

@@ -6,6 +6,12 @@ the well-known ones found on the device), falls back to XNNPACK with a recorded 
 warms the session up. Quantized int8/uint8 inputs take float arrays; quantized outputs come back
 as float32 unless ``dequantize_outputs`` is off.
 
+With ``spec.choice`` set (the measuring selector, ``runtime/select.py``) exactly that runs and
+nothing falls back: ``device="xnnpack"`` at ``choice.threads`` in fp32 (the interpreter), or in
+fp16 (XNNPACK's ``FORCE_FP16`` flag, reachable from Python only through LiteRT's
+``CompiledModel`` API, offered by :func:`precisions` where the CPU has FP16 arithmetic), or one
+delegate library; a failure is a ``ModelLoadError`` the selector records.
+
 Corrupt files: LiteRT 2.3's interpreter builds from a file with ``VerifyAndBuildFromFile`` (the
 flatbuffers verifier) and its ``InterpreterBuilder`` bounds-checks tensor, buffer, opcode and
 subgraph indices and constant sizes. Truncated copies, random bytes behind a ``TFL3`` header and
@@ -16,6 +22,7 @@ models and duplicate the native verifier); only a cheap header check for a clear
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import time
@@ -35,8 +42,8 @@ from ..errors import (
     StateError,
 )
 from . import memory
-from .base import Fallback, LoadReport, SessionSpec, TensorSpec, warm_up
-from .delegates import check_plugin, delegate_name, find_delegates
+from .base import Choice, Fallback, LoadReport, Session, SessionSpec, TensorSpec, warm_up
+from .delegates import KNOWN_DELEGATES, check_plugin, delegate_name, find_delegates
 
 logger = logging.getLogger(__name__)
 
@@ -320,8 +327,9 @@ def _open_interpreter(mod: Any, spec: SessionSpec, threads: int, report: LoadRep
     return interp
 
 
-def open_session(spec: SessionSpec) -> TFLiteSession:
-    """Build, verify and (with ``spec.warmup``) warm a LiteRT session for ``spec.path``.
+def open_session(spec: SessionSpec) -> Session:
+    """Build, verify and (with ``spec.warmup``) warm a LiteRT session for ``spec.path``:
+    ``spec.choice`` exactly when set, else XNNPACK behind the configured or discovered delegates.
 
     Raises:
         BackendUnavailableError: neither ai-edge-litert nor tflite-runtime is installed.
@@ -333,6 +341,8 @@ def open_session(spec: SessionSpec) -> TFLiteSession:
     start = time.perf_counter()
     meter = memory.MemoryMeter()
     _check_header(spec)
+    if spec.choice is not None:
+        return _open_choice(mod, spec, spec.choice, start, meter)
     threads = spec.threads if spec.threads > 0 else memory.default_threads()
     report = LoadReport(backend="tflite")
     interp = _open_interpreter(mod, spec, threads, report)
@@ -343,3 +353,102 @@ def open_session(spec: SessionSpec) -> TFLiteSession:
         warm_up(session, spec)
     report.rss_first_run_mb = meter.added_mb()
     return session
+
+
+# --- one exact Choice (the measuring selector) ---------------------------------------------------
+
+
+def available() -> bool:
+    """Whether ai-edge-litert (or tflite-runtime) imports here."""
+    try:
+        _import_interpreter()
+    except BackendUnavailableError:
+        return False
+    return True
+
+
+@functools.cache
+def precisions() -> tuple[str, ...]:
+    """The ``Choice.precision`` values LiteRT's XNNPACK runs here: ``fp32``, and ``fp16`` where
+    the CPU has FP16 arithmetic (Arm ``asimdhp``: a Pi 5's Cortex-A76, not a Pi 4's A72; x86
+    ``avx512_fp16``) and the installed ai-edge-litert has the ``CompiledModel`` API whose CPU
+    options take XNNPACK flags (the ``Interpreter`` API has no way to ask for FP16)."""
+    if not available() or not _cpu_has_fp16():
+        return ("fp32",)
+    try:
+        from ai_edge_litert import compiled_model  # noqa: F401
+        from ai_edge_litert.options import CpuOptions
+    except ImportError:
+        return ("fp32",)
+    if "xnnpack_flags" not in getattr(CpuOptions, "__dataclass_fields__", {}):
+        return ("fp32",)
+    return ("fp32", "fp16")
+
+
+def _cpu_has_fp16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return False
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return bool({"asimdhp", "avx512_fp16"} & set(value.split()))
+    return False
+
+
+def _open_choice(mod: Any, spec: SessionSpec, choice: Choice, start: float,
+                 meter: memory.MemoryMeter) -> Session:
+    if choice.backend != "litert":
+        raise ModelLoadError(f"the LiteRT backend was given a {choice.backend} choice")
+    report = LoadReport(backend="litert", provider=choice.provider, choice=choice,
+                        requested=(choice.provider,))
+    session: Session
+    if choice.device == CPU_PROVIDER and choice.precision == "fp16":
+        if "fp16" not in precisions():
+            raise ModelLoadError("LiteRT cannot run fp16 here: the CPU has no FP16 arithmetic "
+                                 "or ai-edge-litert lacks the CompiledModel API")
+        from .litert_fp16 import CompiledSession
+
+        session = CompiledSession(mod, spec, choice.threads, report)
+    elif choice.device == CPU_PROVIDER:
+        if choice.precision != "fp32":
+            raise ModelLoadError(f"LiteRT's XNNPACK runs fp32 or fp16, not {choice.precision!r}")
+        try:
+            interp = _build(mod, spec, choice.threads, [])
+        except (ValueError, RuntimeError) as exc:
+            raise _model_error(spec, exc) from exc
+        session = TFLiteSession(interp, report, choice.threads, spec.dequantize_outputs)
+    else:
+        interp = _build_with_delegate(mod, spec, choice)
+        session = TFLiteSession(interp, report, choice.threads, spec.dequantize_outputs)
+    report.load_ms = (time.perf_counter() - start) * 1000.0
+    report.rss_load_mb = meter.added_mb()
+    if spec.warmup:
+        warm_up(session, spec)
+    report.rss_first_run_mb = meter.added_mb()
+    return session
+
+
+def _build_with_delegate(mod: Any, spec: SessionSpec, choice: Choice) -> Any:
+    """The interpreter with exactly the delegate ``choice.device``, options from
+    ``spec.delegates`` or the well-known defaults; no fallback."""
+    library = choice.device
+    options = next((dict(d.options) for d in spec.delegates if d.library == library), None)
+    if options is None:
+        options = next((dict(o) for f, _, _, o in KNOWN_DELEGATES
+                        if delegate_name(library) == delegate_name(f)), {})
+    try:
+        check_plugin(library)
+        delegate = mod.load_delegate(library, options or None)
+    except (ValueError, RuntimeError, OSError, AttributeError) as exc:
+        raise ModelLoadError(f"delegate {library} cannot be loaded: {_text(exc)}") from exc
+    try:
+        return _build(mod, spec, choice.threads, [delegate])
+    except (ValueError, RuntimeError) as exc:
+        err = _model_error(spec, exc)
+        if isinstance(err, ModelFormatError):
+            raise err from exc
+        raise ModelLoadError(f"delegate {library} could not run {spec.path.name}: "
+                             f"{_text(exc)}") from exc
