@@ -330,7 +330,12 @@ def _litert_view(spec: SessionSpec, inputs: tuple[TensorSpec, ...],
         lite_in = [litert_spec(d) for d in in_details]
         lite_out = [litert_spec(d) for d in out_details]
     except BackendUnavailableError:
-        lite_in, lite_out, quantization = [], [], "unknown"
+        if any(s.dtype in ("int8", "uint8") for s in (*inputs, *outputs)):
+            raise ModelLoadError(
+                f"{spec.path.name} has integer inputs or outputs whose scales only LiteRT reads "
+                "here; install ai-edge-litert to run it on OpenVINO"
+            ) from None
+        return inputs, outputs, "unknown"
     except (ValueError, RuntimeError) as exc:
         raise ModelLoadError(f"LiteRT cannot read {spec.path.name}: {exc}") from exc
     quantized = [s for s in (*lite_in, *lite_out) if s.quantization is not None]

@@ -265,3 +265,15 @@ def test_missing_openvino_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> No
     assert not ovb.available()
     with pytest.raises(BackendUnavailableError, match=r"pip install 'edgeinfer\[openvino\]'"):
         ovb.version()
+
+
+def test_quantized_tflite_without_litert_is_refused(
+    tmp_path: Path, blazeface_path: Path, monkeypatch: pytest.MonkeyPatch, open_ov: Open
+) -> None:
+    monkeypatch.setitem(sys.modules, "ai_edge_litert", None)
+    monkeypatch.setitem(sys.modules, "tflite_runtime", None)
+    with pytest.raises(ModelLoadError, match="scales only LiteRT reads"):
+        open_ov(tm.int8_fc_model(tmp_path / "int8.tflite"), "tflite")
+    # a float model needs no scales: OpenVINO runs it alone
+    session = open_ov(blazeface_path, "tflite")
+    assert [s.name for s in session.outputs] == ["regressors", "classificators"]
