@@ -54,9 +54,11 @@ def build_pipeline(config: PipelineConfig | Config | str, *, name: str | None = 
 
 
 def load_pipeline_model(pc: PipelineConfig, runtime: RuntimeConfig) -> Model:
-    """Load the pipeline's model with the runtime's directories and limits."""
+    """The pipeline's model with the runtime's directories and limits: the one already loaded
+    in this process for the same file and options (shared, `edgeinfer.sharing`), else loaded.
+    ``close()`` it when done: the last pipeline to close a shared model closes it."""
     from .catalog import resolve_model
-    from .model import load_model
+    from .sharing import model_pool
 
     mc = pc.model
     path = resolve_model(mc.path)
@@ -64,7 +66,7 @@ def load_pipeline_model(pc: PipelineConfig, runtime: RuntimeConfig) -> Model:
     for key, value in _task_load_options(pc, path).items():
         if not kwargs.get(key):  # what the config says explicitly wins
             kwargs[key] = value
-    return load_model(
+    return model_pool().acquire(
         path, **kwargs,
         state_dir=runtime.resolved_state_dir(), cache_dir=runtime.resolved_cache_dir(),
         optimized_model_cache=runtime.optimized_model_cache,

@@ -238,7 +238,8 @@ class Daemon:
             self._state_lock.release()
 
     def reload(self) -> dict[str, Any]:
-        """Re-read the config file; restart only the pipelines whose config changed.
+        """Re-read the config file; restart only the pipelines whose config changed. A model
+        still used after the reload (same file and load options) is not loaded again.
 
         Everything new is built first: if the file is invalid or a changed pipeline cannot
         start, nothing running is touched and the error is raised.
@@ -253,9 +254,12 @@ class Daemon:
 
     def _reload(self) -> dict[str, Any]:
         from .config import load_config
+        from .sharing import model_pool
 
         assert self.config_path is not None
-        with self._reload_lock:
+        # A pipeline rebuilt for a change elsewhere (sinks, source, task settings) gets the
+        # model it ran back: the pool keeps it loaded until the end of the reload.
+        with self._reload_lock, model_pool().hold():
             new = load_config(self.config_path)
             current = {p.name: p for p in self.pipelines}
             old_configs = {pc.name: pc for pc in self.config.pipelines}

@@ -92,6 +92,7 @@ class Pipeline:
         # Since the last swap_model: inferences decoded and errors (the OTA health gate reads them).
         self.model_ok = 0
         self.model_errors = 0
+        _bind(model, name)
 
     # -- building -------------------------------------------------------------------------------
     @classmethod
@@ -197,6 +198,7 @@ class Pipeline:
         already inferred is emitted with the old model's name, so every result names the model
         that produced it. ``model_ok``/``model_errors`` count from zero again.
         """
+        _bind(model, self.name)
         with self._swap_lock:
             old = self.model
             self.model, self.task = model, task
@@ -306,6 +308,8 @@ class Pipeline:
             self._prepared.close()
 
     def _infer(self) -> None:
+        from .sharing import SharedModel
+
         stats = self.stats
         clock = time.perf_counter
         try:
@@ -338,7 +342,11 @@ class Pipeline:
                     stats.last_error = str(exc)
                     continue
                 task.update_state(outputs)
-                stats.infer.add((clock() - t0) * 1000)
+                took = (clock() - t0) * 1000
+                if isinstance(model, SharedModel):  # the model's own time, and the wait for it
+                    stats.wait.add(model.last_wait_ms)
+                    took = max(took - model.last_wait_ms, 0.0)
+                stats.infer.add(took)
                 try:
                     self._inferred.put((frame, outputs, context, task, ref))
                 except Closed:
@@ -419,12 +427,17 @@ class Pipeline:
 
     def snapshot(self) -> dict[str, Any]:
         """Stats of this pipeline for the stats topic and summaries."""
+        from .sharing import SharedModel
+
         data = self.stats.snapshot()
         ref, provider = self._made_by
+        model = self.model
         data.update(
             pipeline=self.name,
             model={"name": ref.name, "version": ref.version, "sha256": ref.sha256},
             provider=provider,
+            # the pipelines running one loaded model with this one (None: a model of its own)
+            shared=model.shared_stats() if isinstance(model, SharedModel) else None,
             source=self.source.stats.to_dict(),
             queues={"prepared": len(self._prepared), "inferred": len(self._inferred)},
             # failing sinks make the pipeline unhealthy (the daemon acts on it if it lasts)
@@ -434,3 +447,11 @@ class Pipeline:
                                                "paused" if self.paused else "running"),
         )
         return data
+
+
+def _bind(model: Model, pipeline: str) -> None:
+    """Name the pipeline on a shared model's handle (its stats list who shares the model)."""
+    from .sharing import SharedModel
+
+    if isinstance(model, SharedModel):
+        model.owner = pipeline

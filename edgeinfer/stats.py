@@ -55,6 +55,7 @@ class PipelineStats:
     last_error: str = ""
     pre: LatencyWindow = field(default_factory=LatencyWindow)
     infer: LatencyWindow = field(default_factory=LatencyWindow)
+    wait: LatencyWindow = field(default_factory=LatencyWindow)  # for a model other pipelines share
     post: LatencyWindow = field(default_factory=LatencyWindow)
     latency: LatencyWindow = field(default_factory=LatencyWindow)  # capture -> emitted
     started: float = 0.0
@@ -92,5 +93,6 @@ class PipelineStats:
             "last_error": self.last_error,
             "fps": round(self.overall_fps(), 2),
             "latency_ms": {"pre": self.pre.summary(), "infer": self.infer.summary(),
-                           "post": self.post.summary(), "end_to_end": self.latency.summary()},
+                           "wait": self.wait.summary(), "post": self.post.summary(),
+                           "end_to_end": self.latency.summary()},
         }

@@ -231,6 +231,10 @@ def _pipeline_stats(p: dict[str, Any]) -> str:
     infer, e2e = lat.get("infer"), lat.get("end_to_end")
     if isinstance(infer, dict) and "p50" in infer:
         text += f" infer p50 {_num(infer['p50'])} p99 {_num(infer.get('p99'))} ms"
+    wait, shared = lat.get("wait"), p.get("shared")
+    if isinstance(wait, dict) and isinstance(shared, dict) \
+            and len(shared.get("pipelines") or ()) > 1:  # the model is shared: its wait for it
+        text += f" wait p50 {_num(wait.get('p50'))} ms"
     if isinstance(e2e, dict) and "p50" in e2e:
         emitted = p.get("emitted")
         text += f" e2e p50 {_num(e2e['p50'])} p99 {_num(e2e.get('p99'))} ms"

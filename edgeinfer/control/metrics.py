@@ -32,7 +32,7 @@ __all__ = ["DaemonCollector", "MetricsServer", "build_registry"]
 
 logger = logging.getLogger(__name__)
 
-_STAGES = ("pre", "infer", "post", "end_to_end")
+_STAGES = ("pre", "infer", "wait", "post", "end_to_end")  # wait: for a shared model
 _QUANTILES = (("p50", "0.5"), ("p99", "0.99"))
 _DROP_REASONS = ("queue", "task", "paused")
 
