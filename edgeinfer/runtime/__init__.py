@@ -1,23 +1,46 @@
-"""Runtime backends behind one ``Session`` protocol, chosen by the model's detected format.
+"""Runtime backends behind one ``Session`` protocol.
 
-Nothing here imports onnxruntime or LiteRT until a model of that format is opened.
+A model opens on exactly the ``Choice`` its spec names, else on the winner of the measuring
+selector (``select.py``: cached, or measured now), else (``probe`` off) on the format's own
+backend with its ranking of providers. Nothing here imports onnxruntime, OpenVINO or LiteRT until
+a model needs it.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .._importer import resolve
-from .base import LoadReport, Session, SessionSpec, TensorSpec
+from .base import Choice, LoadReport, Session, SessionSpec, TensorSpec
+
+if TYPE_CHECKING:
+    from .select import Gate
 
 BACKENDS = {
     "onnx": "edgeinfer.runtime.onnx:open_session",
     "tflite": "edgeinfer.runtime.tflite:open_session",
 }
 
-__all__ = ["BACKENDS", "LoadReport", "Session", "SessionSpec", "TensorSpec", "open_session"]
+__all__ = ["BACKENDS", "Choice", "LoadReport", "Session", "SessionSpec", "TensorSpec",
+           "measures", "open_session"]
 
 
-def open_session(spec: SessionSpec) -> Session:
-    """Build, verify and warm a session in this process with the backend for ``spec.format``."""
+def measures(spec: SessionSpec) -> bool:
+    """Whether opening ``spec`` measures backends: ``probe`` on, no exact choice, and not
+    ``strict_providers`` (which keeps the format's backend with its verified fallbacks)."""
+    return spec.probe and spec.choice is None and not spec.strict_providers
+
+
+def open_session(spec: SessionSpec, gate: Gate | None = None) -> Session:
+    """Build, verify and warm a session in this process (see the module's docstring)."""
+    if spec.choice is not None:
+        from .select import open_choice
+
+        return open_choice(spec, spec.choice, warmup=spec.warmup)
+    if measures(spec):
+        from .select import open_selected
+
+        return open_selected(spec, gate, spec.probe_budget_s)
     factory = resolve(BACKENDS, spec.format, "model format")
     session: Session = factory(spec)
     return session

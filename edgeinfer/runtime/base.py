@@ -137,12 +137,13 @@ class SessionSpec:
         threads: intra-op threads (ONNX) or ``num_threads`` (TFLite).
         providers: ``("auto",)`` or the provider names/aliases wanted, best first.
         strict_providers: a fallback away from the first wanted provider is an error.
-        probe: time and cross-check every working candidate at load, keep the fastest.
+        probe: measure the candidate backends at load and keep the fastest correct one
+            (``runtime/select.py``; the decision is cached in ``state_dir``).
         input_shapes: fixed shapes for inputs with dynamic dimensions (also used for warm-up).
         arena: ``"bounded"``, ``"off"`` or ``"default"`` (onnxruntime's growing arena).
         memory_limit_mb: the per-model limit (``None``: none); the bounded arena is capped by it.
         cache_dir: where the optimized-model cache lives; ``None`` turns it off.
-        state_dir: TensorRT engine/timing caches and provider-probe decisions.
+        state_dir: TensorRT engine/timing caches and backend decisions.
         delegates: TFLite external delegates to try, in order.
         dequantize_outputs: return float outputs for quantized TFLite output tensors.
         warmup: run one inference before the session is handed out.
@@ -157,6 +158,7 @@ class SessionSpec:
             ``runtime/select.py`` or from its cached decision); ``None``: the backend for
             ``format`` picks by its own ranking (``providers``).
         precision: the lowest arithmetic the selector may choose (see ``PRECISIONS``).
+        probe_budget_s: how long measuring the candidates may take on a first load.
     """
 
     path: Path
@@ -179,6 +181,7 @@ class SessionSpec:
     warmup_inputs: Mapping[str, Any] = field(default_factory=dict)
     choice: Choice | None = None
     precision: str = "fp16"
+    probe_budget_s: float = 15.0
 
     def replace(self, **changes: Any) -> SessionSpec:
         return dataclasses.replace(self, **changes)

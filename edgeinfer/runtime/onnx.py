@@ -1,13 +1,16 @@
 """ONNX backend: onnxruntime sessions tuned for a small device, on a verified provider.
 
 - Threads: intra-op as asked (default physical cores, at most 4), inter-op 1, sequential
-  execution, spinning off (an idle Pi should idle).
+  execution, spinning off (an idle Pi should idle) unless the measured ``Choice`` turns it on.
+- Graph optimization: ``ORT_ENABLE_ALL`` (the NCHWc layout transforms of the CPU provider are
+  worth 1.3-1.5x on convolution models) unless a ``Choice`` names another level.
 - Memory: ``arena="bounded"`` uses one process-wide CPU arena capped at ``max_mem`` that grows
   only as requested (``session.use_env_allocators``) with initializers kept out of it;
   ``"off"`` disables the arena; ``"default"`` leaves onnxruntime's growing arena.
-- Optimized-model cache: on the CPU provider, the graph optimized once at ``ORT_ENABLE_EXTENDED``
-  is saved under a key (model sha256, onnxruntime version, provider, machine) and later loads use
-  it with optimization off, cutting cold start.
+- Optimized-model cache: on the CPU provider, the graph optimized once is saved under a key
+  (model sha256, onnxruntime version, provider, machine, CPU features, optimization level) and
+  later loads use it with optimization off, cutting cold start. The layout transforms of
+  ``ORT_ENABLE_ALL`` are specific to the CPU they ran on, hence the CPU features in the key.
 - Provider verification: onnxruntime falls back silently (an unavailable provider is a warning,
   a failing one is retried on CPU), so each candidate's session is checked with
   ``get_providers()[0]``; a mismatch is a recorded fallback, an error with ``strict_providers``.
@@ -32,17 +35,27 @@ from ..errors import (
     ProviderFallbackError,
     StateError,
 )
-from . import probe as _probe
-from .base import Fallback, LoadReport, SessionSpec, format_shape, warm_up
+from .base import Choice, Fallback, LoadReport, SessionSpec, format_shape, warm_up
 from .memory import MemoryMeter, process_budget
 from .ort_types import load_error, run_error, spec_of
-from .providers import CPU, Candidate, ProviderContext, detect_platform, rank_providers
-from .providers import skipped_providers
+from .providers import (
+    CPU,
+    Candidate,
+    ProviderContext,
+    cpu_features_digest,
+    detect_platform,
+    provider_options,
+    rank_providers,
+    skipped_providers,
+)
 
 logger = logging.getLogger(__name__)
 
 # Providers whose sessions can be saved as an optimized model (no compiled nodes).
 _CACHEABLE = {CPU}
+DEFAULT_OPT = "all"
+_OPT_LEVELS = {"all": "ORT_ENABLE_ALL", "extended": "ORT_ENABLE_EXTENDED",
+               "basic": "ORT_ENABLE_BASIC", "off": "ORT_DISABLE_ALL"}
 
 _env_arena_lock = threading.Lock()
 _env_arena_registered = False
@@ -98,14 +111,24 @@ def open_session(spec: SessionSpec) -> OnnxSession:
     t0 = time.perf_counter()
     platform = detect_platform()
     available = ort.get_available_providers()
-    context = ProviderContext(spec.state_dir, spec.threads, spec.memory_limit_mb)
-    candidates = rank_providers(available, spec.providers, platform, context)
+    choice = spec.choice
+    if choice is not None:  # exactly this configuration: no fallback (the selector rejects it)
+        if choice.backend != "onnxruntime":
+            raise ModelLoadError(f"the onnxruntime backend cannot open {choice.label()}")
+        if choice.device not in available:
+            raise ProviderFallbackError(
+                f"{choice.device} is not available in this onnxruntime build")
+        context = ProviderContext(spec.state_dir, choice.threads, spec.memory_limit_mb)
+        candidates = [Candidate(choice.device, provider_options(choice.device, platform, context))]
+        spec = spec.replace(strict_providers=True)
+    else:
+        context = ProviderContext(spec.state_dir, spec.threads, spec.memory_limit_mb)
+        candidates = rank_providers(available, spec.providers, platform, context)
     report = LoadReport(
         backend="onnxruntime", requested=tuple(c.name for c in candidates), isolation="none"
     )
-    report.fallbacks.extend(skipped_providers(available, spec.providers, platform))
-    if spec.probe and len(candidates) > 1:
-        candidates = _probe.order_by_probe(ort, spec, candidates, platform, report, _create)
+    if choice is None:
+        report.fallbacks.extend(skipped_providers(available, spec.providers, platform))
     if spec.strict_providers and report.fallbacks:
         raise ProviderFallbackError(_fallback_message(report.fallbacks))
 
@@ -129,6 +152,8 @@ def open_session(spec: SessionSpec) -> OnnxSession:
             if spec.strict_providers:
                 raise ProviderFallbackError(_fallback_message(report.fallbacks))
         report.provider = running
+        report.choice = choice or Choice("onnxruntime", running, "fp32", _threads(spec),
+                                         DEFAULT_OPT, False)
         break
     if spec.strict_providers and report.fallbacks:
         raise ProviderFallbackError(_fallback_message(report.fallbacks))
@@ -146,13 +171,22 @@ def _fallback_message(fallbacks: list[Fallback]) -> str:
     return f"strict_providers is on and the provider asked for is not running ({why})"
 
 
+def _threads(spec: SessionSpec) -> int:
+    return spec.choice.threads if spec.choice is not None else spec.threads
+
+
+def _opt(spec: SessionSpec) -> str:
+    return spec.choice.opt or DEFAULT_OPT if spec.choice is not None else DEFAULT_OPT
+
+
 def session_options(ort: Any, spec: SessionSpec, provider: str) -> Any:
     """SessionOptions for a small device; public so benchmarks build the raw baseline alike."""
     so = ort.SessionOptions()
-    so.intra_op_num_threads = 1 if provider == "XnnpackExecutionProvider" else spec.threads
+    so.intra_op_num_threads = 1 if provider == "XnnpackExecutionProvider" else _threads(spec)
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    spin = "1" if spec.choice is not None and spec.choice.spin else "0"
+    so.add_session_config_entry("session.intra_op.allow_spinning", spin)
     so.add_session_config_entry("session.inter_op.allow_spinning", "0")
     # Every failure reaches the caller as a typed error and every fallback is in the report, so
     # onnxruntime's own console log stays quiet unless debugging.
@@ -204,7 +238,10 @@ def _create(ort: Any, spec: SessionSpec, cand: Candidate, report: LoadReport) ->
             cache_path.unlink(missing_ok=True)
             so = session_options(ort, spec, cand.name)
             _apply_shape_overrides(so, spec)
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    opt = _opt(spec)
+    if opt not in _OPT_LEVELS:
+        raise ModelLoadError(f"unknown onnxruntime optimization level {opt!r}")
+    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _OPT_LEVELS[opt])
     tmp = None
     if cache_path is not None:
         cache_path.parent.mkdir(parents=True, exist_ok=True)
@@ -254,7 +291,11 @@ def _apply_shape_overrides(so: Any, spec: SessionSpec) -> None:
 def _cache_path(ort: Any, spec: SessionSpec, provider: str) -> Path | None:
     if spec.cache_dir is None or provider not in _CACHEABLE or spec.external_data:
         return None
+    opt = _opt(spec)
+    if opt in ("off", "basic"):  # nothing to save (the selector's reference runs at "basic")
+        return None
     shapes = ";".join(f"{k}={list(v)}" for k, v in sorted(spec.input_shapes.items()))
-    key = "|".join([spec.sha256, ort.__version__, provider, os.uname().machine, "extended", shapes])
+    key = "|".join([spec.sha256, ort.__version__, provider, os.uname().machine,
+                    cpu_features_digest(), opt, shapes])
     digest = hashlib.sha256(key.encode()).hexdigest()[:32]
     return spec.cache_dir / "onnx" / f"{spec.path.stem}-{digest}.ort.onnx"

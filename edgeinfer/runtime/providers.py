@@ -6,7 +6,10 @@ candidates and checking which provider really runs is ``runtime/onnx.py``'s job.
 
 Order for ``providers="auto"``: TensorRT (FP16, engine and timing caches in the state directory)
 > CUDA > other GPU/NPU providers > XNNPACK / ACL / other accelerated CPU providers > CPU.
-The ArmNN execution provider was removed from onnxruntime; ARM NN is reached as a TFLite delegate.
+The ArmNN execution provider was removed from onnxruntime; ARM NN is its own backend
+(``runtime/armnn.py`` through pyarmnn, for TFLite models) or a TFLite delegate. ``"litert"`` and
+``"armnn"`` name whole backends: ``runtime/select.py`` measures them beside onnxruntime's
+providers; ranking here is about onnxruntime's providers only.
 """
 
 from __future__ import annotations
@@ -35,7 +38,12 @@ ALIASES: dict[str, str] = {
     "acl": "ACLExecutionProvider",
     "dnnl": "DnnlExecutionProvider",
     "cpu": CPU,
+    # Whole backends beside onnxruntime (``runtime/select.py`` measures them).
+    "litert": "litert",
+    "tflite": "litert",
+    "armnn": "armnn",
 }
+BACKEND_ALIASES = frozenset({"litert", "armnn"})
 
 # Rank for "auto": lower is better. A provider missing here is never picked by "auto" (it can
 # still be named explicitly).
@@ -54,7 +62,7 @@ _RANK: dict[str, int] = {
 
 _NOT_AUTO: dict[str, str] = {
     "AzureExecutionProvider": "runs inference on a remote endpoint, never chosen automatically",
-    "ArmNNExecutionProvider": "removed from onnxruntime; use ARM NN as a TFLite delegate",
+    "ArmNNExecutionProvider": "removed from onnxruntime; use providers: armnn (pyarmnn, TFLite)",
 }
 
 _ARM_ONLY = {"ACLExecutionProvider"}
@@ -138,7 +146,7 @@ def rank_providers(
             (p for p in avail if p in _RANK and _usable_on(p, platform)), key=_RANK.__getitem__
         )
     else:
-        names = [p for p in wanted if p in avail]
+        names = [p for p in wanted if p in avail and p not in BACKEND_ALIASES]
     if CPU not in names:
         names.append(CPU)
     return [Candidate(n, provider_options(n, platform, context)) for n in names]
@@ -154,6 +162,8 @@ def skipped_providers(
         return []
     out = []
     for p in wanted:
+        if p in BACKEND_ALIASES:
+            continue
         if p not in available:
             out.append(Fallback(p, "not available in this onnxruntime build"))
         elif not _usable_on(p, platform):
@@ -213,6 +223,24 @@ def explain(
             "note": note,
         })
     return rows
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_features() -> frozenset[str]:
+    """The CPU's feature flags (x86 ``flags``, Arm ``Features``) from /proc/cpuinfo, once."""
+    for line in _read("/proc/cpuinfo").splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return frozenset()
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_features_digest() -> str:
+    """A short digest of ``cpu_features()``: part of every key whose entry is CPU-specific."""
+    import hashlib
+
+    return hashlib.sha256(" ".join(sorted(cpu_features())).encode()).hexdigest()[:12]
 
 
 @functools.lru_cache(maxsize=1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +37,8 @@ def raw_run(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
 
 
 def test_yolo_matches_raw_onnxruntime(yolo_path: Path, image: np.ndarray) -> None:
-    with edgeinfer.load_model(yolo_path, threads=2, input_shapes=YOLO_SHAPE) as m:
+    with edgeinfer.load_model(yolo_path, threads=2, input_shapes=YOLO_SHAPE,
+                              providers="cpu") as m:
         assert m.provider == "CPUExecutionProvider"
         assert m.format == "onnx" and m.quantization == "float"
         assert [(s.name, s.shape, s.dtype) for s in m.inputs] == [
@@ -51,7 +53,7 @@ def test_yolo_matches_raw_onnxruntime(yolo_path: Path, image: np.ndarray) -> Non
 
 
 def test_threads_and_small_device_session_options(yolo_path: Path) -> None:
-    with edgeinfer.load_model(yolo_path, threads=1, input_shapes=YOLO_SHAPE) as m:
+    with edgeinfer.load_model(yolo_path, threads=1, input_shapes=YOLO_SHAPE, probe=False) as m:
         so = m._session._sess.get_session_options()
         assert so.intra_op_num_threads == 1 and so.inter_op_num_threads == 1
         assert so.execution_mode == ort.ExecutionMode.ORT_SEQUENTIAL
@@ -60,9 +62,11 @@ def test_threads_and_small_device_session_options(yolo_path: Path) -> None:
 
 
 def test_dynamic_shapes_without_input_shapes_skip_warmup_with_a_note(
-    yolo_path: Path, image: np.ndarray, caplog: pytest.LogCaptureFixture
+    yolo_path: Path, image: np.ndarray, caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
-    with caplog.at_level(logging.WARNING), edgeinfer.load_model(yolo_path) as m:
+    mine = tmp_path / "mine.onnx"  # the same bytes outside the models cache: no shapes known
+    shutil.copy(yolo_path, mine)
+    with caplog.at_level(logging.WARNING), edgeinfer.load_model(mine) as m:
         assert not m.report.warmed_up
         assert "pass input_shapes" in m.report.warmup_note
         assert m.inputs[0].shape == ("batch", 3, "height", "width")
@@ -188,7 +192,7 @@ def test_process_budget_admits_by_measured_cost(tmp_path: Path, yolo_path: Path)
 def test_optimized_model_cache_hit_and_torn_entry(
     tmp_path: Path, yolo_path: Path, image: np.ndarray
 ) -> None:
-    kw = {"input_shapes": YOLO_SHAPE, "cache_dir": tmp_path / "c"}
+    kw = {"input_shapes": YOLO_SHAPE, "cache_dir": tmp_path / "c", "providers": "cpu"}
     with edgeinfer.load_model(yolo_path, **kw) as m:
         assert m.report.cache == "miss"
         first = m.run(image)["output0"]
@@ -248,7 +252,7 @@ def test_process_isolation_through_load_model(yolo_path: Path, image: np.ndarray
     from edgeinfer.errors import WorkerCrashed
 
     with edgeinfer.load_model(yolo_path, isolation="process", memory_limit_mb=256,
-                              input_shapes=YOLO_SHAPE, threads=1) as m:
+                              input_shapes=YOLO_SHAPE, threads=1, providers="cpu") as m:
         assert m.report.isolation == "process" and m.report.warmed_up
         assert m.provider == "CPUExecutionProvider" and m.quantization == "float"
         assert process_budget().used_mb >= m.report.rss_first_run_mb > 5  # the worker's cost

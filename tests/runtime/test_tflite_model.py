@@ -16,7 +16,7 @@ def test_blazeface_through_load_model_matches_raw_litert(blazeface_path: Path) -
     from ai_edge_litert.interpreter import Interpreter
 
     x = np.random.default_rng(3).random((1, 128, 128, 3), dtype=np.float32)
-    with edgeinfer.load_model(blazeface_path, threads=2) as m:
+    with edgeinfer.load_model(blazeface_path, threads=2, providers="litert") as m:
         assert m.format == "tflite" and m.quantization == "float16"  # MediaPipe stores fp16 weights
         assert m.provider == "xnnpack" and m.report.warmed_up
         assert {s.name: s.shape for s in m.outputs} == {
