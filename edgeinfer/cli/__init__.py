@@ -259,14 +259,18 @@ def _broker_options(p: argparse.ArgumentParser) -> None:
 
 def _model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--providers", default="auto",
-                   help="auto, or a comma-separated list such as tensorrt,cuda,cpu")
+                   help="auto (measure every backend installed here), or a comma-separated list "
+                        "that narrows it, such as cpu, openvino, litert, armnn, tensorrt,cuda")
     p.add_argument("--threads", type=int, help="intra-op threads (default: physical cores, max 4)")
     p.add_argument("--memory-limit-mb", type=float, help="refuse the model above this cost")
     p.add_argument("--isolation", choices=("none", "process"), default="none")
     p.add_argument("--strict-providers", action="store_true",
                    help="fail instead of falling back to another provider")
-    p.add_argument("--probe", action="store_true",
-                   help="time and cross-check every working provider, keep the fastest")
+    p.add_argument("--probe", action=argparse.BooleanOptionalAction, default=True,
+                   help="measure the candidate backends on the first load and keep the fastest "
+                        "correct one (cached; default on)")
+    p.add_argument("--precision", choices=("fp32", "fp16", "int8"), default="fp16",
+                   help="the lowest arithmetic a candidate may use (default fp16: also bf16)")
     p.add_argument("--input-shape", action="append", default=[], metavar="NAME=D1,D2,...",
                    help="fix a dynamic input shape, e.g. images=1,3,320,320 (repeatable)")
     p.add_argument("--max-model-mb", type=float, help="refuse larger model files (default 512)")

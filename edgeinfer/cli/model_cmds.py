@@ -59,6 +59,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         isolation=args.isolation,
         strict_providers=args.strict_providers,
         probe=args.probe,
+        precision=args.precision,
         input_shapes=shapes,
         warmup_inputs=warm,
         max_model_mb=args.max_model_mb,
@@ -83,6 +84,10 @@ def cmd_info(args: argparse.Namespace) -> int:
     ]
     for label, value in rows:
         print(f"{label:<13} {value}")
+    selection = session.get("selection")
+    if selection:
+        print(f"{'backend':<13} {selection['summary']}")
+        print_candidates(selection["candidates"])
     for kind in ("inputs", "outputs"):
         print(f"{kind}:")
         for t in info[kind]:
@@ -95,6 +100,17 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def print_candidates(rows: list[dict[str, Any]], indent: str = "  ") -> None:
+    """The selector's table: one line per candidate, the pick marked with ``*``."""
+    for r in rows:
+        mark = "*" if r["status"] == "picked" else " "
+        p50 = f"{r['p50_ms']:8.2f}" if r.get("p50_ms") is not None else f"{'-':>8}"
+        p99 = f"{r['p99_ms']:8.2f}" if r.get("p99_ms") is not None else f"{'-':>8}"
+        status = "picked" if r["status"] == "picked" else r["status"]
+        why = r.get("reason") or r.get("accuracy") or ""
+        print(f"{indent}{mark} {r['label']:<36} {p50} {p99} ms  {status:<8} {why[:90]}")
+
+
 def cmd_providers(args: argparse.Namespace) -> int:
     from ..runtime import providers as prov
 
@@ -104,6 +120,7 @@ def cmd_providers(args: argparse.Namespace) -> int:
                      "cpu": platform.cpu_model, "jetson": platform.is_jetson},
         "onnxruntime": _onnxruntime_facts(platform),
         "litert": _litert_facts(),
+        "backends": _backend_facts(),
     }
     if args.json:
         _print_json(data)
@@ -128,7 +145,36 @@ def cmd_providers(args: argparse.Namespace) -> int:
             print(f"  delegate   {d}")
         if not t["delegates"]:
             print("  delegates  none found (Edge TPU libedgetpu.so.1, ARM NN libarmnnDelegate.so)")
+    for name, b in data["backends"].items():
+        if b["installed"]:
+            print(f"{name:<12} {b['version']}; precisions here: {', '.join(b['precisions'])}")
+        else:
+            print(f"{name:<12} not installed ({b['hint']})")
+    print("providers: auto measures every installed backend on a model's first load "
+          "(`edgeinfer info MODEL` shows the table)")
     return 0
+
+
+def _backend_facts() -> dict[str, Any]:
+    """OpenVINO and ARM NN: installed, version, the precisions they offer on this CPU."""
+    import importlib
+
+    from ..runtime.select import backend_available
+
+    hints = {"openvino": "pip install 'edgeinfer[openvino]'",
+             "armnn": "Debian trixie arm64: apt install python3-pyarmnn libarmnn-cpuacc-backend33"}
+    out: dict[str, Any] = {}
+    for name, hint in hints.items():
+        if not backend_available(name):
+            out[name] = {"installed": False, "hint": hint}
+            continue
+        mod = importlib.import_module(f"edgeinfer.runtime.{name}")
+        try:
+            out[name] = {"installed": True, "version": mod.version(),
+                         "precisions": list(mod.precisions())}
+        except Exception as exc:  # the backend's own import or device errors
+            out[name] = {"installed": False, "hint": f"{hint}; import failed: {exc}"}
+    return out
 
 
 def _onnxruntime_facts(platform: Any) -> dict[str, Any]:

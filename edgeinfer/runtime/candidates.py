@@ -1,0 +1,167 @@
+"""What the backend selector measures: every ``Choice`` worth trying for a model on this device.
+
+onnxruntime's CPU provider fully optimized at 1, 2 and the cap of threads (spinning on and off
+above one), its GPU/NPU providers; OpenVINO and ARM NN at each precision they offer here; LiteRT
+with XNNPACK (fp32, fp16 where the CPU has FP16 arithmetic) and its delegates. ``providers`` and
+``precision`` narrow the list; nothing asked for by name is dropped without a row saying why.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import EdgeInferError
+from .base import Choice, SessionSpec
+from .decision import Row, dist_version
+from .providers import CPU, detect_platform, rank_providers
+
+logger = logging.getLogger(__name__)
+
+# Backends other than onnxruntime and LiteRT: module, the distribution that must be installed.
+_OPTIONAL = {"openvino": ("edgeinfer.runtime.openvino", "openvino"),
+             "armnn": ("edgeinfer.runtime.armnn", "pyarmnn")}
+
+
+def thread_options(cap: int) -> list[int]:
+    """1, 2 and the cap (a Pi 4's 4 cores: 1, 2, 4); tiny models often run fastest on one."""
+    return sorted({t for t in (1, 2, cap) if 1 <= t <= cap})
+
+
+def backend_available(name: str) -> bool:
+    """Whether the optional backend ``name`` can be imported here (no import of it yet)."""
+    if name == "onnxruntime":
+        return dist_version("onnxruntime") is not None or dist_version("onnxruntime-gpu") \
+            is not None
+    if name == "litert":
+        return dist_version("ai-edge-litert") is not None or \
+            dist_version("tflite-runtime") is not None
+    mod, dist = _OPTIONAL[name]
+    if name == "armnn":  # Debian's python3-pyarmnn: no distribution metadata to look up
+        return importlib.util.find_spec("pyarmnn") is not None and \
+            importlib.util.find_spec(mod) is not None
+    return dist_version(dist) is not None and importlib.util.find_spec(mod) is not None
+
+
+def _backend_module(name: str) -> Any:
+    return importlib.import_module(_OPTIONAL[name][0] if name in _OPTIONAL else
+                                   f"edgeinfer.runtime.{'tflite' if name == 'litert' else name}")
+
+
+def _precisions(name: str, allowed: str) -> list[str]:
+    """The precisions backend ``name`` offers here, within what ``allowed`` permits."""
+    if allowed == "fp32":
+        return ["fp32"]
+    try:
+        offered = list(_backend_module(name).precisions())
+    except (ImportError, AttributeError, EdgeInferError) as exc:
+        logger.debug("%s offers no precisions: %s", name, exc)
+        return ["fp32"]
+    return [p for p in ("fp32", "bf16", "fp16") if p in offered or p == "fp32"]
+
+
+def wanted_backends(providers: Sequence[str], fmt: str) -> tuple[set[str], list[str]]:
+    """``providers`` (normalized) -> the backends to consider and the onnxruntime providers."""
+    backends: set[str]
+    if tuple(providers) == ("auto",):
+        backends = {"onnxruntime", "openvino"} if fmt == "onnx" else {"litert", "openvino",
+                                                                      "armnn"}
+        return backends, ["auto"]
+    backends = set()
+    eps: list[str] = []
+    for p in providers:
+        if p in ("litert", "armnn"):
+            backends.add(p)
+        elif p == "OpenVINOExecutionProvider":
+            backends.add("openvino")
+            eps.append(p)
+        else:
+            eps.append(p)
+    if eps and fmt == "onnx":
+        backends.add("onnxruntime")
+    if eps and fmt == "tflite" and any(e in (CPU, "XnnpackExecutionProvider") for e in eps):
+        backends.add("litert")
+    return backends, eps
+
+
+def candidates(spec: SessionSpec, small: bool = False) -> tuple[list[Choice], list[Row]]:
+    """Every ``Choice`` worth measuring for ``spec``, most promising first, and the rows of the
+    ones asked for that cannot run here (with the reason)."""
+    cap = max(1, spec.threads)
+    threads = thread_options(cap)
+    backends, eps = wanted_backends(spec.providers, spec.format)
+    out: list[Choice] = []
+    skipped: list[Row] = []
+    if spec.format == "onnx" and "onnxruntime" in backends:
+        from .onnx import import_ort
+
+        ort = import_ort()
+        available = ort.get_available_providers()
+        ranked = [c.name for c in rank_providers(available, "auto" if eps == ["auto"] else eps,
+                                                 detect_platform())]
+        if eps != ["auto"]:
+            for name in eps:
+                if name not in available and not (name == "OpenVINOExecutionProvider"
+                                                   and "openvino" in backends):
+                    skipped.append(Row(Choice("onnxruntime", name), "skipped",
+                                       reason="not available in this onnxruntime build"))
+        for name in ranked:
+            if name == CPU:
+                for t in sorted(threads, reverse=True):
+                    out.append(Choice("onnxruntime", CPU, "fp32", t, "all", False))
+                    if t > 1:
+                        out.append(Choice("onnxruntime", CPU, "fp32", t, "all", True))
+            elif name == "OpenVINOExecutionProvider":
+                out.append(Choice("onnxruntime", name, "fp32", cap))
+            else:  # GPU/NPU providers: their own threads do not matter
+                out.append(Choice("onnxruntime", name, "fp32", cap))
+    if spec.format == "tflite" and "litert" in backends:
+        for p in _precisions("litert", spec.precision):
+            for t in sorted(threads, reverse=True):
+                out.append(Choice("litert", "xnnpack", p, t))
+        for d in _delegate_libraries(spec):
+            out.append(Choice("litert", d, "fp32", cap))
+    for name in ("openvino", "armnn"):
+        if name not in backends or small:
+            continue
+        if name == "armnn" and spec.format != "tflite":
+            continue
+        if not backend_available(name):
+            if eps != ["auto"] or name in spec.providers:
+                skipped.append(Row(Choice(name, "CPU" if name == "openvino" else "CpuAcc"),
+                                   "skipped", reason=f"{name} is not installed"))
+            continue
+        device = "CPU" if name == "openvino" else "CpuAcc"
+        for p in _precisions(name, spec.precision):
+            for t in sorted(threads, reverse=True):
+                out.append(Choice(name, device, p, t))
+    # Most promising first: the configured cap of threads, then reduced precision last.
+    out.sort(key=lambda c: (c.threads != cap, c.precision != "fp32", c.spin))
+    return list(dict.fromkeys(out)), skipped
+
+
+def _delegate_libraries(spec: SessionSpec) -> list[str]:
+    if spec.delegates:
+        return [d.library for d in spec.delegates]
+    from .delegates import find_delegates
+
+    return [d.library for d in find_delegates()]
+
+
+def reference_choice(spec: SessionSpec) -> Choice:
+    """The configuration whose outputs are the truth: the plain fp32 kernels of the model's own
+    runtime (onnxruntime's CPU provider with basic optimizations; LiteRT's XNNPACK in fp32)."""
+    if spec.format == "onnx":
+        return Choice("onnxruntime", CPU, "fp32", max(1, spec.threads), "basic", False)
+    return Choice("litert", "xnnpack", "fp32", max(1, spec.threads))
+
+
+def default_choice(spec: SessionSpec) -> Choice:
+    """What serves before (or without) measuring: onnxruntime's CPU provider fully optimized,
+    spinning off; LiteRT with XNNPACK."""
+    if spec.format == "onnx":
+        return Choice("onnxruntime", CPU, "fp32", max(1, spec.threads), "all", False)
+    return Choice("litert", "xnnpack", "fp32", max(1, spec.threads))

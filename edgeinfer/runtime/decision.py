@@ -1,0 +1,198 @@
+"""The backend selector's decision: its table, and its cache in the state directory.
+
+A decision is keyed by the model's sha256, the backends' versions, the CPU and its features and
+the load options, so it is reused only where it was measured; written atomically as JSON in
+``<state_dir>/select/<key>.json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import logging
+import math
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .base import Choice, SessionSpec
+from .providers import cpu_features, cpu_features_digest, detect_platform
+
+logger = logging.getLogger(__name__)
+
+SELECTOR_VERSION = 1
+DEFAULT_BUDGET_S = 15.0
+
+
+@dataclass(slots=True)
+class Row:
+    """One candidate's line in the table."""
+
+    choice: Choice
+    status: str = "skipped"  # "picked" | "ok" | "rejected" | "failed" | "skipped"
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    runs: int = 0
+    load_ms: float | None = None
+    mib: float | None = None
+    accuracy: str = ""
+    reason: str = ""
+    samples: list[float] = field(default_factory=list, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"choice": self.choice.to_dict(), "label": self.choice.label(),
+                "status": self.status, "p50_ms": _r(self.p50_ms), "p99_ms": _r(self.p99_ms),
+                "runs": self.runs, "load_ms": _r(self.load_ms), "mib": _r(self.mib),
+                "accuracy": self.accuracy, "reason": self.reason}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Row:
+        return cls(Choice.from_dict(d["choice"]), str(d.get("status", "")), d.get("p50_ms"),
+                   d.get("p99_ms"), int(d.get("runs") or 0), d.get("load_ms"), d.get("mib"),
+                   str(d.get("accuracy", "")), str(d.get("reason", "")))
+
+
+@dataclass(slots=True)
+class Decision:
+    """The winner and the whole table, as cached and as ``edgeinfer info`` shows it."""
+
+    choice: Choice
+    rows: list[Row]
+    gate: str
+    inputs: str
+    key: str = ""
+    created: float = 0.0
+    elapsed_s: float = 0.0
+    budget_s: float = DEFAULT_BUDGET_S
+    cached: bool = False
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": SELECTOR_VERSION, "choice": self.choice.to_dict(),
+                "picked": self.choice.label(), "provider": self.choice.provider,
+                "gate": self.gate, "inputs": self.inputs, "key": self.key,
+                "created": self.created, "elapsed_s": round(self.elapsed_s, 2),
+                "budget_s": self.budget_s, "cached": self.cached, "note": self.note,
+                "platform": describe_platform(),
+                "candidates": [r.to_dict() for r in self.rows]}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Decision:
+        if d.get("version") != SELECTOR_VERSION:
+            raise ValueError("written by another selector version")
+        return cls(Choice.from_dict(d["choice"]), [Row.from_dict(r) for r in d["candidates"]],
+                   str(d["gate"]), str(d.get("inputs", "")), str(d.get("key", "")),
+                   float(d.get("created", 0)), float(d.get("elapsed_s", 0)),
+                   float(d.get("budget_s", DEFAULT_BUDGET_S)), True, str(d.get("note", "")))
+
+    def summary(self) -> str:
+        """One line: what was picked, how fast, against what."""
+        picked = next((r for r in self.rows if r.status == "picked"), None)
+        n_ok = sum(r.status in ("ok", "picked") for r in self.rows)
+        n_bad = sum(r.status in ("rejected", "failed") for r in self.rows)
+        speed = f" {picked.p50_ms:.2f} ms p50" if picked and picked.p50_ms is not None else ""
+        base = _baseline(self.rows)
+        gain = ""
+        if picked and base and picked.p50_ms and base.p50_ms and base is not picked:
+            gain = f", {base.p50_ms / picked.p50_ms:.2f}x onnxruntime's {base.choice.label()}"
+        how = "cached decision" if self.cached else f"measured in {self.elapsed_s:.1f} s"
+        note = f"; {self.note}" if self.note else ""
+        return (f"{self.choice.label()}{speed}{gain} ({how}: {n_ok} correct, {n_bad} refused of "
+                f"{len(self.rows)} candidates, gate {self.gate}, {self.inputs}{note})")
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(float(x), 3)
+
+
+def _baseline(rows: Sequence[Row]) -> Row | None:
+    ort = [r for r in rows if r.choice.backend == "onnxruntime" and r.p50_ms is not None
+           and r.status in ("ok", "picked")]
+    return min(ort, key=lambda r: r.p50_ms or math.inf) if ort else None
+
+
+def dist_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _versions() -> dict[str, str | None]:
+    return {d: dist_version(d) for d in ("onnxruntime", "onnxruntime-gpu", "openvino",
+                                          "ai-edge-litert", "tflite-runtime")}
+
+
+def cache_key(spec: SessionSpec, gate_key: str) -> str:
+    """The decision's key: model, backend versions, CPU and its features, the options."""
+    platform = detect_platform()
+    parts = {
+        "v": SELECTOR_VERSION, "sha256": spec.sha256, "format": spec.format,
+        "versions": _versions(), "machine": platform.machine, "cpu": platform.cpu_model,
+        "features": cpu_features_digest(), "threads": spec.threads,
+        "providers": list(spec.providers), "precision": spec.precision,
+        "shapes": {k: list(v) for k, v in sorted(spec.input_shapes.items())},
+        "delegates": [d.library for d in spec.delegates], "gate": gate_key,
+        "memory_limit_mb": spec.memory_limit_mb, "armnn": _armnn_version(),
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _armnn_version() -> str | None:
+    return "present" if importlib.util.find_spec("pyarmnn") is not None else None
+
+
+def cache_path(spec: SessionSpec, key: str) -> Path | None:
+    return spec.state_dir / "select" / f"{key}.json" if spec.state_dir is not None else None
+
+
+def load_cached(spec: SessionSpec, gate_key: str) -> Decision | None:
+    """The cached decision for ``spec`` under ``gate_key``, or None (none, or unreadable)."""
+    key = cache_key(spec, gate_key)
+    path = cache_path(spec, key)
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return Decision.from_dict(json.load(f))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        logger.warning("ignoring the damaged backend decision %s: %s", path, exc)
+        return None
+
+
+def store(spec: SessionSpec, decision: Decision) -> None:
+    path = cache_path(spec, decision.key)
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(decision.to_dict(), f, indent=1)
+        os.replace(tmp, path)
+    except OSError as exc:
+        logger.warning("could not cache the backend decision in %s: %s", path, exc)
+
+
+def forget(spec: SessionSpec, gate_key: str) -> None:
+    path = cache_path(spec, cache_key(spec, gate_key))
+    if path is not None:
+        path.unlink(missing_ok=True)
+
+
+def describe_platform() -> dict[str, Any]:
+    """What the decision depends on, for ``edgeinfer info``."""
+    p = detect_platform()
+    feats = cpu_features()
+    keys = sorted(f for f in feats if f.startswith(("avx512", "amx", "avx_vnni", "asimd", "fphp",
+                                                     "bf16", "i8mm", "sve")) or f in ("avx2",
+                                                                                      "fma"))
+    return {"machine": p.machine, "cpu": p.cpu_model, "features": keys,
+            "versions": {k: v for k, v in _versions().items() if v}}
