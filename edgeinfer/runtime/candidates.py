@@ -114,6 +114,10 @@ def candidates(spec: SessionSpec, small: bool = False) -> tuple[list[Choice], li
                     out.append(Choice("onnxruntime", CPU, "fp32", t, "all", False))
                     if t > 1:
                         out.append(Choice("onnxruntime", CPU, "fp32", t, "all", True))
+                if spec.precision == "int8" and _is_float_onnx(spec):
+                    # weights quantized by onnxruntime itself (activations per run)
+                    out.extend(Choice("onnxruntime", CPU, "int8", t, "all", False)
+                               for t in sorted(threads, reverse=True))
             elif name == "OpenVINOExecutionProvider":
                 out.append(Choice("onnxruntime", name, "fp32", cap))
             else:  # GPU/NPU providers: their own threads do not matter
@@ -141,6 +145,17 @@ def candidates(spec: SessionSpec, small: bool = False) -> tuple[list[Choice], li
     # Most promising first: the configured cap of threads, then reduced precision last.
     out.sort(key=lambda c: (c.threads != cap, c.precision != "fp32", c.spin))
     return list(dict.fromkeys(out)), skipped
+
+
+def _is_float_onnx(spec: SessionSpec) -> bool:
+    """No quantized operators yet (a model quantized already gains nothing from it)."""
+    from .modelfile import inspect_model
+
+    try:
+        info = inspect_model(spec.path, digest=False)
+    except EdgeInferError:
+        return False
+    return info.onnx is not None and info.onnx.quantization == "float"
 
 
 def _delegate_libraries(spec: SessionSpec) -> list[str]:

@@ -226,6 +226,8 @@ def _create(ort: Any, spec: SessionSpec, cand: Candidate, report: LoadReport) ->
     if cand.name != CPU:
         providers.append((CPU, {}))
     model_path = str(spec.path)
+    if spec.choice is not None and spec.choice.precision == "int8":
+        model_path = str(_dynamic_int8(spec))
     cache_path = _cache_path(ort, spec, cand.name)
     if cache_path is not None and cache_path.is_file():
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -295,7 +297,36 @@ def _cache_path(ort: Any, spec: SessionSpec, provider: str) -> Path | None:
     if opt in ("off", "basic"):  # nothing to save (the selector's reference runs at "basic")
         return None
     shapes = ";".join(f"{k}={list(v)}" for k, v in sorted(spec.input_shapes.items()))
-    key = "|".join([spec.sha256, ort.__version__, provider, os.uname().machine,
+    precision = spec.choice.precision if spec.choice is not None else "fp32"
+    key = "|".join([spec.sha256, precision, ort.__version__, provider, os.uname().machine,
                     cpu_features_digest(), opt, shapes])
     digest = hashlib.sha256(key.encode()).hexdigest()[:32]
     return spec.cache_dir / "onnx" / f"{spec.path.stem}-{digest}.ort.onnx"
+
+
+def _dynamic_int8(spec: SessionSpec) -> Path:
+    """The model with its float MatMul/Gemm/Conv weights quantized to int8 by onnxruntime's
+    dynamic quantization (activations quantized per run): the ``int8`` choice a float model gets
+    with ``precision: int8``. Made once per model in the cache directory (atomically)."""
+    if spec.cache_dir is None or spec.external_data:
+        raise ModelLoadError("int8 dynamic quantization needs the cache directory and a "
+                             "single-file model")
+    target = spec.cache_dir / "onnx" / f"{spec.path.stem}-{spec.sha256[:16]}-dynamic-int8.onnx"
+    if target.is_file():
+        return target
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from ..quantize import _onnxruntime_quiet  # its advice to pre-process goes to debug
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f"{target.name}.{os.getpid()}.{threading.get_ident()}.tmp.onnx")
+    try:
+        with _onnxruntime_quiet():
+            quantize_dynamic(str(spec.path), str(tmp), weight_type=QuantType.QInt8)
+        os.replace(tmp, target)
+    except Exception as exc:  # onnxruntime.quantization's own errors: the candidate fails
+        raise ModelLoadError(f"dynamic int8 quantization of {spec.path.name} failed: {exc}"
+                             ) from exc
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target

@@ -255,3 +255,25 @@ def test_naming_providers_narrows_the_candidates(tmp_path: Path, yolo_path: Path
     if HAS_OPENVINO:
         cands, _ = select.candidates(spec.replace(providers=("OpenVINOExecutionProvider",)))
         assert "openvino" in {c.backend for c in cands}
+
+
+def test_precision_int8_adds_dynamically_quantized_candidates(tmp_path: Path,
+                                                              caplog: pytest.LogCaptureFixture
+                                                              ) -> None:
+    path = om.matmul_model(tmp_path / "mm.onnx", k=64, n=32)
+    with edgeinfer.load_model(path, state_dir=tmp_path / "s", cache_dir=tmp_path / "c",
+                              precision="int8", probe=False) as m:
+        spec = _spec(m, threads=1)
+    cands, _ = select.candidates(spec)
+    int8 = [c for c in cands if c.precision == "int8"]
+    assert int8 and all(c.backend == "onnxruntime" for c in int8)
+    decision, session = select.measure(spec, choices=int8 + [select.default_choice(spec)])
+    assert session is not None
+    session.close()
+    row = next(r for r in decision.rows if r.choice == int8[0])
+    assert row.status in ("ok", "rejected", "picked") and row.accuracy  # it ran and was judged
+    assert list((tmp_path / "c" / "onnx").glob("*-dynamic-int8.onnx"))
+    assert "pre-processing" not in caplog.text
+    # fp16 (the default) does not quantize; a model quantized already gets no int8 candidate
+    assert not [c for c in select.candidates(spec.replace(precision="fp16"))[0]
+                if c.precision == "int8"]
