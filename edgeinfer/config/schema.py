@@ -126,7 +126,7 @@ class ModelConfig(ConfigStruct, frozen=True):
     strict_providers: bool = False
     probe: bool = True
     precision: Literal["fp32", "fp16", "int8"] = "fp16"
-    probe_budget_s: Annotated[float, msgspec.Meta(gt=0, le=600)] = 15.0
+    probe_budget_s: Annotated[float, Meta(ge=0.1, le=600)] = 15.0
     input_shapes: dict[str, list[Dim]] = {}
     arena: Literal["bounded", "off", "default"] = "bounded"
     delegates: list[DelegateConfig] = []

@@ -104,7 +104,8 @@ def test_minimal_config_gets_defaults(tmp_path: Path) -> None:
     assert model.isolation == "none"
     assert model.arena == "bounded"
     assert model.input_shapes == {} and model.delegates == []
-    assert model.warmup is True and model.probe is False and model.strict_providers is False
+    assert model.warmup is True and model.probe is True and model.strict_providers is False
+    assert (model.precision, model.probe_budget_s) == ("fp16", 15.0)
 
 
 def test_full_config_round_trips_into_typed_structs(tmp_path: Path) -> None:
@@ -177,6 +178,8 @@ def test_full_config_round_trips_into_typed_structs(tmp_path: Path) -> None:
         "isolation": "process",
         "strict_providers": True,
         "probe": True,
+        "precision": "fp16",
+        "probe_budget_s": 15.0,
         "input_shapes": {"images": [1, 3, 320, 320]},
         "arena": "off",
         "delegates": [{"library": "libedgetpu.so.1", "options": {"device": "usb"}}],
