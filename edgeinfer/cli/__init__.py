@@ -24,7 +24,8 @@ VERBS = {
     "models": ("edgeinfer.cli.model_cmds:cmd_models", "list or pull the example models"),
     "validate-config": ("edgeinfer.cli.config_cmds:cmd_validate", "check a config file"),
     "watch": ("edgeinfer.cli.watch_cmd:cmd_watch", "print devices' results and status from MQTT"),
-    "bench": ("edgeinfer.cli.bench_cmd:cmd_bench", "measure a model's latency, throughput and memory"),
+    "bench": ("edgeinfer.cli.bench_cmd:cmd_bench",
+              "measure a model's candidate backends (latency, memory, accuracy)"),
     "quantize": ("edgeinfer.cli.quantize_cmd:cmd_quantize",
                  "INT8-quantize an ONNX model with calibration data, with an accuracy report"),
     "keygen": ("edgeinfer.cli.ota_cmds:cmd_keygen", "make an Ed25519 key pair for signing models"),
@@ -112,20 +113,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--count", type=int, metavar="N", help="exit after N results")
 
     p = sub.add_parser("bench", help=VERBS["bench"][1],
-                       description="Warm up, then time N runs of MODEL per provider and thread "
-                       "count: latency p50/p90/p99, throughput, load time, peak resident memory.")
+                       description="--providers all|auto: the candidate table the backend "
+                       "selector measures (backend, device, precision, threads, graph "
+                       "optimization, spinning; p50/p99 ms, load ms, MiB, accuracy against the "
+                       "fp32 reference, rejected or failed and why) with what auto picks marked. "
+                       "A list of providers (cpu, cuda,cpu...): warm up, then time N runs per "
+                       "provider and thread count, each in a fresh process: latency p50/p90/p99, "
+                       "throughput, load time, peak resident memory.")
     p.add_argument("model", help="ONNX or TFLite file, or an example model name (see `models`)")
     p.add_argument("--providers", default="auto",
-                   help="auto (the provider auto picks), all (every working one), or a "
-                   "comma-separated list; each is measured on its own")
+                   help="auto (the probe load_model runs at first load: its candidates, its "
+                   "table; default), all (every candidate the device offers, with a longer "
+                   "budget), or a comma-separated list, each measured on its own in a fresh "
+                   "process")
     p.add_argument("--threads", default=None, metavar="N[,N...]",
-                   help="thread counts to measure, e.g. 1,2,4 (default: the runtime's choice)")
-    p.add_argument("--runs", type=int, default=50, metavar="N", help="timed runs (default 50)")
-    p.add_argument("--warmup", type=int, default=5, metavar="N", help="untimed runs first")
+                   help="with all/auto the thread cap, candidates at 1, 2 and the cap (default: "
+                   "the physical cores, at most 4); with a provider list the thread counts to "
+                   "measure, e.g. 1,2,4 (default: the runtime's choice)")
+    p.add_argument("--precision", choices=("fp32", "fp16", "int8"), default="fp16",
+                   help="all/auto: the lowest precision a candidate may use (fp16 also allows "
+                   "bf16; default fp16, as load_model)")
+    p.add_argument("--budget-s", type=float, default=None, metavar="S",
+                   help="all/auto: how long measuring may take (default 15 s for auto, as at "
+                   "boot; 60 s for all)")
+    p.add_argument("--runs", type=int, default=50, metavar="N",
+                   help="provider list: timed runs (default 50)")
+    p.add_argument("--warmup", type=int, default=5, metavar="N",
+                   help="provider list: untimed runs first")
     p.add_argument("--input-shape", action="append", default=[], metavar="NAME=D1,D2,...",
                    help="fix a dynamic input shape, e.g. images=1,3,320,320 (repeatable)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--plot", metavar="OUT.png", help="draw a latency histogram per run")
+    p.add_argument("--plot", metavar="OUT.png",
+                   help="all/auto: draw the candidate table; provider list: a latency "
+                   "histogram per configuration")
 
     p = sub.add_parser("quantize", help=VERBS["quantize"][1],
                        description="Static INT8 quantization (QDQ, per-channel weights) of an ONNX "

@@ -1,4 +1,6 @@
-"""``edgeinfer bench``: a table (or JSON list) of latency, throughput, load time and memory."""
+"""``edgeinfer bench``: the measuring selector's candidate table (``--providers all|auto``), or
+latency, throughput, load time and memory per provider and thread count, each in a fresh process
+(an explicit ``--providers`` list)."""
 
 from __future__ import annotations
 
@@ -14,14 +16,21 @@ _COLUMNS = (
     ("p99 ms", ">8"), ("mean ms", ">8"), ("min ms", ">8"), ("max ms", ">8"), ("runs/s", ">8"),
     ("peak MiB", ">9"),
 )
+_CANDIDATE_COLUMNS = (
+    ("", "<1"), ("backend", "<11"), ("device", "<9"), ("prec", "<4"), ("thr", ">3"), ("opt", "<8"),
+    ("spin", "<4"), ("p50 ms", ">8"), ("p99 ms", ">8"), ("runs", ">4"), ("load ms", ">8"),
+    ("MiB", ">6"), ("status", "<8"), ("accuracy vs fp32 / why", ""),
+)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    """Measure ``args.model`` per provider and thread count; print a table or JSON.
+    """Measure ``args.model``; print a table or JSON.
 
     Exit code 0 when at least one configuration was measured (failed ones are shown with their
     reason); the library raises when none could be.
     """
+    if args.providers.strip().lower() in ("all", "auto"):
+        return _cmd_candidates(args)
     from ..bench import bench, parse_threads, plot_histograms
     from ..catalog import resolve_model
 
@@ -60,3 +69,57 @@ def _row(r: Any) -> str:
               ("p50", "p90", "p99", "mean", "min", "max")), f"{r.throughput:.1f}",
               f"{r.peak_rss_mb:.1f}"]
     return "  ".join(f"{v:{fmt}}" for v, (_, fmt) in zip(values, _COLUMNS))
+
+
+def _cmd_candidates(args: argparse.Namespace) -> int:
+    from ..bench import candidate_table, parse_threads, plot_candidates
+
+    caps = [t for t in parse_threads(args.threads) if t is not None]
+    table = candidate_table(
+        args.model,
+        providers=args.providers,
+        threads=max(caps) if caps else None,
+        precision=args.precision,
+        budget_s=args.budget_s,
+        input_shapes=model_inputs(args.model, args.input_shape)[0],
+    )
+    if args.plot:
+        plot_candidates(table, args.plot)
+    if args.json:
+        sys.stdout.write(json.dumps(table.to_dict(), indent=2) + "\n")
+        return 0
+    d = table.decision
+    print(f"model {table.model}: {len(d.rows)} candidates ({table.mode}), threads up to "
+          f"{table.threads}, precision >= {table.precision}, measured in {d.elapsed_s:.1f} s "
+          f"(budget {d.budget_s:g} s), gate {d.gate} on {d.inputs}")
+    print("  ".join(f"{name:{fmt}}" for name, fmt in _CANDIDATE_COLUMNS).rstrip())
+    for r in table.rows:
+        print(_candidate_row(r, table))
+    print(f"* auto picks: {d.summary()}")
+    if table.fastest is not None and table.fastest != table.auto:
+        print(f"  fastest correct candidate: {table.fastest.label()}"
+              + (" (measured for comparison only)" if table.fastest in table.extra else
+                 " (within 3 %: auto takes the cheaper)"))
+    if args.plot:
+        print(f"plot: {args.plot}")
+    return 0
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def _candidate_row(r: Any, table: Any) -> str:
+    c = r.choice
+    device = c.device.removesuffix("ExecutionProvider")
+    if c.backend == "litert" and c.device != "xnnpack":
+        device = c.device.rsplit("/", 1)[-1]
+    detail = r.accuracy if r.status in ("ok", "picked") else r.reason
+    if r.status == "rejected" and r.accuracy:
+        detail = f"{r.reason} ({r.accuracy})" if r.accuracy not in r.reason else r.reason
+    if c in table.extra:
+        detail = f"{detail}; comparison only, auto does not consider it"
+    values = ["*" if c == table.auto else "", c.backend, device[:9], c.precision, str(c.threads),
+              c.opt or "-", "on" if c.spin else "-", _ms(r.p50_ms), _ms(r.p99_ms), str(r.runs),
+              _ms(r.load_ms), "-" if r.mib is None else f"{r.mib:.1f}", r.status, detail]
+    return "  ".join(f"{v:{fmt}}" for v, (_, fmt) in zip(values, _CANDIDATE_COLUMNS)).rstrip()
