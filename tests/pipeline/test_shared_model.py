@@ -179,6 +179,25 @@ def test_a_slow_camera_is_served_while_three_others_flood_the_model(
             p.close()
 
 
+def test_an_fps_cap_holds_back_one_sharer_only(tiny: Path, video: Path) -> None:
+    src = {"type": "video", "uri": str(video), "loop": True}
+    config = _config(_classify("capped", tiny, src), _classify("free", tiny, src))
+    capped, free = _build(config, {})
+    try:
+        assert capped.model.shared is free.model.shared
+        capped.tune({"max_fps": 2})
+        capped.start()
+        free.start()
+        _wait(lambda: free.stats.processed >= 300 and capped.stats.processed >= 1)
+        # the capped camera skips frames over its cap (counted as such), the other does not
+        assert capped.stats.paused > 0 and free.stats.paused == 0
+        assert capped.stats.processed < free.stats.processed
+        assert capped.snapshot()["dropped"]["paused"] == capped.stats.paused
+    finally:
+        capped.close()
+        free.close()
+
+
 def test_a_crashed_shared_worker_is_restarted_once_and_costs_one_frame(
         tiny: Path, video: Path) -> None:
     src = {"type": "video", "uri": str(video), "loop": True}
