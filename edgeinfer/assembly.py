@@ -66,6 +66,13 @@ def load_pipeline_model(pc: PipelineConfig, runtime: RuntimeConfig) -> Model:
     for key, value in _task_load_options(pc, path).items():
         if not kwargs.get(key):  # what the config says explicitly wins
             kwargs[key] = value
+    if kwargs["probe"] and kwargs["isolation"] == "none":
+        # Serve at once: a cached decision under the task's gate opens the winner now,
+        # otherwise ``assemble`` starts measuring once the task (and its gate) exists.
+        from .tasks.gates import gate_key
+
+        kwargs["probe"] = "background"
+        kwargs["gate"] = gate_key(str(type(pc.task).__struct_config__.tag))
     return model_pool().acquire(
         path, **kwargs,
         state_dir=runtime.resolved_state_dir(), cache_dir=runtime.resolved_cache_dir(),
@@ -82,6 +89,10 @@ def assemble(pc: PipelineConfig, model: Model, *, on_result: ResultCallback | No
     from .tasks import make_task
 
     task = make_task(pc.task, model)
+    if model.probe and model.worker_pid is None and model.selection is None:
+        from .tasks.gates import gate_for
+
+        model.select_backend(gate_for(task), background=True)  # swaps between two frames
     sinks = [make_sink(s, **context) for s in pc.sinks]
     source = open_source(_sample_video(pc.source), **context)
     return Pipeline(pc.name, source, model, task, sinks, emit=pc.emit, queue_size=pc.queue_size,

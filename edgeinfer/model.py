@@ -9,10 +9,12 @@ disturbed) -> hand out a ``Model``.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import logging
 import os
 import threading
+import weakref
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,6 +49,16 @@ ARENAS = ("bounded", "off", "default")
 DEFAULT_ARENA = "bounded"
 
 _load_lock = threading.Lock()  # loads are serialized so resident-memory deltas are this model's
+_measuring: weakref.WeakSet[Model] = weakref.WeakSet()  # models measuring in the background
+
+
+@atexit.register
+def _stop_measuring() -> None:
+    """At exit, stop background measurements first: a native thread pool torn down while a
+    session is being compiled aborts the process ("terminate called without an active
+    exception")."""
+    for model in list(_measuring):
+        model.stop_selecting(timeout=30.0)
 _ids = itertools.count(1)
 
 
@@ -69,6 +81,7 @@ class Model:
         self._inflight: dict[int, int] = {}
         self._retired: list[Session] = []
         self._selector: threading.Thread | None = None
+        self._cancel = threading.Event()
         self.generation = 0  # bumped at each swap: results name the provider that made them
         self._info = info
         self._spec = spec
@@ -154,11 +167,27 @@ class Model:
             self._inflight.pop(id(old), None)
             old.close()
 
+    def stop_selecting(self, timeout: float = 30.0) -> None:
+        """Stop a background measurement and wait for it (the native libraries must not be
+        mid-compile when the process exits). The current session keeps serving."""
+        self._cancel.set()
+        t = self._selector
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout)
+            if t.is_alive():
+                logger.warning("measuring backends for %s did not stop in %.0f s", self.name,
+                               timeout)
+
     # -- backend selection ------------------------------------------------------------------------
     @property
     def selection(self) -> dict[str, Any] | None:
         """The measuring selector's decision and table (``None`` when it did not run)."""
         return self.report.selection
+
+    @property
+    def probe(self) -> bool:
+        """Whether this model was loaded to be measured (``load_model(probe=...)``)."""
+        return self._spec.probe
 
     @property
     def selecting(self) -> bool:
@@ -191,6 +220,7 @@ class Model:
             t = threading.Thread(target=self._measure, args=(gate_, budget_s),
                                  name=f"select-{self.name}", daemon=True)
             self._selector = t
+            _measuring.add(self)
             t.start()
             return None
         return self._measure(gate_, budget_s)
@@ -201,7 +231,10 @@ class Model:
         spec = self._spec
         try:
             decision, session = select.measure(
-                spec, gate, budget_s=budget_s or spec.probe_budget_s)
+                spec, gate, budget_s=budget_s or spec.probe_budget_s, cancel=self._cancel)
+        except select.Cancelled:
+            logger.info("measuring backends for %s stopped: the model is closing", self.name)
+            return None
         except Exception as exc:  # a background thread must not die silently
             logger.warning("measuring backends for %s failed: %s", self.name, exc)
             return None
@@ -261,6 +294,7 @@ class Model:
 
     def close(self) -> None:
         """Release the session and its share of the memory budget. Idempotent."""
+        self.stop_selecting()
         with self._swap_lock:
             session, self._session = self._session, None
             retired, self._retired = self._retired, []

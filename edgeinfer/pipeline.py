@@ -75,6 +75,7 @@ class Pipeline:
         self.error: BaseException | None = None
         # What results name as their maker; one tuple, replaced whole at a swap.
         self._made_by = (ModelRef(model.name, model.version, model.sha256), model.provider)
+        self._made_gen = model.generation  # the backend selector swaps sessions: see _infer
         self._prepared: DropOldestQueue = DropOldestQueue(queue_size, drop=source.live)
         self._inferred: DropOldestQueue = DropOldestQueue(queue_size, drop=False)
         self._threads: list[threading.Thread] = []
@@ -203,6 +204,7 @@ class Pipeline:
             old = self.model
             self.model, self.task = model, task
             self._made_by = (ModelRef(model.name, model.version, model.sha256), model.provider)
+            self._made_gen = model.generation
             self.model_ok = self.model_errors = 0
         return old
 
@@ -320,6 +322,9 @@ class Pipeline:
                     return
                 with self._swap_lock:
                     model, task, ref = self.model, self.task, self._made_by
+                    if model.generation != self._made_gen:  # measured backend swapped in
+                        self._made_gen = model.generation
+                        ref = self._made_by = (ref[0], model.provider)
                 if prepared_by is not task:  # a swap came between: prepare it for the new model
                     try:
                         feeds, context = task.preprocess(frame)
@@ -436,6 +441,7 @@ class Pipeline:
             pipeline=self.name,
             model={"name": ref.name, "version": ref.version, "sha256": ref.sha256},
             provider=provider,
+            backend=_backend(model),
             # the pipelines running one loaded model with this one (None: a model of its own)
             shared=model.shared_stats() if isinstance(model, SharedModel) else None,
             source=self.source.stats.to_dict(),
@@ -447,6 +453,15 @@ class Pipeline:
                                                "paused" if self.paused else "running"),
         )
         return data
+
+
+def _backend(model: Model) -> dict[str, Any] | None:
+    """The exact backend choice and whether measuring is under way (None: model closed)."""
+    if model.closed:
+        return None
+    choice = model.report.choice
+    return {"choice": choice.label() if choice is not None else model.provider,
+            "selecting": model.selecting}
 
 
 def _bind(model: Model, pipeline: str) -> None:

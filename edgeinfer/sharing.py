@@ -113,6 +113,13 @@ class SharedModel(Model):
                 raise StateError(f"model {self.name!r} is closed")
             return self._shared_entry.submit(self, inputs)
 
+    def select_backend(self, gate: Any = None, *, background: bool = False,
+                       budget_s: float | None = None) -> Any:
+        """`Model.select_backend` of the pooled model: the winner serves every sharer. (Not
+        inherited: Model's would set the new session on this handle, not on the model.)"""
+        return self._shared_entry.model.select_backend(gate, background=background,
+                                                       budget_s=budget_s)
+
     def restart(self) -> None:
         """Revive a crashed worker; nothing if the model's own inference thread already did
         after the crash this handle saw."""

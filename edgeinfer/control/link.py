@@ -126,11 +126,14 @@ class MqttLink:
                 self.publish_discovery()
 
     def _current_shape(self) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...],
-                                      tuple[str, ...]]:
-        """(configured pipelines with their task, running ones, failed ones)."""
+                                      tuple[str, ...], tuple[tuple[str, str], ...]]:
+        """(configured pipelines with their task, running ones, failed ones, the backend each
+        runs on: a measured backend swapped in shows on the status topic)."""
         return (tuple(sorted(self._configured().items())),
                 tuple(sorted(p.name for p in self.daemon.pipelines)),
-                tuple(sorted(self.daemon.failed)))
+                tuple(sorted(self.daemon.failed)),
+                tuple(sorted((p.name, backend_of(p.model)["choice"])
+                             for p in self.daemon.pipelines if not p.model.closed)))
 
     def _configured(self) -> dict[str, str]:
         """Configured pipeline -> task type: discovery covers a pipeline that failed to start
@@ -165,6 +168,7 @@ class MqttLink:
             "models": {p.name: {"name": p.model.name, "version": p.model.version,
                                 "sha256": p.model.sha256} for p in pipes if not p.model.closed},
             "providers": {p.name: p.model.provider for p in pipes if not p.model.closed},
+            "backends": {p.name: backend_of(p.model) for p in pipes if not p.model.closed},
             "failed": dict(self.daemon.failed),
             "groups": list(self.config.ota.groups) if self.config.ota is not None else [],
             "outbox": self.plumbing.birth_info() if self.plumbing is not None else None,
@@ -315,6 +319,15 @@ class MqttLink:
                               "of ota.trusted_keys; add an ota: section with trusted_keys")
         nonces = NonceBook(self.config.runtime.resolved_state_dir() / "command-nonces.json")
         return SignedCommands(self.device_id, trusted, nonces, max_age_s=policy.max_age_s)
+
+
+def backend_of(model: Any) -> dict[str, Any]:
+    """What runs a pipeline's model: the exact choice, whether measuring is still under way, and
+    the decision's one-line summary (``None`` when nothing was measured)."""
+    report = model.report
+    selection = report.selection or {}
+    return {"choice": report.choice.label() if report.choice is not None else report.provider,
+            "selecting": bool(model.selecting), "decision": selection.get("summary")}
 
 
 def max_packet_bytes(config: Config) -> int:

@@ -82,6 +82,10 @@ class DaemonCollector:
         model = GaugeMetricFamily("edgeinfer_model_info",
                                   "The model a pipeline runs (always 1).",
                                   labels=["pipeline", "name", "version", "sha256", "provider"])
+        backend = GaugeMetricFamily("edgeinfer_backend_info",
+                                    "The backend running a pipeline's model (always 1); "
+                                    "selecting=1 while measuring candidates.",
+                                    labels=["pipeline", "backend", "selecting"])
         restarts = CounterMetricFamily("edgeinfer_pipeline_restarts",
                                        "Internal restarts of a stuck pipeline.",
                                        labels=["pipeline"])
@@ -109,10 +113,14 @@ class DaemonCollector:
             m = s.get("model") or {}
             model.add_metric([name, str(m.get("name") or ""), str(m.get("version") or ""),
                               str(m.get("sha256") or ""), str(s.get("provider") or "")], 1)
+            b = s.get("backend") or {}
+            if b:
+                backend.add_metric([name, str(b.get("choice") or ""),
+                                    "1" if b.get("selecting") else "0"], 1)
             restarts.add_metric([name], restart_counts.pop(name, 0))
         for name, count in restart_counts.items():  # restarted, and not running now
             restarts.add_metric([name], count)
-        yield from (processed, emitted, dropped, errors, fps, latency, reconnects, model,
+        yield from (processed, emitted, dropped, errors, fps, latency, reconnects, model, backend,
                     restarts)
         yield from self._outbox()
 

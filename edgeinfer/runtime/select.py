@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import math
 import statistics
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
@@ -52,6 +53,10 @@ MAX_RUNS = 50
 MIN_RUNS = 3
 FINALISTS = 3
 
+class Cancelled(Exception):
+    """Measuring was stopped (the model is being closed, the process is exiting)."""
+
+
 BACKENDS = {
     "onnxruntime": "edgeinfer.runtime.onnx:open_session",
     "openvino": "edgeinfer.runtime.openvino:open_session",
@@ -78,12 +83,17 @@ def measure(
     opener: Callable[[SessionSpec, Choice], Session] | None = None,
     choices: Iterable[Choice] | None = None,
     keep_winner: bool = True,
+    cancel: threading.Event | None = None,
 ) -> tuple[Decision, Session | None]:
     """Measure the candidates and return the decision and, with ``keep_winner``, the winner's
     open session (the caller owns it). Never raises for a candidate's failure: each is a row.
 
+    ``cancel`` set stops measuring between two candidates (and between two timed rounds):
+    ``Cancelled`` is raised and every session opened here is closed.
+
     Raises:
         ModelLoadError: not even the reference configuration opens (the model is broken).
+        Cancelled: ``cancel`` was set.
     """
     gate_: Gate = gate or OutputsGate()
     open_ = opener or (lambda s, c: open_choice(s, c))
@@ -111,6 +121,8 @@ def measure(
             cands = list(choices)
         rows.append(ref_row)
         for i, choice in enumerate(cands):
+            if cancel is not None and cancel.is_set():
+                raise Cancelled(f"measuring {spec.path.name} was cancelled")
             if choice == ref_choice:
                 continue
             left = deadline - time.perf_counter()
@@ -123,7 +135,9 @@ def measure(
             if session is not None:
                 owned[choice] = session
                 _keep_best(owned, rows, ref_choice)
-        _finalists(spec, rows, owned, open_, feeds, deadline)
+        _finalists(spec, rows, owned, open_, feeds, deadline, cancel)
+        if cancel is not None and cancel.is_set():
+            raise Cancelled(f"measuring {spec.path.name} was cancelled")
         note = "runs in under 0.5 ms: only onnxruntime measured" if small else ""
         winner = _pick(rows)
         if winner is None:  # every candidate refused: the reference configuration is correct
@@ -256,7 +270,8 @@ def _stats(row: Row) -> None:
 
 def _finalists(spec: SessionSpec, rows: list[Row], owned: dict[Choice, Session],
                open_: Callable[[SessionSpec, Choice], Session],
-               feeds: list[dict[str, np.ndarray]], deadline: float) -> None:
+               feeds: list[dict[str, np.ndarray]], deadline: float,
+               cancel: threading.Event | None = None) -> None:
     """Time the best few again, interleaved (one run each per round), replacing their numbers:
     a noisy moment during one candidate's own slice must not decide."""
     ok = sorted((r for r in rows if r.status == "ok" and r.p50_ms is not None),
@@ -275,7 +290,8 @@ def _finalists(spec: SessionSpec, rows: list[Row], owned: dict[Choice, Session],
         rounds: list[list[float]] = [[] for _ in sessions]
         order = list(range(len(sessions)))
         n = 0
-        while n < MAX_RUNS and (n < 5 or time.perf_counter() < deadline):
+        while n < MAX_RUNS and (n < 5 or time.perf_counter() < deadline) and not (
+                cancel is not None and cancel.is_set()):
             for i in order if n % 2 == 0 else order[::-1]:
                 t = time.perf_counter()
                 sessions[i][1].run(feeds[0])

@@ -44,14 +44,16 @@ def gate_key(task_kind: str) -> str:
 
 
 def gate_for(task: Task) -> Gate:
-    """The gate for ``task``'s kind."""
+    """The gate for ``task``'s kind. It works on a task of its own, built from the same config
+    and model: measuring runs in another thread than the pipeline, and a task's preprocessor
+    reuses its buffers from frame to frame."""
     from .classify import ClassifyTask
     from .detect import DetectTask
 
     if isinstance(task, DetectTask):
-        return DetectGate(task)
+        return DetectGate(DetectTask(task.config, task.model))
     if isinstance(task, ClassifyTask):
-        return ClassifyGate(task)
+        return ClassifyGate(ClassifyTask(task.config, task.model))
     return OutputsGate()
 
 
