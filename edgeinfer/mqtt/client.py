@@ -41,7 +41,7 @@ from ..errors import StateError
 from ..sources.base import Backoff
 from ._connection import (AckBook, ConnackDeadline, FailureLog, PahoErrors, ProtocolChoice,
                           os_reason, ssl_context, tls_reason)
-from .topics import Topics, check_filter, matches
+from .topics import Topics, check_filter, matches, undotted
 
 __all__ = ["Message", "MqttClient"]
 
@@ -141,6 +141,7 @@ class MqttClient:
         self._socket_error: BaseException | None = None
         self._backoff = Backoff(config.reconnect, threading.Event())
         self._subs: tuple[_Sub, ...] = ()
+        self._dotted_warned: set[str] = set()  # filters a '.'-mapping broker was seen for
         self._acks = AckBook()
         self._on_connect: list[Callable[[], None]] = []
         self._on_disconnect: list[Callable[[], None]] = []
@@ -447,11 +448,33 @@ class MqttClient:
         for sub in self._subs:
             if matches(sub.topic, topic):
                 if message is None:
-                    props = msg.properties
-                    message = Message(topic, bytes(msg.payload), msg.qos, bool(msg.retain),
-                                      getattr(props, "ResponseTopic", None),
-                                      getattr(props, "CorrelationData", None))
+                    message = self._message(topic, msg)
                 self._call(sub.callback, "subscription", message)
+        if message is None and "." not in topic:
+            self._handle_dotted(msg)
+
+    def _handle_dotted(self, msg: paho.MQTTMessage) -> None:
+        """A message no filter matches as it came: RabbitMQ delivers ``a/cam.1/x`` as
+        ``a/cam/1/x``. Handed to the filters it was for, under the name it was published with,
+        and said once per filter: every other client sees the broker's spelling."""
+        for sub in self._subs:
+            topic = undotted(sub.topic, msg.topic) if "." in sub.topic else None
+            if topic is None:
+                continue
+            if sub.topic not in self._dotted_warned:
+                self._dotted_warned.add(sub.topic)
+                logger.warning("MQTT broker %s delivered %s for the subscription %s: it takes "
+                               "'.' for a topic level separator (RabbitMQ does), so other "
+                               "clients see such topics with '/'; use a device id, pipeline "
+                               "names and prefix without '.'", self._where, msg.topic, sub.topic)
+            self._call(sub.callback, "subscription", self._message(topic, msg))
+
+    @staticmethod
+    def _message(topic: str, msg: paho.MQTTMessage) -> Message:
+        props = msg.properties
+        return Message(topic, bytes(msg.payload), msg.qos, bool(msg.retain),
+                       getattr(props, "ResponseTopic", None),
+                       getattr(props, "CorrelationData", None))
 
     def _paho_error(self, msg: str, args: tuple[Any, ...]) -> None:
         if args and isinstance(args[0], OSError):

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 
 __all__ = ["MAX_RESPONSE_TOPIC_BYTES", "REPLY", "Topics", "check_filter", "check_level",
-           "check_response_topic", "is_verb", "matches"]
+           "check_response_topic", "is_verb", "matches", "undotted"]
 
 _FORBIDDEN = ("+", "#", "\x00", "\n")
 _VERB = re.compile(r"[a-z0-9_-]{1,32}")
@@ -164,3 +164,22 @@ def matches(pattern: str, topic: str) -> bool:
         if i >= len(have) or (level != "+" and level != have[i]):
             return False
     return len(want) == len(have)
+
+
+def undotted(pattern: str, topic: str) -> str | None:
+    """``topic`` as it was published, if a broker that takes ``.`` for a level separator
+    (RabbitMQ's MQTT plugin: topics become AMQP routing keys) delivered it for ``pattern``
+    (``a/cam.1/+`` gets ``a/cam/1/x``, published as ``a/cam.1/x``); None when it does not match
+    that way either. The dots of ``pattern``'s own levels are restored; what a wildcard
+    matched keeps the broker's spelling."""
+    have = topic.split("/")
+    out: list[str] = []
+    for level in pattern.split("/"):
+        if level == "#":
+            return "/".join(out + have)
+        width = 1 if level == "+" else level.count(".") + 1
+        if len(have) < width or (level != "+" and ".".join(have[:width]) != level):
+            return None
+        out.append(".".join(have[:width]))
+        have = have[width:]
+    return None if have else "/".join(out)

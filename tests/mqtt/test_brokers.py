@@ -1,8 +1,11 @@
 """Issue 13, brokers other than mosquitto: ``edgeinfer run`` (a real subprocess, default
 ``protocol: auto``) against a real mosquitto, a real ``nats-server`` (its MQTT listener speaks
-3.1.1 only) and a standalone amqtt broker (3.1.1 only; it misreads an MQTT 5 CONNECT with a
-will and never answers it): results in seq order, the retained status naming the MQTT version
-chosen, a command answered, the last will on a kill, all seen by a plain MQTT 3.1.1 client."""
+3.1.1 only), a standalone amqtt broker (3.1.1 only; it misreads an MQTT 5 CONNECT with a
+will and never answers it) and a RabbitMQ node of the test's own with the ``rabbitmq_mqtt``
+plugin (3.10: 3.1.1 only, it closes an MQTT 5 CONNECT; QoS 2 granted as 1; retained messages
+go only to subscriptions without wildcards): results in seq order, the retained status naming
+the MQTT version chosen, a command answered, the last will on a kill, all seen by a plain MQTT
+3.1.1 client."""
 
 from __future__ import annotations
 
@@ -119,7 +122,17 @@ def _amqtt(folder: Path) -> Iterator[int]:
                       folder / "amqtt.log")
 
 
-@pytest.fixture(params=["mosquitto", "nats", "amqtt"])
+def _rabbitmq(folder: Path) -> Iterator[int]:
+    # A node of its own (own node name, ports, cookie, database), never the machine's.
+    from edgeinfer.testing.rabbitmq import RabbitMQ
+
+    if why := RabbitMQ.available():
+        pytest.skip(why)
+    with RabbitMQ() as node:
+        yield node.port
+
+
+@pytest.fixture(params=["mosquitto", "nats", "amqtt", "rabbitmq"])
 def broker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
            ) -> Iterator[tuple[int, str]]:
     """(port, the MQTT version ``auto`` must settle on) of a broker on loopback."""
@@ -128,7 +141,7 @@ def broker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         yield port, "v5"
         return
     folder = tmp_path_factory.mktemp(request.param)
-    serve = _nats if request.param == "nats" else _amqtt
+    serve = {"nats": _nats, "amqtt": _amqtt, "rabbitmq": _rabbitmq}[request.param]
     for port in serve(folder):
         yield port, "v3.1.1"
 
@@ -181,6 +194,66 @@ def test_daemon_with_protocol_auto_works_against_each_broker(
         assert kept["state"] == "offline" and kept["_retain"], kept
     finally:
         late.close()
+
+
+def test_a_dotted_device_id_through_rabbitmq_takes_commands_under_its_own_topics(
+        blazeface_path: Path, video: Path, tmp_path: Path) -> None:
+    # RabbitMQ maps MQTT topics to AMQP routing keys, where '.' separates levels too: what a
+    # client publishes on edgeinfer/cam.1/cmd/status reaches the daemon's filter
+    # edgeinfer/cam.1/cmd/+ as edgeinfer/cam/1/cmd/status. The daemon (and `edgeinfer cmd`,
+    # waiting for its reply the same way) takes it under the name it was published with, and
+    # says what other clients see.
+    from edgeinfer.testing.rabbitmq import RabbitMQ
+
+    if why := RabbitMQ.available():
+        pytest.skip(why)
+    hexid = uuid.uuid4().hex[:8]
+    dev = f"cam.{hexid}"
+    config = tmp_path / "edgeinfer.json"
+    with RabbitMQ() as node:
+        config.write_text(json.dumps({
+            "device_id": dev,
+            "mqtt": {"host": node.host, "port": node.port, "stats_interval_s": 60,
+                     "reconnect": {"initial_s": 0.2, "max_s": 1.0}},
+            "pipelines": [{
+                "name": "faces", "model": {"path": str(blazeface_path), "threads": 1},
+                "source": {"type": "video", "uri": str(video), "fps": 5, "loop": True},
+                "task": {"type": "detect", "decoder": "blazeface"}, "sinks": [{"type": "mqtt"}],
+            }],
+        }))
+        seen_as = f"edgeinfer/cam/{hexid}"  # what a plain client gets
+        listener = Listener(node.port, f"edgeinfer/{dev}/#")
+        log = tmp_path / "daemon.log"  # a file: a pipe nobody reads while it runs would fill
+        with log.open("w") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "edgeinfer", "run", "-c", str(config)],
+                                    stdout=subprocess.DEVNULL, stderr=out, cwd=ROOT)
+        try:
+            listener.next(f"{seen_as}/status", 60, state="online")
+            listener.next(f"{seen_as}/faces/result", 60)  # running, commands subscribed
+            cmd = subprocess.run([sys.executable, "-m", "edgeinfer", "cmd", "--broker",
+                                  f"{node.host}:{node.port}", "--timeout", "30", dev, "status"],
+                                 capture_output=True, text=True, timeout=90, cwd=ROOT)
+            assert cmd.returncode == 0, cmd.stderr + log.read_text()[-3000:]
+            reply = json.loads(cmd.stdout)
+            assert reply["ok"] is True and reply["result"]["device"] == dev, reply
+        finally:
+            listener.close()
+            stop_process(proc, 20)
+    stderr = log.read_text()
+    assert f"delivered edgeinfer/cam/{hexid}/cmd/status for the subscription " \
+           f"edgeinfer/{dev}/cmd/+: it takes '.' for a topic level separator" in stderr, stderr[-3000:]
+
+
+def test_undotted_restores_the_dots_of_the_filters_own_levels() -> None:
+    from edgeinfer.mqtt.topics import undotted
+
+    assert undotted("e/cam.1/cmd/+", "e/cam/1/cmd/status") == "e/cam.1/cmd/status"
+    assert undotted("e/cam.1/ota/chunk/+/+", "e/cam/1/ota/chunk/ab/3") == "e/cam.1/ota/chunk/ab/3"
+    assert undotted("e/cam.1/#", "e/cam/1/a/b") == "e/cam.1/a/b"
+    assert undotted("e/cam.1/#", "e/cam/1") == "e/cam.1"  # '#' matches its parent level
+    assert undotted("site.a/v.2.x/status", "site/a/v/2/x/status") == "site.a/v.2.x/status"
+    for topic in ("e/cam/2/cmd/status", "e/cam/1/cmd", "e/cam/1/cmd/a/b", "e/cam/cmd/status"):
+        assert undotted("e/cam.1/cmd/+", topic) is None, topic
 
 
 def test_a_silent_broker_is_given_up_in_bounded_time_with_the_hint_for_explicit_v5(
