@@ -234,9 +234,12 @@ class Config(ConfigStruct, frozen=True):
                 )
 
     def resolved_device_id(self) -> str:
-        """``device_id``, or the hostname made into a valid MQTT topic level."""
+        """``device_id``, or the hostname's first label made into a valid MQTT topic level
+        (``pi-kitchen.lan`` -> ``pi-kitchen``: RabbitMQ reads a ``.`` in a topic as a level
+        separator and NATS refuses it)."""
         if self.device_id is not None:
             return self.device_id
         # Hostnames are normally [A-Za-z0-9.-] already; anything else would break the topic.
-        name = re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname())[:64]
+        host = socket.gethostname()
+        name = re.sub(r"[^A-Za-z0-9_-]", "_", host.split(".")[0] or host)[:64]
         return name if name.strip(".") and name not in ("group", "reply") else "edgeinfer"

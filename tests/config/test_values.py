@@ -121,6 +121,8 @@ def test_device_id_from_an_odd_hostname_is_still_a_safe_level(
 
     monkeypatch.setattr(socket, "gethostname", lambda: "..")
     assert Config().resolved_device_id() == "edgeinfer"
+    monkeypatch.setattr(socket, "gethostname", lambda: "pi-kitchen.lan")  # no dot in topics
+    assert Config().resolved_device_id() == "pi-kitchen"
     monkeypatch.setattr(socket, "gethostname", lambda: "reply")
     assert Config().resolved_device_id() == "edgeinfer"
     monkeypatch.setattr(socket, "gethostname", lambda: "h" * 100)
