@@ -240,6 +240,5 @@ class Config(ConfigStruct, frozen=True):
         if self.device_id is not None:
             return self.device_id
         # Hostnames are normally [A-Za-z0-9.-] already; anything else would break the topic.
-        host = socket.gethostname()
-        name = re.sub(r"[^A-Za-z0-9_-]", "_", host.split(".")[0] or host)[:64]
-        return name if name.strip(".") and name not in ("group", "reply") else "edgeinfer"
+        name = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname().split(".")[0])[:64]
+        return name if name and name not in ("group", "reply") else "edgeinfer"
