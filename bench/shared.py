@@ -53,9 +53,10 @@ def child(args: argparse.Namespace) -> int:
 
     from edgeinfer.config import parse_config
     from edgeinfer.pipeline import Pipeline
-    from edgeinfer.runtime.memory import peak_rss_mb, rss_mb
+    from edgeinfer.runtime.memory import peak_rss_mb, return_frames_to_the_os, rss_mb
     from edgeinfer.sharing import model_pool
 
+    return_frames_to_the_os()  # as the daemon does at start
     model_pool().enabled = args.share
     config = parse_config(config_text(args.cameras, args.fps, _size(args.size), args.threads,
                                       args.queue_size))

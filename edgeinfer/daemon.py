@@ -130,7 +130,7 @@ class Daemon:
         return 0
 
     def startup(self) -> None:
-        from .runtime.memory import set_memory_budget
+        from .runtime.memory import return_frames_to_the_os, set_memory_budget
         from .statelock import LOCK_NAME, StateLock
 
         # One daemon per state directory (outbox, model store, probe decisions): a second one
@@ -138,6 +138,7 @@ class Daemon:
         self._state_lock = StateLock(self.config.runtime.resolved_state_dir() / LOCK_NAME)
         self._state_lock.acquire()
         set_memory_budget(self.config.runtime.memory_budget_mb)
+        return_frames_to_the_os()
         if self.config.mqtt is not None:
             from .control.link import MqttLink
 

@@ -111,6 +111,27 @@ class MemoryMeter:
         return max(rss, heap - self._heap0)
 
 
+M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
+FRAME_MMAP_THRESHOLD = 256 * 1024
+
+
+def return_frames_to_the_os() -> bool:
+    """Allocate blocks of 256 KiB and more (camera frames, their preprocessed tensors) with
+    mmap, so each goes back to the OS when freed. glibc's default raises its mmap threshold to
+    the largest block freed so far, after which frames come from the heap, and a heap that
+    several threads' frames went through keeps their pages: about 6 MiB per camera measured
+    with four pipelines on one shared model (1.27x -> 1.22x of one pipeline's resident memory
+    at 5 fps per camera). The cost is a page fault per 4 KiB of a new frame (~0.1-0.2 ms per
+    640x480 frame). For the daemon, set once at start; False where malloc is not glibc's."""
+    name = ctypes.util.find_library("c")
+    if not name:
+        return False
+    try:
+        return bool(ctypes.CDLL(name).mallopt(M_MMAP_THRESHOLD, FRAME_MMAP_THRESHOLD))
+    except (OSError, AttributeError):
+        return False
+
+
 def trim_heap() -> None:
     """Give freed heap pages back to the OS (glibc ``malloc_trim``) after a model is dropped."""
     name = ctypes.util.find_library("c")
