@@ -26,7 +26,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from _report import machine_facts
 
-SCRIPTS = ("runtime", "pipeline", "mqtt", "models", "quantized", "ota")
+SCRIPTS = ("runtime", "pipeline", "mqtt", "models", "quantized", "ota", "backends", "startup",
+           "memory", "e2e")
 # Used only while a script has no section in the doc yet.
 DEFAULTS: dict[str, list[str]] = {
     "runtime": ["--rounds", "10", "--runs", "20"],
@@ -35,6 +36,10 @@ DEFAULTS: dict[str, list[str]] = {
     "models": ["--rounds", "200", "--runs", "1", "--threads", "1,2"],
     "quantized": ["--rounds", "10", "--runs", "20", "--threads", "2"],
     "ota": [],
+    "backends": ["--rounds", "8", "--runs", "5"],
+    "startup": ["--repeats", "5"],
+    "memory": ["--repeats", "3", "--shared-frames", "100"],
+    "e2e": ["--frames", "300", "--repeats", "3"],
 }
 _REGENERATE = re.compile(r"^Regenerate: `python3? bench/(?P<script>[\w-]+)\.py(?P<args>[^`]*)`",
                          re.MULTILINE)
