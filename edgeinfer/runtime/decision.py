@@ -100,6 +100,8 @@ class Decision:
         gain = ""
         if picked and base and picked.p50_ms and base.p50_ms and base is not picked:
             gain = f", {base.p50_ms / picked.p50_ms:.2f}x onnxruntime's {base.choice.label()}"
+        if self.note.startswith("not measured"):
+            return f"{self.choice.label()} ({self.note[:200]})"
         how = "cached decision" if self.cached else f"measured in {self.elapsed_s:.1f} s"
         note = f"; {self.note}" if self.note else ""
         return (f"{self.choice.label()}{speed}{gain} ({how}: {n_ok} correct, {n_bad} refused of "
