@@ -39,7 +39,11 @@ def test_info_json_on_a_real_model(yolo_path: Path) -> None:
             "--input-shape", "images=1,3,320,320")
     assert r.returncode == 0, r.stderr
     info = json.loads(r.stdout)
-    assert info["provider"] == "CPUExecutionProvider" and info["fallbacks"] == []
+    selection = info["session"]["selection"]  # measured (or the run's cached decision)
+    assert info["provider"] == selection["provider"] and info["fallbacks"] == []
+    assert [c for c in selection["candidates"] if c["status"] == "picked"][0]["label"] == \
+        selection["picked"]
+    assert all(c["choice"]["threads"] == 1 for c in selection["candidates"])  # --threads caps
     assert info["inputs"][0] == {"name": "images", "shape": [1, 3, 320, 320], "dtype": "float32"}
     assert info["outputs"][0]["shape"] == [1, 22, 2100]
     assert info["opset"] == 17 and info["quantization"] == "float"
