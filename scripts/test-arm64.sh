@@ -1,32 +1,55 @@
 #!/usr/bin/env bash
-# Run the arm64-marked tests inside an arm64 Debian bookworm root filesystem under qemu
-# user-mode emulation: an x86_64 host standing in for a Raspberry Pi 4 (or 5).
+# Run the arm64-marked tests inside arm64 Debian root filesystems under qemu user-mode emulation:
+# an x86_64 host standing in for a Raspberry Pi 4 (or 5). Two roots: Debian 12 bookworm (Python
+# 3.11) and Debian 13 trixie (Python 3.13, the base of current Raspberry Pi OS). Each venv gets
+# edgeinfer[dev] and the backends that install on aarch64 (onnxruntime, LiteRT, OpenVINO); trixie
+# adds ARM NN from Debian's packages (python3-pyarmnn, its CpuAcc backend and TFLite parser).
 #
-#   scripts/test-arm64.sh                   # build the root filesystem once, then run the subset
+#   scripts/test-arm64.sh                   # build the root filesystems once, then run the subset
+#   scripts/test-arm64.sh --suite trixie    # one root only (bookworm, trixie or all)
 #   scripts/test-arm64.sh -k tflite -x      # further arguments go to pytest
-#   scripts/test-arm64.sh --cpu cortex-a76  # a Raspberry Pi 5 instead of a Pi 4
-#   scripts/test-arm64.sh --shell           # a shell inside instead of the tests (debugging)
-#   scripts/test-arm64.sh --rebuild         # throw the cached root filesystem away first
+#   scripts/test-arm64.sh --cpu cortex-a76  # a Raspberry Pi 5 instead of a Pi 4, in every root
+#   scripts/test-arm64.sh --suite trixie --shell   # a shell inside instead of the tests
+#   scripts/test-arm64.sh --rebuild         # throw the cached root filesystems away first
+#
+# Without --cpu, bookworm runs as a Pi 4 (cortex-a72: no FP16 arithmetic) and trixie as a Pi 5
+# (cortex-a76: FP16, dot product), so both kinds of CPU are covered in one run.
 #
 # Environment:
-#   EDGEINFER_ARM64_ROOT    where the root filesystem is cached
+#   EDGEINFER_ARM64_ROOT    where the root filesystems are cached, one folder per suite
 #                           (default ${XDG_CACHE_HOME:-$HOME/.cache}/edgeinfer/arm64-rootfs)
-#   EDGEINFER_ARM64_CPU     qemu CPU: cortex-a72 (Pi 4, default) or cortex-a76 (Pi 5)
+#   EDGEINFER_ARM64_SUITE   bookworm, trixie or all (default all); --suite wins
+#   EDGEINFER_ARM64_CPU     qemu CPU for every root: cortex-a72 (Pi 4) or cortex-a76 (Pi 5)
 #   EDGEINFER_ARM64_MIRROR  Debian mirror (default: the one this host's apt uses)
 #
 # Needs root (apt-get, debootstrap, a private mount namespace, chroot). Everything mounted for
-# the run lives in that namespace and disappears with it. Exits with pytest's exit code.
+# the run lives in that namespace and disappears with it. Exits with the first failing suite's
+# pytest exit code (0 when every suite passed).
 set -euo pipefail
 
-SUITE=bookworm
-INCLUDE=python3,python3-venv,python3-pip,ca-certificates
-# Bump the number to rebuild every cached root filesystem when the recipe below changes.
-ROOTFS_ID="2 $SUITE $INCLUDE"
+SUITES=(bookworm trixie)
+BASE_INCLUDE=python3,python3-venv,python3-pip,ca-certificates
+# ARM NN (libarmnn 33) from Debian: the Python binding, the Arm Compute Library backend (CpuAcc;
+# Debian builds no CpuRef) and the TFLite parser pyarmnn loads models with.
+ARMNN_INCLUDE=python3-pyarmnn,libarmnn-cpuacc-backend33,libarmnntfliteparser24t64
+# Installed into every venv beside edgeinfer[dev] (ai-edge-litert is a dependency already).
+EXTRA_PIP=openvino
 VENV=/opt/venv
 SELF=$(readlink -f "${BASH_SOURCE[0]}")
 SRC=$(cd "$(dirname "$SELF")/.." && pwd)
 
-log() { printf '== arm64: %s\n' "$*"; }
+# set_suite SUITE: SUITE, INCLUDE, ROOTFS_ID and ROOT for one root filesystem.
+set_suite() {
+    SUITE=$1
+    INCLUDE=$BASE_INCLUDE
+    ARMNN=
+    if [[ $SUITE == trixie ]]; then INCLUDE+=,$ARMNN_INCLUDE ARMNN=1; fi
+    # Bump the number to rebuild every cached root filesystem when the recipe below changes.
+    ROOTFS_ID="2 $SUITE $INCLUDE"
+    ROOT=$ROOT_BASE/$SUITE
+}
+
+log() { printf '== arm64%s: %s\n' "${SUITE:+ $SUITE}" "$*"; }
 die() { printf 'test-arm64.sh: %s\n' "$*" >&2; exit 1; }
 
 usage() { sed -n '2,/^set -euo/{/^#/s/^# \{0,1\}//p}' "$SELF"; }
@@ -108,7 +131,7 @@ build_rootfs() {
 deps_hash() {
     local py=${PYTHON:-python3}
     {
-        echo "venv-recipe 1"
+        echo "venv-recipe 2 $EXTRA_PIP"
         "$py" - "$SRC/pyproject.toml" <<'EOF' 2>/dev/null || cat "$SRC/pyproject.toml"
 import json, sys, tomllib
 with open(sys.argv[1], "rb") as f:
@@ -258,6 +281,9 @@ in_namespace() {
         mount --bind "$ROOT/tmp/.edgeinfer/cpuinfo" "$ROOT/proc/cpuinfo"
     fi
     bind_ro "$SRC" "$ROOT/src"
+    # The example models this host fetched (.ci/run fetches them first), read-only: the tests
+    # inside compare backends on the same files instead of downloading them into every root.
+    if [[ -d $MODELS ]]; then bind_ro "$MODELS" "$ROOT/opt/edgeinfer-models"; fi
     while IFS= read -r p; do
         if [[ -e $p ]]; then bind_ro "$p" "$ROOT$p"; fi
     done < <(printf '%s\n' /etc/resolv.conf /etc/hosts; pip_local_paths)
@@ -265,6 +291,11 @@ in_namespace() {
     if [[ -n $bundle ]]; then cp -L "$bundle" "$ROOT/etc/ssl/certs/ca-certificates.crt"; fi
     copy_pip_config
     mount_pip_named_files
+    # `import openvino` sends usage telemetry from a forked child unless the user declined (or
+    # CI=true); a fork of the multi-threaded test process under qemu can hang the run (seen
+    # once in trixie: 5 minutes, until the child was killed). Declined, as opt_in_out does.
+    mkdir -p "$ROOT/root/intel"
+    printf 0 >"$ROOT/root/intel/openvino_telemetry"
     # Build artefacts (build/, *.egg-info) land in this copy, never in the host tree.
     snapshot_source "$ROOT/tmp/src"
 
@@ -277,6 +308,9 @@ in_namespace() {
         SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
         REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt
     )
+    if [[ -d $MODELS ]]; then env+=(EDGEINFER_MODELS=/opt/edgeinfer-models); fi
+    # The backends installed here: their tests fail instead of skipping when one is missing.
+    env+=("EDGEINFER_EXPECT_BACKENDS=onnxruntime litert openvino${ARMNN:+ armnn}")
     if [[ -f $ROOT/etc/edgeinfer-pip-config-file.conf ]]; then
         env+=(PIP_CONFIG_FILE=/etc/edgeinfer-pip-config-file.conf)
     fi
@@ -290,7 +324,7 @@ in_namespace() {
         esac
     done
     chroot "$ROOT" /usr/bin/env -i "${env[@]}" /bin/bash -c "$INSIDE" inside \
-        "$DEPS" "$SHELL_MODE" "$@"
+        "$DEPS" "$SHELL_MODE" "$EXTRA_PIP" "$SUITE" "$@"
 }
 
 # A real mosquitto on the host's loopback for the MQTT test inside (the chroot shares the
@@ -323,8 +357,8 @@ start_broker() {
 # shellcheck disable=SC2016  # expanded inside the chroot
 INSIDE='
 set -euo pipefail
-log() { printf "== arm64: %s\n" "$*"; }
-deps=$1 shell_mode=$2; shift 2
+deps=$1 shell_mode=$2 extra_pip=$3 suite=$4; shift 4
+log() { printf "== arm64 %s: %s\n" "$suite" "$*"; }
 # pip, without its note for every project that a configured local index does not hold.
 pipq() {
     { pip -q --no-cache-dir "$@" 2>&1 1>&3 3>&- |
@@ -337,7 +371,14 @@ if [[ ! -f $stamp || $(<"$stamp") != "$deps" ]]; then
     rm -rf /opt/venv
     python3 -m venv /opt/venv
     pipq install --upgrade setuptools wheel
-    pipq install "/tmp/src[dev]"
+    # shellcheck disable=SC2086  # a list of requirements
+    pipq install "/tmp/src[dev]" $extra_pip
+    # Debian'"'"'s pyarmnn (trixie) into the venv, alone: --system-site-packages would hand the venv
+    # Debian'"'"'s numpy and others in place of the wheels every other root tests.
+    if [[ -d /usr/lib/python3/dist-packages/pyarmnn ]]; then
+        ln -s /usr/lib/python3/dist-packages/pyarmnn \
+            "$(python -c "import sysconfig; print(sysconfig.get_paths()[\"purelib\"])")/pyarmnn"
+    fi
     echo "$deps" >"$stamp"
     log "venv ready in $((SECONDS - t0)) s"
 else
@@ -362,8 +403,12 @@ if [[ ${_EDGEINFER_ARM64_NS:-} == 1 ]]; then
     exit
 fi
 
-ROOT=${EDGEINFER_ARM64_ROOT:-${XDG_CACHE_HOME:-$HOME/.cache}/edgeinfer/arm64-rootfs}
-CPU=${EDGEINFER_ARM64_CPU:-cortex-a72}
+SUITE=
+# Where edgeinfer.catalog keeps the example models on this host (edgeinfer/paths.py's order).
+MODELS=${EDGEINFER_MODELS:-${EDGEINFER_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/edgeinfer}/models}
+ROOT_BASE=${EDGEINFER_ARM64_ROOT:-${XDG_CACHE_HOME:-$HOME/.cache}/edgeinfer/arm64-rootfs}
+CPU=${EDGEINFER_ARM64_CPU:-}
+WANT=${EDGEINFER_ARM64_SUITE:-all}
 SHELL_MODE=0
 REBUILD=0
 PYTEST_ARGS=()
@@ -373,6 +418,8 @@ while (($#)); do
         --rebuild) REBUILD=1 ;;
         --cpu) CPU=${2:?--cpu needs a value}; shift ;;
         --cpu=*) CPU=${1#*=} ;;
+        --suite) WANT=${2:?--suite needs a value}; shift ;;
+        --suite=*) WANT=${1#*=} ;;
         -h | --help) usage; exit 0 ;;
         --) shift; PYTEST_ARGS+=("$@"); break ;;
         *) PYTEST_ARGS+=("$1") ;;
@@ -380,26 +427,56 @@ while (($#)); do
     shift
 done
 case $CPU in
-    cortex-a72 | cortex-a76) ;;
+    '' | cortex-a72 | cortex-a76) ;;
     *) die "--cpu: expected cortex-a72 (Raspberry Pi 4) or cortex-a76 (Raspberry Pi 5), got $CPU" ;;
 esac
+case $WANT in
+    all) RUN_SUITES=("${SUITES[@]}") ;;
+    bookworm | trixie) RUN_SUITES=("$WANT") ;;
+    *) die "--suite: expected bookworm, trixie or all, got $WANT" ;;
+esac
+if ((SHELL_MODE && ${#RUN_SUITES[@]} > 1)); then
+    die "--shell opens one root: add --suite bookworm or --suite trixie"
+fi
 [[ $(id -u) == 0 ]] || die "needs root (debootstrap, mount namespace, chroot); try sudo"
-[[ $ROOT == /* && $ROOT != / ]] || die "EDGEINFER_ARM64_ROOT must be an absolute path, not /"
+[[ $ROOT_BASE == /* && $ROOT_BASE != / ]] ||
+    die "EDGEINFER_ARM64_ROOT must be an absolute path, not /"
 
 START=$SECONDS
-mkdir -p "$(dirname "$ROOT")"
-exec 9>"$ROOT.lock"
-flock -n 9 || { log "waiting for another test-arm64.sh using $ROOT"; flock 9; }
-
+mkdir -p "$ROOT_BASE"
 ensure_host_tools
 if [[ $(uname -m) != aarch64 ]]; then ensure_binfmt; fi
-if ((REBUILD)); then log "removing $ROOT"; remove_root "$ROOT"; fi
-build_rootfs
-DEPS=$(deps_hash)
+# Before trixie, the folder was the bookworm root itself: move it to where bookworm lives now.
+if [[ -f $ROOT_BASE/.edgeinfer-rootfs ]]; then
+    log "moving the bookworm root filesystem in $ROOT_BASE to $ROOT_BASE/bookworm"
+    mv "$ROOT_BASE" "$ROOT_BASE.moving"
+    mkdir -p "$ROOT_BASE"
+    mv "$ROOT_BASE.moving" "$ROOT_BASE/bookworm"
+fi
 start_broker
-log "running under qemu as $CPU (source $SRC)"
-rc=0
-_EDGEINFER_ARM64_NS=1 ROOT=$ROOT CPU=$CPU DEPS=$DEPS SHELL_MODE=$SHELL_MODE \
-    unshare --mount --propagation private -- "$SELF" "${PYTEST_ARGS[@]}" || rc=$?
-log "done in $((SECONDS - START)) s, exit code $rc"
-exit "$rc"
+
+# run_suite SUITE: build (or reuse) its root and run the tests there; the first failing
+# pytest exit code goes to RC.
+run_suite() {
+    local t0=$SECONDS cpu rc=0
+    set_suite "$1"
+    cpu=${CPU:-$([[ $SUITE == trixie ]] && echo cortex-a76 || echo cortex-a72)}
+    exec 9>"$ROOT.lock"
+    flock -n 9 || { log "waiting for another test-arm64.sh using $ROOT"; flock 9; }
+    if ((REBUILD)); then log "removing $ROOT"; remove_root "$ROOT"; fi
+    build_rootfs
+    log "running under qemu as $cpu (source $SRC)"
+    _EDGEINFER_ARM64_NS=1 ROOT=$ROOT CPU=$cpu DEPS=$(deps_hash) SHELL_MODE=$SHELL_MODE \
+        SUITE=$SUITE MODELS=$MODELS ARMNN=$ARMNN unshare --mount --propagation private -- "$SELF" "${PYTEST_ARGS[@]}" || rc=$?
+    exec 9>&-
+    SUMMARY+=("$SUITE ($cpu): exit code $rc in $((SECONDS - t0)) s")
+    if ((rc && !RC)); then RC=$rc; fi
+}
+
+SUMMARY=()
+RC=0
+for s in "${RUN_SUITES[@]}"; do run_suite "$s"; done
+SUITE=
+for line in "${SUMMARY[@]}"; do log "$line"; done
+log "done in $((SECONDS - START)) s, exit code $RC"
+exit "$RC"
