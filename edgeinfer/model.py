@@ -52,13 +52,17 @@ _load_lock = threading.Lock()  # loads are serialized so resident-memory deltas 
 _measuring: weakref.WeakSet[Model] = weakref.WeakSet()  # models measuring in the background
 
 
-@atexit.register
 def _stop_measuring() -> None:
     """At exit, stop background measurements first: a native thread pool torn down while a
     session is being compiled aborts the process ("terminate called without an active
     exception")."""
     for model in list(_measuring):
         model.stop_selecting(timeout=30.0)
+
+
+# threading's exit hooks run before atexit's (which tear backends down, e.g. LiteRT's
+# environment): measuring threads are stopped while every backend still stands.
+getattr(threading, "_register_atexit", atexit.register)(_stop_measuring)
 _ids = itertools.count(1)
 
 

@@ -10,13 +10,17 @@ does. Opened by ``runtime/tflite.py`` for ``Choice("litert", "xnnpack", "fp16", 
 
 from __future__ import annotations
 
+import atexit
 import functools
+import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .._stderr import native_logs_to_debug
 from ..errors import InferenceError, ModelLoadError, StateError
 from .base import LoadReport, SessionSpec
 from .tflite import (
@@ -34,6 +38,32 @@ XNNPACK_FP16_FLAGS = 0x1 | 0x2 | 0x4
 
 @functools.cache
 def _environment() -> Any:
+    atexit.register(_destroy_environment)
+    return _create_environment()
+
+
+def _destroy_environment() -> None:
+    """At exit: destroy our environment with its farewell lines ("DestroyAccelerator: ...")
+    sent to the debug log. LiteRT also keeps a default environment of its own, built by the
+    first run, which says the same from a C++ static destructor after Python is gone: so the
+    last thing this does is point fd 2 at /dev/null. It runs after the threading exit hooks
+    (measuring stopped) and before the atexit hooks registered earlier (logging's final
+    flush, whose streams are flushed at every record anyway)."""
+    import gc
+
+    with native_logs_to_debug():
+        _environment.cache_clear()
+        gc.collect()
+    try:
+        sys.stderr.flush()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def _create_environment() -> Any:
     """One LiteRT environment per process, with no vendor compiler or dispatch plugins: the
     default one looks for them in the wheel (it tries to load OpenVINO's) on every model."""
     import ai_edge_litert
@@ -50,6 +80,10 @@ class CompiledSession:
     returns what :class:`TFLiteSession` does (``quantization`` too). One caller at a time."""
 
     def __init__(self, mod: Any, spec: SessionSpec, threads: int, report: LoadReport) -> None:
+        with native_logs_to_debug():  # LiteRT logs every accelerator it registers
+            self._open(mod, spec, threads, report)
+
+    def _open(self, mod: Any, spec: SessionSpec, threads: int, report: LoadReport) -> None:
         from ai_edge_litert.compiled_model import CompiledModel
         from ai_edge_litert.options import CpuOptions, Options
 
@@ -83,6 +117,7 @@ class CompiledSession:
         self.inputs = tuple(_tensor_spec(d) for d in in_details)
         self.outputs = tuple(_tensor_spec(d) for d in out_details)
         self._dequantize = spec.dequantize_outputs
+        self._ran = False
         self._shapes: list[tuple[int, ...]] = []
         self._buffers()
 
@@ -109,6 +144,10 @@ class CompiledSession:
         m = self._model
         if m is None:
             raise StateError("the TFLite session is closed")
+        if not self._ran:  # LiteRT's first run builds and logs a default environment
+            self._ran = True
+            with native_logs_to_debug():
+                return self.run(feeds)
         try:
             values = []
             for i, s in enumerate(self.inputs):
@@ -135,5 +174,6 @@ class CompiledSession:
 
     def close(self) -> None:
         """Release the compiled model and its buffers. Idempotent."""
-        self._model = None
-        self._in_buffers = self._out_buffers = []
+        with native_logs_to_debug():
+            self._model = None
+            self._in_buffers = self._out_buffers = []

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -53,6 +54,12 @@ _DTYPES = {
 
 
 def _import_ov() -> Any:
+    """``import openvino``, without its usage telemetry: importing it sends an event to Google
+    Analytics from a forked child (in a multi-threaded daemon, too) unless the user opted out.
+    A device must not phone home, so ``openvino_telemetry`` is made unimportable here (unless
+    something imported it already) and OpenVINO falls back to its own no-op stub."""
+    if "openvino" not in sys.modules:
+        sys.modules.setdefault("openvino_telemetry", None)  # type: ignore[arg-type]
     try:
         import openvino
     except ImportError as exc:

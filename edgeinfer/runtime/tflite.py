@@ -251,14 +251,17 @@ def _check_header(spec: SessionSpec) -> None:
 
 
 def _build(mod: Any, spec: SessionSpec, threads: int, delegates: list[Any]) -> Any:
-    interp = mod.Interpreter(
-        model_path=str(spec.path), num_threads=threads, experimental_delegates=delegates or None
-    )
-    details = {d["name"]: d for d in interp.get_input_details()}
-    for name, shape in spec.input_shapes.items():
-        _check_input_shape(details, name, shape)
-        interp.resize_tensor_input(details[name]["index"], list(shape), strict=True)
-    interp.allocate_tensors()
+    from .._stderr import native_logs_to_debug  # "INFO: Created TensorFlow Lite XNNPACK ..."
+
+    with native_logs_to_debug():
+        interp = mod.Interpreter(
+            model_path=str(spec.path), num_threads=threads,
+            experimental_delegates=delegates or None)
+        details = {d["name"]: d for d in interp.get_input_details()}
+        for name, shape in spec.input_shapes.items():
+            _check_input_shape(details, name, shape)
+            interp.resize_tensor_input(details[name]["index"], list(shape), strict=True)
+        interp.allocate_tensors()
     return interp
 
 

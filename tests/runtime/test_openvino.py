@@ -277,3 +277,20 @@ def test_quantized_tflite_without_litert_is_refused(
     # a float model needs no scales: OpenVINO runs it alone
     session = open_ov(blazeface_path, "tflite")
     assert [s.name for s in session.outputs] == ["regressors", "classificators"]
+
+
+def test_importing_openvino_through_edgeinfer_sends_no_telemetry() -> None:
+    """`import openvino` sends a usage event to Google Analytics from a forked child unless the
+    user opted out; a device must not phone home."""
+    import subprocess
+
+    code = ("import sys; from edgeinfer.runtime import openvino as o; o.version(); "
+            "import openvino; assert sys.modules.get('openvino_telemetry') is None; "
+            "import openvino.tools.ovc.telemetry_utils as t; "
+            "print(t.tm.__name__)")
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "CI"}  # CI=true opts out by itself
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=env, check=True)
+    assert proc.stdout.strip() == "openvino.tools.ovc.telemetry_stub"
