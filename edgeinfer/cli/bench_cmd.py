@@ -106,7 +106,9 @@ def _cmd_candidates(args: argparse.Namespace) -> int:
 
 
 def _ms(v: float | None) -> str:
-    return "-" if v is None else f"{v:.2f}"
+    if v is None:
+        return "-"
+    return f"{v:.3f}" if v < 1 else f"{v:.2f}"  # microsecond models keep their digits
 
 
 def _candidate_row(r: Any, table: Any) -> str:
