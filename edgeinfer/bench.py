@@ -409,7 +409,8 @@ def plot_candidates(table: CandidateTable, out: str | os.PathLike[str]) -> Path:
     for i, r in enumerate(timed):
         y = top + i * bar_h
         mark = "* " if r.choice == table.auto else "  "
-        extra = " (comparison)" if r.choice in table.extra else ""
+        extra = " (comparison)" if r.choice in table.extra else \
+            " (fp32 reference)" if r.accuracy == "reference" else ""
         draw.text((10, y + 5), f"{mark}{r.choice.label()}{extra}", fill="black", font=font)
         p50 = r.p50_ms or 0.0
         draw.rectangle([left, y + 4, sx(p50), y + bar_h - 4],
