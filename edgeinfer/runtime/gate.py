@@ -33,6 +33,9 @@ class Gate(Protocol):
                 outputs: Sequence[Mapping[str, np.ndarray]]) -> tuple[str, str]: ...
 
 
+MAX_WIDENED = (0.99, 0.1)  # the loosest a calibrated outputs gate gets: cosine, error/range
+
+
 @dataclass(frozen=True, slots=True)
 class OutputsGate:
     """Every output close to the reference: cosine >= ``cosine`` and the largest error at most
@@ -45,6 +48,22 @@ class OutputsGate:
 
     def sample_feeds(self, inputs: Sequence[TensorSpec]) -> list[dict[str, np.ndarray]]:
         return []
+
+    def calibrate(self, reference: Sequence[Mapping[str, np.ndarray]],
+                  other: Sequence[Mapping[str, np.ndarray]]) -> OutputsGate:
+        """This gate, its tolerance widened to twice the disagreement of ``other`` (a second
+        fp32 configuration) with ``reference``, up to ``MAX_WIDENED`` (cosine >= 0.99, error
+        <= 10 % of the range): beyond that the gate stays as it is."""
+        worst_cos, worst_rel = 1.0, 0.0
+        for ref, got in zip(reference, other):
+            for name, r in ref.items():
+                _, cos, rel = compare_arrays(name, r, got.get(name), 0.0, math.inf)
+                worst_cos, worst_rel = min(worst_cos, cos), max(worst_rel, rel)
+        cosine = max(MAX_WIDENED[0], min(self.cosine, 1 - 2 * (1 - worst_cos)))
+        rel_range = min(MAX_WIDENED[1], max(self.rel_range, 2 * worst_rel))
+        if (cosine, rel_range) == (self.cosine, self.rel_range):
+            return self
+        return OutputsGate(cosine, rel_range, self.key)
 
     def compare(self, reference: Sequence[Mapping[str, np.ndarray]],
                 outputs: Sequence[Mapping[str, np.ndarray]]) -> tuple[str, str]:

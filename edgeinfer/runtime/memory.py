@@ -7,7 +7,6 @@ Measurements read ``/proc/self/status`` (Linux, what a device runs) and fall bac
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import logging
 import os
@@ -63,11 +62,21 @@ class _MallInfo2(ctypes.Structure):
         "fordblks", "keepcost")]
 
 
-def _load_mallinfo2() -> object | None:
-    name = ctypes.util.find_library("c")
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    """The C library this process already runs on (its global symbols): no ``find_library``,
+    which runs ``ldconfig -p`` in a subprocess (13-20 ms, a fork in a threaded daemon)."""
     try:
-        fn = ctypes.CDLL(name).mallinfo2 if name else None
-    except (OSError, AttributeError):  # not glibc, or glibc < 2.33
+        return ctypes.CDLL(None)
+    except OSError:
+        return None
+
+
+def _load_mallinfo2() -> object | None:
+    libc = _libc()
+    try:
+        fn = libc.mallinfo2 if libc is not None else None
+    except AttributeError:  # not glibc, or glibc < 2.33
         return None
     if fn is not None:
         fn.restype = _MallInfo2
@@ -123,24 +132,20 @@ def return_frames_to_the_os() -> bool:
     with four pipelines on one shared model (1.27x -> 1.22x of one pipeline's resident memory
     at 5 fps per camera). The cost is a page fault per 4 KiB of a new frame (~0.1-0.2 ms per
     640x480 frame). For the daemon, set once at start; False where malloc is not glibc's."""
-    name = ctypes.util.find_library("c")
-    if not name:
-        return False
+    libc = _libc()
     try:
-        return bool(ctypes.CDLL(name).mallopt(M_MMAP_THRESHOLD, FRAME_MMAP_THRESHOLD))
-    except (OSError, AttributeError):
+        return libc is not None and bool(libc.mallopt(M_MMAP_THRESHOLD, FRAME_MMAP_THRESHOLD))
+    except AttributeError:
         return False
 
 
 def trim_heap() -> None:
     """Give freed heap pages back to the OS (glibc ``malloc_trim``) after a model is dropped."""
-    name = ctypes.util.find_library("c")
-    if not name:
-        return
+    libc = _libc()
     try:
-        libc = ctypes.CDLL(name)
-        libc.malloc_trim(0)
-    except (OSError, AttributeError):
+        if libc is not None:
+            libc.malloc_trim(0)
+    except AttributeError:
         pass
 
 

@@ -267,7 +267,17 @@ def _create(ort: Any, spec: SessionSpec, cand: Candidate, report: LoadReport) ->
 
 def _apply_shape_overrides(so: Any, spec: SessionSpec) -> None:
     """Fix dynamic dimensions by name (``add_free_dimension_override_by_name``), so onnxruntime
-    plans memory for the real shape and the warm-up runs the shape that will be served."""
+    plans memory for the real shape and the warm-up runs the shape that will be served.
+
+    A name is fixed only when every position it stands for gets the same value, over every
+    input: exporters name unrelated dimensions alike (``['', 3, '?', '?']`` for a 48x192 text
+    line), and fixing ``?`` to 48 would refuse every 192-wide input. Such dimensions stay
+    dynamic: onnxruntime takes the real size at each run."""
+    wanted: dict[str, set[int]] = {}
+    for name, shape in spec.input_shapes.items():
+        for dim, value in zip(spec.graph_inputs.get(name, ()), shape):
+            if isinstance(dim, str):
+                wanted.setdefault(dim, set()).add(int(value))
     for name, shape in spec.input_shapes.items():
         dims = spec.graph_inputs.get(name)
         if dims is None:
@@ -282,7 +292,8 @@ def _apply_shape_overrides(so: Any, spec: SessionSpec) -> None:
             )
         for dim, value in zip(dims, shape):
             if isinstance(dim, str):
-                so.add_free_dimension_override_by_name(dim, int(value))
+                if dim.isidentifier() and len(wanted[dim]) == 1:
+                    so.add_free_dimension_override_by_name(dim, int(value))
             elif isinstance(dim, int) and dim > 0 and dim != value:
                 raise ModelLoadError(
                     f"input_shapes[{name!r}]={list(shape)} conflicts with the model's fixed "

@@ -277,3 +277,44 @@ def test_precision_int8_adds_dynamically_quantized_candidates(tmp_path: Path,
     # fp16 (the default) does not quantize; a model quantized already gets no int8 candidate
     assert not [c for c in select.candidates(spec.replace(precision="fp16"))[0]
                 if c.precision == "int8"]
+
+
+def test_the_gate_is_widened_to_what_two_fp32_kernels_disagree_by_and_no_further() -> None:
+    from edgeinfer.runtime.gate import MAX_WIDENED, OutputsGate
+
+    rng = np.random.default_rng(5)
+    ref = [{"y": rng.random(1000).astype(np.float32)}]
+    near = [{"y": ref[0]["y"] + rng.normal(0, 2e-3, 1000).astype(np.float32)}]
+    gate = OutputsGate()
+    assert gate.compare(ref, near)[0]  # beyond the default gate
+    wide = gate.calibrate(ref, near)
+    assert wide.compare(ref, near)[0] == ""  # what fp32 kernels disagree by passes
+    worse = [{"y": ref[0]["y"] + rng.normal(0, 2e-2, 1000).astype(np.float32)}]
+    assert wide.compare(ref, worse)[0]  # ten times that does not
+    same = gate.calibrate(ref, ref)
+    assert same == gate
+    broken = [{"y": rng.random(1000).astype(np.float32)}]
+    loosest = gate.calibrate(ref, broken)
+    assert (loosest.cosine, loosest.rel_range) == MAX_WIDENED
+
+
+def test_a_quantized_model_is_judged_against_its_own_integer_noise(
+        tmp_path: Path, yolo_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """YOLOv8n-320 quantized to INT8 QDQ: onnxruntime's integer kernels differ from the
+    float-simulated reference by quantization steps; they must not all be refused (then the
+    slow reference served, 30 ms against 8 ms)."""
+    from edgeinfer.quantize import quantize_model
+
+    calib = tmp_path / "calib.npz"
+    np.savez(calib, images=np.random.default_rng(0).random((4, 3, 320, 320), np.float32))
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")  # symbolic shape inference may dump into the cwd
+    q = tmp_path / "q.onnx"
+    quantize_model(yolo_path, q, calib, samples=4, input_shapes=YOLO_SHAPE)
+    with edgeinfer.load_model(q, input_shapes=YOLO_SHAPE, providers="cpu", threads=2,
+                              state_dir=tmp_path / "s") as m:
+        sel = m.selection
+        assert sel is not None
+        integer = [r for r in sel["candidates"] if r["choice"]["opt"] == "all"]
+        assert integer and all(r["status"] in ("ok", "picked") for r in integer), integer
+        assert sel["picked"] != "onnxruntime CPU fp32 basic 2t"
