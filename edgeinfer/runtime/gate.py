@@ -53,7 +53,7 @@ class OutputsGate:
                   other: Sequence[Mapping[str, np.ndarray]]) -> OutputsGate:
         """This gate, its tolerance widened to twice the disagreement of ``other`` (a second
         fp32 configuration) with ``reference``, up to ``MAX_WIDENED`` (cosine >= 0.99, error
-        <= 10 % of the range): beyond that the gate stays as it is."""
+        <= 10 % of the range) and no further."""
         worst_cos, worst_rel = 1.0, 0.0
         for ref, got in zip(reference, other):
             for name, r in ref.items():

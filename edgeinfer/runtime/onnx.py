@@ -308,6 +308,9 @@ def _cache_path(ort: Any, spec: SessionSpec, provider: str) -> Path | None:
     if opt in ("off", "basic"):  # nothing to save (the selector's reference runs at "basic")
         return None
     shapes = ";".join(f"{k}={list(v)}" for k, v in sorted(spec.input_shapes.items()))
+    # "fixed2": which dimensions are fixed by name changed (same-named dims of different sizes
+    # stay dynamic); an entry of the old rule would refuse the inputs it was not fixed for.
+    shapes += "|fixed2"
     precision = spec.choice.precision if spec.choice is not None else "fp32"
     key = "|".join([spec.sha256, precision, ort.__version__, provider, os.uname().machine,
                     cpu_features_digest(), opt, shapes])

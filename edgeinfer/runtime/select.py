@@ -51,7 +51,7 @@ TIE = 1.03  # within 3 % of the fastest, the cheaper candidate wins
 SMALL_MS = 0.5  # below this per run, only onnxruntime candidates are measured
 MAX_RUNS = 2000  # a 10 us model gets 20 ms of samples, not 0.5 ms (noise decided before)
 MIN_RUNS = 3
-SAMPLE_S = 0.3  # at most this long per candidate's own timing (its slice may be shorter)
+SAMPLE_S = 0.3  # per candidate's own timing for models under SMALL_MS (others: up to 1 s)
 FINALISTS = 3
 FINAL_SHARE = 0.25  # of the budget kept for timing the best few again, interleaved
 
@@ -133,13 +133,15 @@ def measure(
             if left <= 0:
                 rows.append(Row(choice, "skipped", reason=f"probe budget {budget_s:g} s spent"))
                 continue
-            slice_s = min(SAMPLE_S, 0.6 * left / max(1, len(cands) - i))
+            slice_s = min(SAMPLE_S if small else 1.0, 0.6 * left / max(1, len(cands) - i))
             row, session = _try(spec, choice, open_, feeds, reference, gate_, slice_s)
             rows.append(row)
             if session is not None:
                 owned[choice] = session
                 _keep_best(owned, rows, ref_choice)
-        _finalists(spec, rows, owned, open_, feeds, deadline, cancel)
+        _finalists(spec, rows, owned, open_, feeds,
+                   min(deadline, time.perf_counter() + 4 * SAMPLE_S) if small else deadline,
+                   cancel)
         if cancel is not None and cancel.is_set():
             raise Cancelled(f"measuring {spec.path.name} was cancelled")
         note = "runs in under 0.5 ms: only onnxruntime measured" if small and choices is None \
@@ -326,9 +328,7 @@ def _finalists(spec: SessionSpec, rows: list[Row], owned: dict[Choice, Session],
         rounds: list[list[float]] = [[] for _ in sessions]
         order = list(range(len(sessions)))
         n = 0
-        # the budget's last quarter, and no longer than 4x a first pass (tiny models)
-        until = min(deadline, time.perf_counter() + 4 * SAMPLE_S)
-        while n < MAX_RUNS and (n < 5 or time.perf_counter() < until) and not (
+        while n < MAX_RUNS and (n < 5 or time.perf_counter() < deadline) and not (
                 cancel is not None and cancel.is_set()):
             for i in order if n % 2 == 0 else order[::-1]:
                 t = time.perf_counter()
