@@ -197,6 +197,9 @@ def test_an_fps_cap_holds_back_one_sharer_only(tiny: Path, video: Path) -> None:
         capped.start()
         free.start()
         _wait(lambda: free.stats.processed >= 300 and capped.stats.processed >= 1)
+        for p in (capped, free):  # stopped: the counters hold still while they are compared
+            p.stop()
+            assert p.join(30)
         # the capped camera skips frames over its cap (counted as such), the other does not
         assert capped.stats.paused > 0 and free.stats.paused == 0
         assert capped.stats.processed < free.stats.processed
