@@ -12,7 +12,7 @@ and Google Magika's file-type classifier.
 
 Per model, in fresh processes:
 
-1. probe: ``load_model(path)`` with an empty state directory (probe on, the default gate and
+1. probe: ``load_model(path)`` with empty state and cache directories (probe on, the default gate and
    precision), which measures the candidates and caches the decision;
 2. timing, in one process: ``load_model(path)`` again (the cached decision opens the pick)
    against raw onnxruntime with its defaults (all optimizations, spinning threads), raw
@@ -423,7 +423,9 @@ def case_shapes(case: Case, path: Path) -> dict[str, tuple[int, ...]]:
 
 # -- the children --------------------------------------------------------------------------------
 def load_kwargs(case: Case, state: str) -> dict[str, Any]:
-    kw: dict[str, Any] = {"state_dir": state}
+    # A new device: an empty state directory and an empty cache directory (optimized graphs,
+    # OpenVINO's compile cache) beside it, so no entry written by older code is read.
+    kw: dict[str, Any] = {"state_dir": f"{state}/state", "cache_dir": f"{state}/cache"}
     if case.shapes:
         kw["input_shapes"] = case.shapes
     return kw
@@ -534,7 +536,7 @@ def _spawn(*argv: str) -> dict[str, Any]:
 # -- the parent ----------------------------------------------------------------------------------
 def run_case(case: Case, rounds: int, runs: int) -> dict[str, Any]:
     model_path(case.key)  # fetch/make it before anything is timed
-    with tempfile.TemporaryDirectory(prefix="edgeinfer-bench-state-") as state:
+    with tempfile.TemporaryDirectory(prefix="edgeinfer-bench-") as state:
         probe = _spawn("--child", "probe", "--model", case.key, "--state", state)
         timing = _spawn("--child", "time", "--model", case.key, "--state", state, "--rounds",
                         str(rounds), "--runs", str(runs))
@@ -566,8 +568,9 @@ def _spread(v: list[float]) -> str:
 def render(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
     lines = [
         f"Each model: `load_model(path)` (probe on, default gate and precision, threads = the "
-        f"physical cores) in a fresh process with an empty state directory measures and caches "
-        f"its pick; a second fresh process loads it again (the cached pick) and times it "
+        f"physical cores) in a fresh process with an empty state directory and an empty cache "
+        f"directory measures and caches its pick; a second fresh process loads it again (the "
+        f"cached pick) and times it "
         f"against every raw option in {args.rounds} rounds of {args.runs} runs each (order "
         f"rotating and reversing), medians of all timed runs; spread = range of the per-round "
         f"ratios. \"fastest correct\": the fastest raw option whose outputs give the fp32 "

@@ -120,13 +120,16 @@ def main() -> int:
             first.append(_run("probe", path, env, f"{tmp}/first{i}/cache"))
             print("first boot", first[-1], flush=True)
         env = dict(os.environ, EDGEINFER_STATE_DIR=f"{tmp}/state")
-        _run("probe", path, env)  # the decision and the caches of a device that booted before
-        _run("noprobe", path, env)
+        # The decision and the caches of a device that booted before, in a cache directory of
+        # this run's own (no optimized graph or compile cache written by older code).
+        cache = f"{tmp}/cache"
+        _run("probe", path, env, cache)
+        _run("noprobe", path, env, cache)
         runs: dict[str, list[dict[str, Any]]] = {"cached": [], "noprobe": [], "raw": []}
         for i in range(args.repeats):
             order = list(runs) if i % 2 == 0 else list(runs)[::-1]
             for mode in order:
-                runs[mode].append(_run("probe" if mode == "cached" else mode, path, env))
+                runs[mode].append(_run("probe" if mode == "cached" else mode, path, env, cache))
         print({k: [round(r["total_ms"]) for r in v] for k, v in runs.items()}, flush=True)
     total_imp, tops = importtime()
     med = {k: {f: statistics.median(r[f] for r in v) for f in ("total_ms", "load_ms")
