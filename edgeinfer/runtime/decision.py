@@ -45,18 +45,20 @@ class Row:
     accuracy: str = ""
     reason: str = ""
     samples: list[float] = field(default_factory=list, repr=False)
+    final: bool = False  # timed again among the finalists, interleaved
 
     def to_dict(self) -> dict[str, Any]:
         return {"choice": self.choice.to_dict(), "label": self.choice.label(),
                 "status": self.status, "p50_ms": _r(self.p50_ms), "p99_ms": _r(self.p99_ms),
                 "runs": self.runs, "load_ms": _r(self.load_ms), "mib": _r(self.mib),
-                "accuracy": self.accuracy, "reason": self.reason}
+                "accuracy": self.accuracy, "reason": self.reason, "final": self.final}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Row:
         return cls(Choice.from_dict(d["choice"]), str(d.get("status", "")), d.get("p50_ms"),
                    d.get("p99_ms"), int(d.get("runs") or 0), d.get("load_ms"), d.get("mib"),
-                   str(d.get("accuracy", "")), str(d.get("reason", "")))
+                   str(d.get("accuracy", "")), str(d.get("reason", "")),
+                   final=bool(d.get("final", False)))
 
 
 @dataclass(slots=True)

@@ -49,7 +49,10 @@ def test_yolo_decision_is_measured_cached_and_reported(tmp_path: Path, yolo_path
         picked = [r for r in rows if r["status"] == "picked"]
         assert len(picked) == 1 and picked[0]["label"] == m.report.choice.label()
         assert m.provider == m.report.choice.provider
-        fastest = min(r["p50_ms"] for r in rows if r["status"] in ("ok", "picked"))
+        correct = [r for r in rows if r["status"] in ("ok", "picked")]
+        final = [r for r in correct if r["final"]]  # timed again together: the pick is theirs
+        assert picked[0] in final or not final
+        fastest = min(r["p50_ms"] for r in final or correct)
         assert picked[0]["p50_ms"] <= fastest * select.TIE
         for r in rows:  # every refusal says why
             assert r["status"] in ("ok", "picked", "rejected", "failed", "skipped")
