@@ -250,7 +250,10 @@ def _load(path: Path, pipeline: PipelineConfig, runtime: RuntimeConfig,
             kwargs[key] = value
             if key == "input_shapes":
                 _check_task_inputs(path, pipeline, value)
-    kwargs.update(isolation="process", memory_limit_mb=memory_limit_mb,
+    # probe=False: the candidate is checked on the model's own runtime; measuring backends
+    # (seconds, a decision written to the state dir) is for the model that gets committed,
+    # when its pipeline starts on it, and a rejected candidate must leave nothing behind.
+    kwargs.update(isolation="process", memory_limit_mb=memory_limit_mb, probe=False,
                   worker_timeout_s=max(0.1, timeout_s), worker_nice=VERIFY_NICE)
     return load_model(path, **kwargs, state_dir=runtime.resolved_state_dir(),
                       cache_dir=runtime.resolved_cache_dir(), optimized_model_cache=False)

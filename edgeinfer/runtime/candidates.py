@@ -130,8 +130,17 @@ def candidates(spec: SessionSpec, small: bool = False) -> tuple[list[Choice], li
                 out.append(Choice("litert", "xnnpack", p, t))
         for d in _delegate_libraries(spec):
             out.append(Choice("litert", d, "fp32", cap))
+    limited = _address_space_limited()
     for name in ("openvino", "armnn"):
         if name not in backends or small:
+            continue
+        if name == "openvino" and limited:
+            # OpenVINO's CPU plugin reserves far more address space than it uses: under
+            # RLIMIT_AS (isolation: process with memory_limit_mb) it dies in a failed
+            # allocation (SIGSEGV) and takes the worker with it.
+            skipped.append(Row(Choice(name, "CPU"), "skipped",
+                               reason="not measured under an address-space limit "
+                                      "(isolation: process with memory_limit_mb)"))
             continue
         if name == "armnn" and spec.format != "tflite":
             continue
@@ -147,6 +156,14 @@ def candidates(spec: SessionSpec, small: bool = False) -> tuple[list[Choice], li
     # Most promising first: the configured cap of threads, then reduced precision last.
     out.sort(key=lambda c: (c.threads != cap, c.precision != "fp32", c.spin))
     return list(dict.fromkeys(out)), skipped
+
+
+def _address_space_limited() -> bool:
+    """Whether this process runs under RLIMIT_AS (an isolated worker with a memory limit)."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    return soft != resource.RLIM_INFINITY
 
 
 def _is_float_onnx(spec: SessionSpec) -> bool:

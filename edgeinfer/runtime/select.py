@@ -417,7 +417,8 @@ def _annotate(session: Session, decision: Decision) -> None:
     report.selection["summary"] = decision.summary()
     known = {f.provider for f in report.fallbacks}
     for r in decision.rows:  # asked for by name and not runnable here: never silent
-        if r.status == "skipped" and "budget" not in r.reason and r.choice.provider not in known:
+        if r.status == "skipped" and ("not available" in r.reason or "not installed" in r.reason) \
+                and r.choice.provider not in known:
             report.fallbacks.append(Fallback(r.choice.provider, r.reason))
     if report.choice is None:
         session.report.choice = decision.choice

@@ -321,3 +321,20 @@ def test_a_quantized_model_is_judged_against_its_own_integer_noise(
         integer = [r for r in sel["candidates"] if r["choice"]["opt"] == "all"]
         assert integer and all(r["status"] in ("ok", "picked") for r in integer), integer
         assert sel["picked"] != "onnxruntime CPU fp32 basic 2t"
+
+
+def test_an_isolated_worker_under_a_memory_limit_measures_no_openvino(tmp_path: Path,
+                                                                      yolo_path: Path) -> None:
+    """OpenVINO reserves far more address space than it uses: under RLIMIT_AS it died in a
+    failed allocation (SIGSEGV) and took the worker, and the load, with it."""
+    with edgeinfer.load_model(yolo_path, input_shapes=YOLO_SHAPE, isolation="process",
+                              memory_limit_mb=256, threads=1, state_dir=tmp_path / "s") as m:
+        sel = m.selection
+        assert sel is not None and m.report.isolation == "process"
+        backends = {r["choice"]["backend"] for r in sel["candidates"] if r["status"] != "skipped"}
+        assert "openvino" not in backends
+        if HAS_OPENVINO:
+            assert any("address-space limit" in r["reason"] for r in sel["candidates"])
+        assert m.report.fallbacks == []
+        out = m.run(np.zeros((1, 3, 320, 320), np.float32))
+        assert out["output0"].shape == (1, 22, 2100)
