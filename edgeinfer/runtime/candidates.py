@@ -158,6 +158,25 @@ def candidates(spec: SessionSpec, small: bool = False) -> tuple[list[Choice], li
     return list(dict.fromkeys(out)), skipped
 
 
+def admissible(spec: SessionSpec, choice: Choice) -> str:
+    """Why ``choice`` could never have been a candidate for ``spec`` ("" if it could): a cached
+    decision is checked with this before it is opened, so a decision file cannot make the
+    daemon load a library no config or discovery named, or exceed the thread cap or precision."""
+    if choice.threads > max(1, spec.threads):
+        return f"{choice.threads} threads is over the cap of {spec.threads}"
+    allowed = {"fp32"} if spec.precision == "fp32" else {"fp32", "bf16", "fp16"}
+    if spec.precision == "int8":
+        allowed.add("int8")
+    if choice.precision not in allowed:
+        return f"precision {choice.precision} is not allowed by precision: {spec.precision}"
+    if choice.backend == "litert" and choice.device != "xnnpack" \
+            and choice.device not in _delegate_libraries(spec):
+        return f"delegate {choice.device} is neither configured nor found on this device"
+    if choice.backend == "onnxruntime" and not choice.device.endswith("ExecutionProvider"):
+        return f"{choice.device} is not an onnxruntime execution provider"
+    return ""
+
+
 def _address_space_limited() -> bool:
     """Whether this process runs under RLIMIT_AS (an isolated worker with a memory limit)."""
     import resource

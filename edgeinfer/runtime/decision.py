@@ -185,12 +185,19 @@ def load_cached(spec: SessionSpec, gate_key: str) -> Decision | None:
         return None
     try:
         with open(path, encoding="utf-8") as f:
-            return Decision.from_dict(json.load(f))
+            decision = Decision.from_dict(json.load(f))
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as exc:
         logger.warning("ignoring the damaged backend decision %s: %s", path, exc)
         return None
+    from .candidates import admissible  # (candidates imports this module)
+
+    why = admissible(spec, decision.choice)
+    if why:  # edited by hand, or written for other options: never load what was not offered
+        logger.warning("ignoring the backend decision %s: %s", path, why)
+        return None
+    return decision
 
 
 def store(spec: SessionSpec, decision: Decision) -> None:

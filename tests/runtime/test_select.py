@@ -338,3 +338,21 @@ def test_an_isolated_worker_under_a_memory_limit_measures_no_openvino(tmp_path: 
         assert m.report.fallbacks == []
         out = m.run(np.zeros((1, 3, 320, 320), np.float32))
         assert out["output0"].shape == (1, 22, 2100)
+
+
+def test_a_decision_naming_what_was_never_a_candidate_is_not_loaded(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A decision file is not trusted to name a library to load, or to exceed the options."""
+    path = om.add_model(tmp_path / "add.onnx")
+    state = tmp_path / "s"
+    edgeinfer.load_model(path, state_dir=state, threads=1).close()
+    (f,) = (state / "select").glob("*.json")
+    data = json.loads(f.read_text())
+    for bad in ({"backend": "litert", "device": "/tmp/evil.so"},
+                {"backend": "onnxruntime", "device": "CPUExecutionProvider", "threads": 64},
+                {"backend": "onnxruntime", "device": "CPUExecutionProvider", "precision": "int8"}):
+        data["choice"] = {"precision": "fp32", "threads": 1, **bad}
+        f.write_text(json.dumps(data))
+        with edgeinfer.load_model(path, state_dir=state, threads=1) as m:
+            assert m.selection is not None and m.selection["cached"] is False
+        assert "ignoring the backend decision" in caplog.text
