@@ -33,7 +33,9 @@ class Frame:
         kind: Which of the above.
         sample_rate: Audio samples per second (``audio``).
         fields: Column names of a ``series``.
-        start: Stream time in seconds of the first sample of an audio or series window.
+        start: Stream time in seconds of the first sample of an audio or series window, or of
+            a video file's frame (its index over the file's frame rate, counting on across
+            loops); ``None`` for live images. Scene analytics time dwell and loitering on it.
     """
 
     index: int
@@ -56,16 +58,22 @@ class Frame:
 
 @dataclass(frozen=True, slots=True)
 class Detection:
-    """One detected object; ``box`` is ``(x1, y1, x2, y2)`` in source-image pixels."""
+    """One detected object; ``box`` is ``(x1, y1, x2, y2)`` in source-image pixels.
+    ``track_id`` is the object's id across frames on a tracked pipeline (``None``: not tracked,
+    or a detection no confirmed track holds)."""
 
     label: str
     class_id: int
     score: float
     box: tuple[float, float, float, float]
+    track_id: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"label": self.label, "class_id": self.class_id, "score": round(self.score, 4),
-                "box": [round(v, 1) for v in self.box]}
+        d = {"label": self.label, "class_id": self.class_id, "score": round(self.score, 4),
+             "box": [round(v, 1) for v in self.box]}
+        if self.track_id is not None:
+            d["track_id"] = self.track_id
+        return d
 
 
 @dataclass(frozen=True, slots=True)

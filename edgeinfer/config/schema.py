@@ -17,6 +17,7 @@ from msgspec import Meta
 
 from ..paths import cache_dir, state_dir
 from ._types import ConfigStruct, DeviceId, Dim, FilePath, MiB, PipelineName, Threads
+from .analytics import LineConfig, RecordConfig, TrackConfig, ZoneConfig
 from .metrics import MetricsConfig
 from .mqtt import MqttConfig
 from .ota import OtaConfig
@@ -187,6 +188,11 @@ class PipelineConfig(ConfigStruct, frozen=True):
         queue_size: Frames buffered between the pipeline's stages.
         required: A pipeline whose model or source fails at start fails the daemon only if
             required; otherwise it is reported and the other pipelines run.
+        track: Give detections a stable ``track_id`` (``detect`` tasks; implied by zones and
+            lines).
+        zones: Polygon zones: enter, exit, occupancy, dwell and loiter events.
+        lines: Counting lines: crossings by direction.
+        record: Snapshots and clips of zone and line events (``None``: no media).
     """
 
     name: PipelineName
@@ -197,6 +203,33 @@ class PipelineConfig(ConfigStruct, frozen=True):
     emit: EmitConfig = msgspec.field(default_factory=EmitConfig)
     queue_size: QueueSize = 2
     required: bool = False
+    track: TrackConfig | None = None
+    zones: Annotated[list[ZoneConfig], Meta(max_length=64)] = []
+    lines: Annotated[list[LineConfig], Meta(max_length=64)] = []
+    record: RecordConfig | None = None
+
+    def __post_init__(self) -> None:
+        scene = self.track is not None or self.zones or self.lines or self.record is not None
+        tag = type(self.task).__struct_config__.tag
+        if scene and tag != "detect":
+            raise ValueError(f"track, zones, lines and record need a detect task (this one is "
+                             f"{tag!r})")
+        if self.record is not None and not (self.zones or self.lines):
+            raise ValueError("record: needs zones or lines (their events get the media)")
+        seen: set[str] = set()
+        for item in [*self.zones, *self.lines]:
+            if item.name in seen:
+                raise ValueError(f"zone and line names must be unique: {item.name!r} is used "
+                                 "twice")
+            seen.add(item.name)
+
+    @property
+    def tracking(self) -> TrackConfig | None:
+        """The tracker's settings when detections are tracked (``track:``, or implied by
+        zones and lines), else ``None``."""
+        if self.track is not None:
+            return self.track
+        return TrackConfig() if (self.zones or self.lines) else None
 
 
 class Config(ConfigStruct, frozen=True):

@@ -84,6 +84,8 @@ class VideoSource(Source):
         while self._cap is not None:
             cap = self._cap
             announced = int(cap.get(cv2.CAP_PROP_FRAME_COUNT))
+            rate = cap.get(cv2.CAP_PROP_FPS)
+            period = 1.0 / rate if 0 < rate < 1000 else None  # stream time of frame i: i * period
             read = 0
             while not self._stop.is_set():
                 ok, data = cap.read()
@@ -98,7 +100,8 @@ class VideoSource(Source):
                 if self._stop.is_set():
                     return
                 stats.frames += 1
-                yield Frame(index - 1, time.monotonic(), time.time(), data)
+                yield Frame(index - 1, time.monotonic(), time.time(), data,
+                            start=(index - 1) * period if period is not None else None)
             if self._stop.is_set():
                 return
             self._count_missing(announced, read, first_pass=not passes)
