@@ -41,13 +41,17 @@ def build_pipeline(config: PipelineConfig | Config | str, *, name: str | None = 
 
     if isinstance(config, (str, Path)):
         config = load_config(config)
+    where = "$.pipelines[0]"
     if isinstance(config, Config):
         runtime = config.runtime
-        config = select(config, name)
+        chosen = select(config, name)
+        where = pipeline_path(config, chosen.name)
+        config = chosen
     runtime = runtime or RuntimeConfig()
     model = load_pipeline_model(config, runtime)
     try:
-        return assemble(config, model, on_result=on_result, **context)
+        return assemble(config, model, on_result=on_result,
+                        state_dir=runtime.resolved_state_dir(), where=where, **context)
     except BaseException:
         model.close()
         raise
@@ -80,15 +84,28 @@ def load_pipeline_model(pc: PipelineConfig, runtime: RuntimeConfig) -> Model:
     )
 
 
+def pipeline_path(config: Config, name: str) -> str:
+    """The YAML path of the pipeline called ``name`` (``$.pipelines[2]``), for errors."""
+    for i, p in enumerate(config.pipelines):
+        if p.name == name:
+            return f"$.pipelines[{i}]"
+    return f"pipeline {name!r}"
+
+
 def assemble(pc: PipelineConfig, model: Model, *, on_result: ResultCallback | None = None,
-             seq_start: int = 0, **context: Any) -> Pipeline:
-    """Task (checked against the model), sinks and source around a loaded model."""
+             seq_start: int = 0, state_dir: Path | None = None, where: str = "$.pipelines[0]",
+             **context: Any) -> Pipeline:
+    """Task (checked against the model), analytics, sinks and source around a loaded model.
+
+    ``state_dir`` keeps the analytics' counters and media (default: the platform's state
+    directory); ``where`` is the pipeline's YAML path in errors."""
     from .pipeline import Pipeline
     from .sinks import make_sink
     from .sources import open_source
     from .tasks import make_task
 
     task = make_task(pc.task, model)
+    analytics = _analytics(pc, task, state_dir, where)
     if model.probe and model.worker_pid is None and model.selection is None:
         from .tasks.gates import gate_for
 
@@ -96,7 +113,30 @@ def assemble(pc: PipelineConfig, model: Model, *, on_result: ResultCallback | No
     sinks = [make_sink(s, **context) for s in pc.sinks]
     source = open_source(_sample_video(pc.source), **context)
     return Pipeline(pc.name, source, model, task, sinks, emit=pc.emit, queue_size=pc.queue_size,
-                    on_result=on_result, seq_start=seq_start)
+                    on_result=on_result, seq_start=seq_start, analytics=analytics)
+
+
+def _analytics(pc: PipelineConfig, task: Any, state_dir: Path | None, where: str) -> Any:
+    """The pipeline's `SceneAnalytics` when it tracks, checked against the task's labels and
+    the source's fixed frame size (pixel points outside it are refused before it opens)."""
+    if pc.tracking is None:
+        return None
+    from .analytics.stage import SceneAnalytics
+    from .config.analytics import LineConfig, ZoneConfig, check_frame_size
+    from .paths import state_dir as default_state_dir
+
+    width, height = getattr(pc.source, "width", None), getattr(pc.source, "height", None)
+    if isinstance(width, int) and isinstance(height, int):
+        shapes: list[tuple[str, int, ZoneConfig | LineConfig]] = [
+            *(("zones", i, z) for i, z in enumerate(pc.zones)),
+            *(("lines", i, ln) for i, ln in enumerate(pc.lines))]
+        for kind, i, item in shapes:
+            problem = check_frame_size(item.points, item.coordinates, width, height)
+            if problem:
+                raise ConfigError(f"{where}.{kind}[{i}].points: {problem} the source delivers")
+    labels = getattr(task, "labels", None)
+    return SceneAnalytics(pc, class_names=list(labels) if labels else None,
+                          state_dir=state_dir or default_state_dir(), where=where)
 
 
 def _sample_video(source: Any) -> Any:

@@ -177,7 +177,7 @@ class Daemon:
         """Load, assemble and start one pipeline; nothing is left open if it fails. A model
         installed by an update (the OTA store's ``current``) replaces the configured one; if it
         cannot load, the configured model is used."""
-        from .assembly import assemble, load_pipeline_model
+        from .assembly import assemble, load_pipeline_model, pipeline_path
 
         effective = self.ota.effective(pc) if self.ota is not None else pc
         try:
@@ -190,7 +190,9 @@ class Daemon:
             model = load_pipeline_model(pc, self.config.runtime)
         try:
             seq = self.link.last_seq(pc.name) if self.link is not None else 0
-            pipeline = assemble(pc, model, seq_start=seq, **self.context)
+            pipeline = assemble(pc, model, seq_start=seq,
+                                state_dir=self.config.runtime.resolved_state_dir(),
+                                where=pipeline_path(self.config, pc.name), **self.context)
             pipeline.start()
         except BaseException:
             model.close()

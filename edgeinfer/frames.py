@@ -165,6 +165,7 @@ class Result:
     provider: str
     latency_ms: tuple[float, float, float]  # pre, infer, post
     task: TaskResult
+    events: tuple[dict[str, Any], ...] = ()  # scene analytics events since the last result
 
     def to_dict(self) -> dict[str, Any]:
         f = self.frame
@@ -185,6 +186,8 @@ class Result:
             "latency_ms": {"pre": round(pre, 3), "infer": round(infer, 3), "post": round(post, 3)},
         }
         d.update(self.task.to_dict())
+        if self.events:
+            d["events"] = list(self.events)
         return d
 
     def to_json(self) -> bytes:

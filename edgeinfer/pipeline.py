@@ -33,6 +33,7 @@ from .sources.base import RateLimiter
 from .stats import PipelineStats
 
 if TYPE_CHECKING:
+    from .analytics.stage import SceneAnalytics
     from .config import Config, PipelineConfig
     from .config.pipeline import EmitConfig
     from .model import Model
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 ResultCallback = Callable[[Result], None]
+_MAX_HELD_EVENTS = 1000  # events waiting for a result to carry them (emit: min_interval_s)
 
 
 class Pipeline:
@@ -57,11 +59,14 @@ class Pipeline:
         on_result: Called with each emitted result (in the emit thread).
         seq_start: The last ``seq`` emitted before (a restarted daemon continues from the
             outbox's), so consumers see ``seq`` keep increasing.
+        analytics: Tracking, zones, lines and event media of a detect pipeline; closed with
+            the pipeline.
     """
 
     def __init__(self, name: str, source: Source, model: Model, task: Task, sinks: list[Sink],
                  *, emit: EmitConfig | None = None, queue_size: int = 2,
-                 on_result: ResultCallback | None = None, seq_start: int = 0) -> None:
+                 on_result: ResultCallback | None = None, seq_start: int = 0,
+                 analytics: SceneAnalytics | None = None) -> None:
         from .config.pipeline import EmitConfig
 
         self.name = name
@@ -90,6 +95,8 @@ class Pipeline:
         self._policy = Emission(self.emit)
         self._last: tuple[Frame, TaskResult] | None = None
         self._seq = seq_start
+        self.analytics = analytics
+        self._events: list[dict[str, Any]] = []  # events not yet carried by a result
         # Since the last swap_model: inferences decoded and errors (the OTA health gate reads them).
         self.model_ok = 0
         self.model_errors = 0
@@ -114,6 +121,8 @@ class Pipeline:
         self._started = True
         for sink in self.sinks:
             sink.open()
+        if self.analytics is not None:
+            self.analytics.start()
         self.source.__enter__()
         self.stats.start()
         for target, stage in ((self._capture, "capture"), (self._infer, "infer"),
@@ -164,6 +173,11 @@ class Pipeline:
                 sink.close()
             except Exception as exc:  # one broken sink must not keep the others open
                 logger.warning("pipeline %s: closing sink failed: %s", self.name, exc)
+        if self.analytics is not None:
+            try:
+                self.analytics.close()
+            except Exception as exc:  # counters or clips lost must not keep the model open
+                logger.warning("pipeline %s: closing analytics failed: %s", self.name, exc)
         self.model.close()
 
     def __enter__(self) -> Self:
@@ -247,7 +261,8 @@ class Pipeline:
         last = self._last
         if last is None or last[0].kind != "image":
             raise StateError(f"pipeline {self.name!r} has processed no image frame yet")
-        return annotate(last[0], last[1], quality)
+        geometry = self.analytics.geometry() if self.analytics is not None else ()
+        return annotate(last[0], last[1], quality, geometry)
 
     # -- stages ---------------------------------------------------------------------------------
     def _guard(self, target: Callable[[], None]) -> None:
@@ -368,6 +383,7 @@ class Pipeline:
     def _emit(self) -> None:
         stats = self.stats
         clock = time.perf_counter
+        analytics = self.analytics
         while True:
             try:
                 frame, outputs, context, task, ref = self._inferred.get()
@@ -388,6 +404,10 @@ class Pipeline:
                     logger.error("pipeline %s: postprocessing frame %d failed", self.name,
                                  frame.index, exc_info=True)
                 continue
+            if analytics is not None:
+                part, events = analytics.process(frame, part)  # every frame: tracks need them
+                if events:
+                    self._publish_events(events)
             post_ms = (clock() - t0) * 1000
             stats.post.add(post_ms)
             stats.processed += 1
@@ -406,10 +426,13 @@ class Pipeline:
         stats = self.stats
         stats.emitted += 1
         self._seq += 1
+        events: tuple[dict[str, Any], ...] = ()
+        if self._events:  # every event rides on exactly one result, the next one emitted
+            events, self._events = tuple(self._events), []
         result = Result(
             seq=self._seq, ts=time.time(), pipeline=self.name, frame=frame, model=ref[0],
             provider=ref[1],
-            latency_ms=(stats.pre.last, stats.infer.last, post_ms), task=part,
+            latency_ms=(stats.pre.last, stats.infer.last, post_ms), task=part, events=events,
         )
         stats.latency.add((time.monotonic() - frame.ts) * 1000)
         for sink in self.sinks:
@@ -429,6 +452,23 @@ class Pipeline:
                 self._iter_queue.put(result)
             except Closed:  # the consumer stopped iterating
                 self.source.stop()
+
+    def _publish_events(self, events: list[dict[str, Any]]) -> None:
+        """Hand a frame's events to the sinks that publish them (the MQTT sink's outbox) and
+        keep them for the next result."""
+        stats = self.stats
+        self._events.extend(events)
+        if len(self._events) > _MAX_HELD_EVENTS:  # emission held back for long: keep the newest
+            del self._events[:-_MAX_HELD_EVENTS]
+        stats.events += len(events)
+        for sink in self.sinks:
+            try:
+                for event in events:
+                    sink.write_event(self.name, event)
+            except Exception as exc:
+                stats.sink_errors += 1
+                stats.last_error = f"sink {type(sink).__name__}: {exc}"
+                sink.failed(exc, self.name)
 
     def snapshot(self) -> dict[str, Any]:
         """Stats of this pipeline for the stats topic and summaries."""
@@ -452,6 +492,8 @@ class Pipeline:
             state="failed" if self.error else ("done" if self._done.is_set() else
                                                "paused" if self.paused else "running"),
         )
+        if self.analytics is not None:
+            data["analytics"] = self.analytics.stats()
         return data
 
 

@@ -51,6 +51,7 @@ class PipelineStats:
     paused: int = 0  # frames skipped while paused or over a tuned max_fps
     errors: int = 0  # inference failures (the frame is skipped)
     sink_errors: int = 0
+    events: int = 0  # scene analytics events made
     worker_restarts: int = 0
     last_error: str = ""
     pre: LatencyWindow = field(default_factory=LatencyWindow)
@@ -89,6 +90,7 @@ class PipelineStats:
                         "paused": self.paused},
             "errors": self.errors,
             "sink_errors": self.sink_errors,
+            "events": self.events,
             "worker_restarts": self.worker_restarts,
             "last_error": self.last_error,
             "fps": round(self.overall_fps(), 2),

@@ -85,11 +85,18 @@ def _validated(struct: Any, changes: dict[str, Any]) -> Any:
         raise ConfigError(str(exc).replace("`$.", "`")) from None
 
 
-def annotate(frame: Frame, part: TaskResult, quality: int = 85) -> bytes:
-    """JPEG of ``frame`` with ``part``'s boxes and labels drawn (the frame itself untouched)."""
+def annotate(frame: Frame, part: TaskResult, quality: int = 85, geometry: Any = ()) -> bytes:
+    """JPEG of ``frame`` with ``part``'s boxes and labels drawn (the frame itself untouched);
+    on a tracked pipeline with track ids, and the zones and lines of ``geometry``."""
     import cv2
 
     image = frame.data.copy()
+    if geometry or any(d.track_id is not None for d in part.detections or ()):
+        from .analytics.draw import TrackBox, draw_scene, encode_jpeg
+
+        draw_scene(image, [TrackBox(d.track_id, d.label, d.score, d.box)
+                           for d in part.detections or ()], geometry)
+        return encode_jpeg(image, quality)
     for d in part.detections or ():
         x1, y1, x2, y2 = (int(round(v)) for v in d.box)
         cv2.rectangle(image, (x1, y1), (x2, y2), (0, 255, 0), 2)

@@ -1,10 +1,13 @@
-"""``edgeinfer watch``: subscribe to devices' results, status and stats and print them.
+"""``edgeinfer watch``: subscribe to devices' results, events, counts, status and stats and
+print them.
 
 One line per message, results formatted as the ``stdout`` sink writes them::
 
     cam1 faces #12 frame 36 3.1 ms  face 0.93 [101,52,188,160]
     cam1 status online  version 0.1.0  pipelines: faces
     cam1 stats faces 29.8 fps infer p50 3.1 p99 4.0 ms  memory 95.2 MiB  outbox 0 waiting
+    cam1 faces event cross gate in  face #4 0.91 frame 120
+    cam1 faces counts zone door 1 inside (5 entered, 4 left)  line gate in 7 out 4
 """
 
 from __future__ import annotations
@@ -39,7 +42,9 @@ def cmd_watch(args: argparse.Namespace) -> int:
             raise ConfigError(str(exc)) from exc
     prefix = config.prefix
     # Status last: its retained message then shows the other subscriptions are in place.
-    filters = [f"{prefix}/{device}/+/result", f"{prefix}/{device}/stats", f"{prefix}/{device}/status"]
+    filters = [f"{prefix}/{device}/+/result", f"{prefix}/{device}/+/event",
+               f"{prefix}/{device}/+/counts", f"{prefix}/{device}/stats",
+               f"{prefix}/{device}/status"]
     try:
         client = MqttClient(config, "watch", announce=False)
     except ValueError as exc:  # a --prefix that is no topic level
@@ -98,10 +103,11 @@ def _config(args: argparse.Namespace) -> MqttConfig:
 
 def describe(topic: str, payload: bytes, prefix: str, *, as_json: bool = False,
              retained: bool = False) -> tuple[str, str]:
-    """``(kind, line)`` for one message: kind ``result``, ``status``, ``stats`` or ``other``."""
+    """``(kind, line)`` for one message: kind ``result``, ``event``, ``counts``, ``status``,
+    ``stats`` or ``other``."""
     levels = topic[len(prefix) + 1:].split("/") if topic.startswith(prefix + "/") else []
     device = levels[0] if levels else "?"
-    kind = levels[-1] if len(levels) >= 2 and levels[-1] in ("result", "status", "stats") else "other"
+    kind = levels[-1] if len(levels) >= 2 and levels[-1] in _KINDS else "other"
     try:
         data: Any = json.loads(payload)
     except (ValueError, RecursionError):  # any bytes a client sent
@@ -114,6 +120,13 @@ def describe(topic: str, payload: bytes, prefix: str, *, as_json: bool = False,
         return kind, f"{device} {topic}: {payload[:80].decode('utf-8', 'replace')!r}"
     if kind == "result":
         line = _result_line(data)
+    elif kind == "event":
+        from ..sinks.stdout import format_event
+
+        line = format_event(str(data.get("pipeline", levels[-2] if len(levels) > 2 else "?")),
+                            data)
+    elif kind == "counts":
+        line = f"{levels[-2] if len(levels) > 2 else '?'} counts " + _counts_line(data)
     elif kind == "status":
         line = _status_line(data) + (" (retained)" if retained else "")
     elif kind == "stats":
@@ -121,6 +134,23 @@ def describe(topic: str, payload: bytes, prefix: str, *, as_json: bool = False,
     else:
         line = f"{topic} {_scalars(data)}"
     return kind, f"{device} {line}"[:_MAX_LINE]
+
+
+_KINDS = ("result", "event", "counts", "status", "stats")
+
+
+def _counts_line(data: dict[str, Any]) -> str:
+    """``zone door 2 inside (5 in, 3 out)  line gate in 7 out 4``."""
+    parts: list[str] = []
+    zones, lines = data.get("zones"), data.get("lines")
+    for name, c in (zones.items() if isinstance(zones, dict) else ()):
+        if isinstance(c, dict):
+            parts.append(f"zone {name} {c.get('occupancy', '?')} inside "
+                         f"({c.get('entered', '?')} entered, {c.get('exited', '?')} left)")
+    for name, c in (lines.items() if isinstance(lines, dict) else ()):
+        if isinstance(c, dict):
+            parts.append(f"line {name} in {c.get('in', '?')} out {c.get('out', '?')}")
+    return "  ".join(parts) or "none"
 
 
 def _result_line(data: dict[str, Any]) -> str:
@@ -152,7 +182,8 @@ def result_from_dict(data: dict[str, Any]) -> Any:
     if "detections" in data:
         task = TaskResult(detections=tuple(
             Detection(d["label"], int(d.get("class_id", -1)), float(d["score"]),
-                      tuple(float(v) for v in d["box"]))  # type: ignore[arg-type]
+                      tuple(float(v) for v in d["box"]),  # type: ignore[arg-type]
+                      int(d["track_id"]) if d.get("track_id") is not None else None)
             for d in data["detections"]))
     elif "top" in data:
         task = TaskResult(top=tuple(Classification(c["label"], int(c.get("class_id", -1)),

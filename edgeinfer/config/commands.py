@@ -10,11 +10,12 @@ import msgspec
 from msgspec import Meta
 
 from ._types import ConfigStruct, DAY, PipelineName
+from .analytics import AnalyticsNameStr
 
-__all__ = ["VERBS", "CommandsConfig", "SnapshotArgs", "Verb"]
+__all__ = ["VERBS", "CommandsConfig", "ResetArgs", "SnapshotArgs", "Verb"]
 
-Verb = Literal["status", "pause", "resume", "reload", "snapshot", "set"]
-VERBS: tuple[str, ...] = ("status", "pause", "resume", "reload", "snapshot", "set")
+Verb = Literal["status", "pause", "resume", "reload", "snapshot", "set", "reset"]
+VERBS: tuple[str, ...] = ("status", "pause", "resume", "reload", "snapshot", "set", "reset")
 
 
 class CommandsConfig(ConfigStruct, frozen=True):
@@ -45,7 +46,21 @@ class SnapshotArgs(ConfigStruct, frozen=True):
     Attributes:
         pipeline: Which pipeline (may be left out when the daemon runs one).
         quality: JPEG quality.
+        event: An event id: the event's stored annotated snapshot instead of the latest frame.
     """
 
     pipeline: PipelineName | None = None
     quality: Annotated[int, Meta(ge=1, le=100)] = 85
+    event: Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,128}(?![\s\S])")] | None = None
+
+
+class ResetArgs(ConfigStruct, frozen=True):
+    """The arguments of the ``reset`` command (zero zone and line totals).
+
+    Attributes:
+        pipeline: Which pipeline (``None``: every pipeline with zones or lines).
+        names: Which zones and lines (``None``: all of the pipeline's).
+    """
+
+    pipeline: PipelineName | None = None
+    names: Annotated[list[AnalyticsNameStr], Meta(min_length=1, max_length=128)] | None = None

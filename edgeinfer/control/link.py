@@ -51,6 +51,7 @@ class MqttLink:
         self._shape: Any = None  # what the birth and discovery were last made from
         self._opener: Any = None
         self._reported: str | None = None  # the problem last announced on the status topic
+        self._counts: dict[str, Any] = {}  # pipeline -> the counts last published (retained)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -117,6 +118,7 @@ class MqttLink:
         if problem != self._reported:  # a dead command thread shows on the status topic
             self._reported = problem
             self.publish_birth()
+        self.publish_counts()
         shape = self._current_shape()
         if shape != self._shape:  # a reload added, removed or changed pipelines
             configured_changed = self._shape is None or shape[0] != self._shape[0]
@@ -140,6 +142,11 @@ class MqttLink:
         too, so that a transient failure does not remove its entities."""
         return {pc.name: str(type(pc.task).__struct_config__.tag)
                 for pc in self.daemon.config.pipelines}
+
+    def _scenes(self) -> dict[str, tuple[list[str], list[str]]]:
+        """Configured pipeline -> (zone names, line names), for discovery."""
+        return {pc.name: ([z.name for z in pc.zones], [ln.name for ln in pc.lines])
+                for pc in self.daemon.config.pipelines if pc.zones or pc.lines}
 
     def problem(self) -> str | None:
         """Why this link no longer does its job (the command thread died), or ``None``."""
@@ -202,6 +209,25 @@ class MqttLink:
         client = self.plumbing.client
         client.publish(client.topics.stats, json.dumps(self.stats_message(), default=str), qos=0)
 
+    def publish_counts(self) -> None:
+        """Publish each pipeline's zone and line counts, retained, when they changed (checked
+        every tick: at most a few messages a second, never from the data plane). A
+        reconnected client sends them again."""
+        client = self.plumbing.client
+        reconnected = client.reconnects != self._counts.get("\0reconnects")
+        self._counts["\0reconnects"] = client.reconnects
+        for p in self.daemon.pipelines:
+            analytics = p.analytics
+            counts = analytics.counts() if analytics is not None else None
+            if counts is None or (counts == self._counts.get(p.name) and not reconnected):
+                continue
+            if client.state != "connected":
+                return  # published on the next tick after the connection is back
+            self._counts[p.name] = counts
+            client.publish(client.topics.counts(p.name),
+                           json.dumps({"ts": round(time.time(), 3), **counts}), qos=1,
+                           retain=True)
+
     def publish_discovery(self) -> None:
         """Publish the retained discovery configs of the configured pipelines, and clear (an
         empty retained message) those of pipelines no longer configured. Any thread."""
@@ -209,7 +235,8 @@ class MqttLink:
 
         client = self.plumbing.client
         messages = discovery_messages(client.topics, self.device_id, self._configured(),
-                                      self.mqtt.homeassistant.prefix, __version__)
+                                      self.mqtt.homeassistant.prefix, __version__,
+                                      scenes=self._scenes())
         with self._discovery_lock:
             gone = self._discovery_topics - {topic for topic, _ in messages}
             self._discovery_topics = {topic for topic, _ in messages}
@@ -236,7 +263,8 @@ class MqttLink:
     # -- commands -------------------------------------------------------------------------------
     def handlers(self) -> dict[str, Any]:
         return {"status": self._status, "pause": self._pause, "resume": self._resume,
-                "reload": self._reload, "snapshot": self._snapshot, "set": self._set}
+                "reload": self._reload, "snapshot": self._snapshot, "set": self._set,
+                "reset": self._reset}
 
     def _names(self) -> list[str]:
         return [p.name for p in self.daemon.pipelines]
@@ -277,14 +305,51 @@ class MqttLink:
         except msgspec.ValidationError as exc:
             raise CommandError(str(exc).replace("`$.", "`")) from None
         pipeline = self._pipeline({"pipeline": args.pipeline})
-        try:
-            jpeg = pipeline.snapshot_jpeg(args.quality)
-        except StateError as exc:
-            raise CommandError(str(exc)) from None
+        if args.event is not None:
+            jpeg = pipeline.analytics.event_snapshot(args.event) if pipeline.analytics else None
+            if jpeg is None:
+                raise CommandError(f"pipeline {pipeline.name!r} has no snapshot of event "
+                                   f"{args.event!r} (unknown, not recorded, or deleted by "
+                                   "retention)")
+        else:
+            try:
+                jpeg = pipeline.snapshot_jpeg(args.quality)
+            except StateError as exc:
+                raise CommandError(str(exc)) from None
         client = self.plumbing.client
         topic = client.topics.snapshot(pipeline.name)
         client.publish(topic, jpeg, qos=1, properties={"content_type": "image/jpeg"})
         return {"topic": topic, "bytes": len(jpeg)}
+
+    def _reset(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Zero zone and line totals: ``{"pipeline": ..., "names": [...]}``, both optional
+        (every pipeline with zones or lines; every zone and line)."""
+        from ..config.commands import ResetArgs
+
+        try:
+            args = msgspec.convert(request, ResetArgs, strict=True)
+        except msgspec.ValidationError as exc:
+            raise CommandError(str(exc).replace("`$.", "`")) from None
+        scened = [p for p in self.daemon.pipelines if p.analytics is not None
+                  and p.analytics.scene is not None]
+        if args.pipeline is not None:
+            scened = [p for p in scened if p.name == args.pipeline]
+            if not scened:
+                raise CommandError(f"no pipeline {args.pipeline!r} with zones or lines; with "
+                                   "them: " + (", ".join(p.name for p in self.daemon.pipelines
+                                                         if p.analytics is not None) or "none"))
+        elif not scened:
+            raise CommandError("no pipeline has zones or lines")
+        elif args.names is not None and len(scened) > 1:
+            raise CommandError("give a pipeline with names: several pipelines have zones or "
+                               "lines")
+        done: dict[str, list[str]] = {}
+        for p in scened:
+            try:
+                done[p.name] = p.analytics.reset(args.names)  # type: ignore[union-attr]
+            except ValueError as exc:
+                raise CommandError(str(exc)) from None
+        return {"reset": done}
 
     def _set(self, request: dict[str, Any]) -> dict[str, Any]:
         pipeline = self._pipeline(request)

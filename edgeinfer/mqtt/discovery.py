@@ -1,7 +1,9 @@
 """Home Assistant MQTT discovery: retained configs that make a device with entities per pipeline.
 
 For each pipeline: a binary sensor (something detected / speech), a count and a top-label
-sensor (detection and classification), and fps and latency sensors from the stats topic.
+sensor (detection and classification), and fps and latency sensors from the stats topic; per
+zone an occupancy sensor and per line an ``in`` and an ``out`` counter (``total_increasing``)
+from the retained counts topic.
 Availability follows the status topic (``online`` / ``offline`` from the last will /
 ``stopped``). The link publishes them after every connect, again whenever Home Assistant
 announces ``<ha>/status`` = ``online``, and after a reload; a config of this device that is
@@ -36,8 +38,10 @@ def config_filter(ha_prefix: str, device_id: str) -> str:
 
 
 def discovery_messages(topics: Any, device_id: str, pipelines: dict[str, str], ha_prefix: str,
-                       version: str) -> list[tuple[str, bytes]]:
-    """``(topic, retained payload)`` for every entity; ``pipelines`` maps name -> task type."""
+                       version: str, *, scenes: dict[str, tuple[list[str], list[str]]] | None = None
+                       ) -> list[tuple[str, bytes]]:
+    """``(topic, retained payload)`` for every entity; ``pipelines`` maps name -> task type,
+    ``scenes`` name -> (zone names, line names) of the pipelines that have them."""
     node = node_id(device_id)
     device = {"identifiers": [node], "name": f"edgeinfer {device_id}",
               "manufacturer": "edgeinfer", "model": "edge inference daemon",
@@ -75,6 +79,19 @@ def discovery_messages(topics: Any, device_id: str, pipelines: dict[str, str], h
             add("sensor", name, "top", {
                 "name": f"{name} top label", "state_topic": result,
                 "value_template": "{{ value_json.top[0].label if value_json.top else 'none' }}"})
+        zones, lines = (scenes or {}).get(name, ([], []))
+        counts = topics.counts(name)
+        for zone in zones:
+            add("sensor", name, f"zone-{_word(zone)}-occupancy", {
+                "name": f"{name} {zone} occupancy", "state_topic": counts,
+                "state_class": "measurement", "icon": "mdi:account-group",
+                "value_template": _count("zones", zone, "occupancy")})
+        for line in lines:
+            for direction in ("in", "out"):
+                add("sensor", name, f"line-{_word(line)}-{direction}", {
+                    "name": f"{name} {line} {direction}", "state_topic": counts,
+                    "state_class": "total_increasing", "icon": "mdi:counter",
+                    "value_template": _count("lines", line, direction)})
         add("sensor", name, "fps", {
             "name": f"{name} fps", "state_topic": topics.stats, "unit_of_measurement": "fps",
             "state_class": "measurement", "value_template": _stat(name, "fps")})
@@ -83,6 +100,18 @@ def discovery_messages(topics: Any, device_id: str, pipelines: dict[str, str], h
             "unit_of_measurement": "ms", "state_class": "measurement",
             "value_template": _stat(name, "latency_ms.infer.p50")})
     return out
+
+
+def _word(name: str) -> str:
+    """A zone or line name as part of an object id without ``_`` (injective: ``-`` is written
+    ``-d`` and ``_`` ``-u``, so ``front_door`` -> ``front-udoor``)."""
+    return name.replace("-", "-d").replace("_", "-u")
+
+
+def _count(kind: str, name: str, what: str) -> str:
+    # A zone or line the counts do not hold (yet) is "unknown", not a template error.
+    entry = f"value_json.{kind}['{name}']"
+    return (f"{{{{ {entry}.{what} if '{name}' in value_json.{kind} else None }}}}")
 
 
 def _stat(pipeline: str, path: str) -> str:

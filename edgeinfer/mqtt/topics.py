@@ -2,6 +2,8 @@
 
     <prefix>/<dev>/status                  retained birth / last will / stopped
     <prefix>/<dev>/<pipeline>/result       results (QoS 1)
+    <prefix>/<dev>/<pipeline>/event        zone and line events (QoS 1, through the outbox)
+    <prefix>/<dev>/<pipeline>/counts       retained zone occupancy and line counts
     <prefix>/<dev>/<pipeline>/snapshot     annotated JPEG on request
     <prefix>/<dev>/stats                   periodic stats
     <prefix>/<dev>/cmd/<verb>              commands in; replies on .../cmd/<verb>/reply
@@ -83,6 +85,14 @@ class Topics:
     def result(self, pipeline: str) -> str:
         """Results of one pipeline."""
         return f"{self.prefix}/{self.device}/{check_level(pipeline, 'pipeline')}/result"
+
+    def event(self, pipeline: str) -> str:
+        """Scene analytics events of one pipeline (zones and lines)."""
+        return f"{self.prefix}/{self.device}/{check_level(pipeline, 'pipeline')}/event"
+
+    def counts(self, pipeline: str) -> str:
+        """The retained zone occupancy and line counts of one pipeline."""
+        return f"{self.prefix}/{self.device}/{check_level(pipeline, 'pipeline')}/counts"
 
     def snapshot(self, pipeline: str) -> str:
         """Annotated snapshots of one pipeline."""

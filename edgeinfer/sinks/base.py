@@ -39,6 +39,10 @@ class Sink(ABC):
     def write(self, result: Result) -> None:
         """Deliver one result."""
 
+    def write_event(self, pipeline: str, event: dict[str, Any]) -> None:  # noqa: B027
+        """Deliver one scene analytics event (a sink that publishes events on their own
+        topic overrides this; the others see events in the results that carry them)."""
+
     def close(self) -> None:  # noqa: B027 (an optional hook, not abstract)
         """Flush and release; idempotent."""
 

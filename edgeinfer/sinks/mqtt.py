@@ -1,6 +1,7 @@
-"""``type: mqtt``: results published on ``<prefix>/<device>/<pipeline>/result`` through the
-durable outbox. ``write`` only puts the result on disk and wakes the publisher: it never waits
-for the network, and a result put survives a crash of the process and an outage of the broker.
+"""``type: mqtt``: results published on ``<prefix>/<device>/<pipeline>/result`` (and scene
+events on ``.../<pipeline>/event``) through the durable outbox. ``write`` only puts the result
+on disk and wakes the publisher: it never waits for the network, and a result put survives a
+crash of the process and an outage of the broker.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class MqttSink(Sink):
         self._topics = mqtt.client.topics
         self._qos = int(getattr(config, "qos", 1))
         self._pipelines: dict[str, tuple[str, int]] = {}  # name -> (topic, seq offset)
+        self._events: dict[str, tuple[str, int]] = {}  # outbox key -> (topic, last seq)
 
     def write(self, result: Result) -> None:
         name = result.pipeline
@@ -58,6 +60,21 @@ class MqttSink(Sink):
         self._outbox.put(name, result.seq, topic, result.to_json(), self._qos)
         self._publisher.wake()
         self.written += 1
+
+    def write_event(self, pipeline: str, event: dict[str, Any]) -> None:
+        """Put one event into the outbox for ``<prefix>/<dev>/<pipeline>/event`` (QoS 1
+        always: an event is never sent at most once). Events number their own ``seq``,
+        continuing across restarts like results."""
+        import msgspec
+
+        key = f"{pipeline}/event"  # pipeline names hold no '/': a key of its own in the outbox
+        known = self._events.get(key)
+        if known is None:
+            known = (self._topics.event(pipeline), self._outbox.last_seq(key))
+        topic, seq = known[0], known[1] + 1
+        self._events[key] = (topic, seq)
+        self._outbox.put(key, seq, topic, msgspec.json.encode({**event, "seq": seq}), 1)
+        self._publisher.wake()
 
     def _offset(self, first: Result) -> int:
         last = self._outbox.last_seq(first.pipeline)

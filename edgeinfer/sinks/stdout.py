@@ -20,6 +20,8 @@ class StdoutSink(Sink):
             stream.write(result.to_json().decode() + "\n")
         else:
             stream.write(format_line(result) + "\n")
+            for event in result.events:
+                stream.write(format_event(result.pipeline, event) + "\n")
         stream.flush()
         self.written += 1
 
@@ -32,8 +34,8 @@ def format_line(result: Result) -> str:
     if task.detections is not None:
         if not task.detections:
             return head + " no detections"
-        items = (f"{d.label} {d.score:.2f} [{','.join(f'{v:.0f}' for v in d.box)}]"
-                 for d in task.detections)
+        items = (f"{d.label}{'' if d.track_id is None else f' #{d.track_id}'} {d.score:.2f} "
+                 f"[{','.join(f'{v:.0f}' for v in d.box)}]" for d in task.detections)
         return head + " " + "  ".join(items)
     if task.top is not None:
         return head + " " + "  ".join(f"{c.label} {c.score:.2f}" for c in task.top)
@@ -44,3 +46,23 @@ def format_line(result: Result) -> str:
         return head + f" {state} p={v.probability:.2f}{event}"
     names = ", ".join(task.outputs or {})
     return head + f" outputs: {names}"
+
+
+def format_event(pipeline: str, event: dict[str, Any]) -> str:
+    """``faces event cross gate in  face #4 0.91 frame 120`` and the like (any dict: an event
+    read off MQTT may hold anything)."""
+    kind = str(event.get("type", "?"))
+    where = event.get("zone") or event.get("line") or "?"
+    parts = [f"{pipeline} event {kind} {where}"]
+    if event.get("direction"):
+        parts.append(str(event["direction"]))
+    score = event.get("score")
+    score_text = f" {score:.2f}" if isinstance(score, (int, float)) else ""
+    parts.append(f" {event.get('label', '?')} #{event.get('track_id', '?')}{score_text}")
+    dwell = event.get("dwell_s")
+    if isinstance(dwell, (int, float)):
+        parts.append(f"dwell {dwell:.1f} s")
+    parts.append(f"frame {event.get('frame', '?')}")
+    if event.get("snapshot"):
+        parts.append(f"snapshot {event['snapshot']}")
+    return " ".join(parts)

@@ -9,6 +9,7 @@ both through ``msgspec.convert`` (what runtime commands use) and through a YAML 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,11 +29,22 @@ Slot = tuple[tuple[Step, ...], tuple[mi.IntType | mi.FloatType | mi.AnyType, ...
 REQUIRED = {
     "name": "p", "model": {"path": "m.onnx"}, "source": {"type": "synthetic"}, "path": "m.onnx",
     "uri": "v.mp4", "port": "/dev/ttyS0", "topic": "t", "decoder": "yolov8", "library": "d.so",
+    "points": [[0, 0], [1, 0], [1, 1]],
 }
 # What a struct's own checks need besides its required fields.
 EXTRA: dict[str, dict[str, Any]] = {
     "OtaConfig": {"allow_unsigned": True}, "AudioSource": {"command": "arecord"},
+    "LineConfig": {"points": [[0, 0], [1, 1]]},
 }
+# Scene analytics only exist on a detect pipeline, and media only with a zone or a line.
+SCENE = ("$.pipelines[0].track", "$.pipelines[0].zones", "$.pipelines[0].lines",
+         "$.pipelines[0].record")
+# Zone and line coordinates: any finite number is refused or taken by the geometry checks
+# (normalized 0..1, inside the frame, no self-crossing: tests/analytics/test_config.py).
+GEOMETRY = {"$.pipelines[0].zones[0].points[0][0]", "$.pipelines[0].lines[0].points[0][0]"}
+# A threshold's partner moved out of the way where 0 or 1 is tested (low <= high).
+PARTNER = {"$.pipelines[0].track.high_threshold": ("low_threshold", 0.0),
+           "$.pipelines[0].track.low_threshold": ("high_threshold", 1.0)}
 
 # Fields where 0 is meaningful (no minimum spacing, a class id, a threshold, an index).
 ZERO_OK = {
@@ -50,6 +62,15 @@ ZERO_OK = {
     "$.pipelines[0].model.warmup_inputs[...][0]",
     "$.pipelines[0].emit.min_interval_s",
     "$.ota.health.max_error_rate",
+    "$.pipelines[0].track.high_threshold",
+    "$.pipelines[0].track.low_threshold",
+    "$.pipelines[0].track.new_track_threshold",
+    "$.pipelines[0].track.match_iou",
+    "$.pipelines[0].track.low_match_iou",
+    "$.pipelines[0].zones[0].classes[0]",
+    "$.pipelines[0].lines[0].classes[0]",
+    "$.pipelines[0].record.clips.pre_s",
+    "$.pipelines[0].record.clips.post_s",
 }
 # ... and where a negative value is too (a mean to subtract, a model input).
 NEGATIVE_OK = {
@@ -137,11 +158,26 @@ def place(t: mi.Type, steps: tuple[Step, ...], value: object) -> object:
     return place(arg, rest, value)
 
 
+def _pipeline() -> type:
+    from edgeinfer.config import PipelineConfig
+
+    return PipelineConfig
+
+
 def document(steps: tuple[Step, ...], value: object) -> dict[str, Any]:
     data = place(mi.type_info(Config), steps, value)
     assert isinstance(data, dict)
     if "ota" in data:
         data.setdefault("mqtt", {})
+    path = path_of(steps)
+    if path.startswith(SCENE):
+        pipeline = data["pipelines"][0]
+        pipeline["task"] = {"type": "detect", "decoder": "yolov8"}
+        if "record" in pipeline:
+            pipeline["zones"] = [{"name": "z", "points": REQUIRED["points"]}]
+        if path in PARTNER:
+            key, other = PARTNER[path]
+            pipeline["track"][key] = other
     return data
 
 
@@ -193,6 +229,16 @@ def test_out_of_range_numbers_are_refused_with_their_path(
 ) -> None:
     path = path_of(steps)
     bad: list[object] = list(ALWAYS_BAD)
+    if path in GEOMETRY:
+        kind = "zones" if ".zones[" in path else "lines"
+        for value in bad:
+            points = [[value, 0], [1, 0], [1, 1]] if kind == "zones" else [[value, 0], [1, 1]]
+            data = {"pipelines": [{**minimal(mi.type_info(_pipeline())),
+                                   "task": {"type": "detect", "decoder": "yolov8"},
+                                   kind: [{"name": "g", "points": points}]}]}
+            with pytest.raises(msgspec.ValidationError, match=re.escape(f"at `{path}`")):
+                msgspec.convert(data, Config, strict=True)
+        return
     if path not in ZERO_OK:
         bad += [0, 0.0, 1e-300, -1]
     elif path not in NEGATIVE_OK:
