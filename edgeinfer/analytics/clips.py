@@ -1,0 +1,184 @@
+"""Clip formats and clip writing.
+
+``probe_format`` finds, once per process and preference, the first container and codec this
+OpenCV build can both write and read back: H.264 in MP4 (``avc1``, then ``H264``), MPEG-4 Part 2
+in MP4 (``mp4v``), MJPEG in AVI. ``write_clip`` decodes a clip's stored JPEG frames, draws the
+scene on them and writes them with ``cv2.VideoWriter`` at the frames' real rate.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .._stderr import native_logs_to_debug
+from ..errors import StorageError
+from .draw import Geometry, TrackBox, decode_jpeg, draw_scene
+
+__all__ = ["FORMATS", "ClipFormat", "Entry", "PendingClip", "probe_format", "write_clip"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ClipFormat:
+    """A codec and container OpenCV can write.
+
+    Attributes:
+        name: What ``stats`` and events report: ``"h264/mp4"``, ``"mp4v/mp4"``, ``"mjpeg/avi"``.
+        fourccs: FourCC codes to try, in order.
+        ext: The file suffix, without the dot (it picks the container).
+    """
+
+    name: str
+    fourccs: tuple[str, ...]
+    ext: str
+
+
+FORMATS = {
+    "h264": ClipFormat("h264/mp4", ("avc1", "H264"), "mp4"),
+    "mp4v": ClipFormat("mp4v/mp4", ("mp4v",), "mp4"),
+    "mjpeg": ClipFormat("mjpeg/avi", ("MJPG",), "avi"),
+}
+_AUTO = ("h264", "mp4v", "mjpeg")
+# FFmpeg prints to fd 2 while OpenCV tries an encoder it lacks ("[h264_v4l2m2m @ 0x...] Could
+# not find a valid device", "OpenCV: FFMPEG: tag ... is not supported"): expected while probing.
+_PROBE_NOISE = re.compile(rb"^(?:\[[\w.]+ @ 0x[0-9a-f]+\]|\[ ?(?:ERROR|WARN|INFO)[^\]]*\]"
+                          rb"|OpenCV: FFMPEG: )")
+
+
+@dataclass(slots=True, eq=False)
+class Entry:
+    """One kept frame, encoded: what the ring buffer, pending clips and best frames hold.
+
+    Attributes:
+        jpeg: The (possibly scaled) frame as JPEG.
+        clock: The scene clock of the frame, in seconds.
+        wall: ``time.time()`` when captured.
+        index: The frame's index in its stream.
+        boxes: The frame's boxes in original pixels.
+        scale: Stored width over original width.
+        holds: How many holders (ring, clips, best frames, write jobs) keep it.
+    """
+
+    jpeg: bytes
+    clock: float
+    wall: float
+    index: int
+    boxes: tuple[TrackBox, ...]
+    scale: float
+    holds: int = 0
+
+
+@dataclass(slots=True, eq=False)
+class PendingClip:
+    """A clip collecting frames from ``start`` to ``end`` (scene clock).
+
+    Attributes:
+        clip_id: The first event's id; the file's stem.
+        path: Where the clip is written.
+        track_id: The first event's track (highlighted).
+        start: First clock included.
+        end: Last clock included; later events extend it up to ``start + max_len``.
+        frames: Collected entries, in clock order.
+        filled: The ring's earlier frames were added (the encoder thread reached the event).
+        done: Complete or cut short; no more events join.
+    """
+
+    clip_id: str
+    path: Path
+    track_id: int
+    start: float
+    end: float
+    frames: list[Entry] = field(default_factory=list)
+    filled: bool = False
+    done: bool = False
+
+
+@functools.cache
+def probe_format(preference: str = "auto") -> ClipFormat | None:
+    """The first format of ``preference`` (``auto``: H.264, MPEG-4 Part 2, MJPEG) whose test
+    file OpenCV writes and reads back, or ``None`` when none works; cached per process.
+
+    An explicit preference that does not work falls back to ``auto`` with a warning.
+    """
+    names = _AUTO if preference == "auto" else (preference,)
+    with tempfile.TemporaryDirectory(prefix="edgeinfer-codec-") as tmp:
+        for name in names:
+            fmt = FORMATS[name]
+            for fourcc in fmt.fourccs:
+                if _try(Path(tmp) / f"probe-{fourcc}.{fmt.ext}", fourcc):
+                    return ClipFormat(fmt.name, (fourcc,), fmt.ext)
+    if preference != "auto":
+        logger.warning("clip format %s cannot be written by this OpenCV build; trying others",
+                       preference)
+        return probe_format("auto")
+    return None
+
+
+def _try(path: Path, fourcc: str) -> bool:
+    import cv2
+
+    size, count = (64, 48), 3
+    with native_logs_to_debug(_PROBE_NOISE):
+        writer = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*fourcc), 10.0, size)
+        try:
+            if not writer.isOpened():
+                return False
+            for i in range(count):
+                writer.write(np.full((size[1], size[0], 3), 60 * i, np.uint8))
+        finally:
+            writer.release()
+        if not path.is_file():
+            return False
+        cap = cv2.VideoCapture(str(path))
+        try:
+            read = 0
+            while read < count and cap.read()[0]:
+                read += 1
+        finally:
+            cap.release()
+    return read == count
+
+
+def write_clip(path: Path, fmt: ClipFormat, frames: Sequence[Entry], geometry: Geometry,
+               highlight: int | None, fallback_fps: float) -> float:
+    """Write ``frames`` (annotated) to ``path`` as ``fmt``; returns the frame rate used.
+
+    The rate is the frames' real one (their count over the clock span), so the clip lasts as
+    long as the scene did; a single frame gets ``fallback_fps``. Frames whose size differs from
+    the first (or is odd, which MPEG codecs refuse) are resized to the first's even size.
+
+    Raises:
+        StorageError: OpenCV cannot open the file for writing.
+    """
+    import cv2
+
+    span = frames[-1].clock - frames[0].clock
+    fps = (len(frames) - 1) / span if len(frames) > 1 and span > 0 else fallback_fps
+    writer: cv2.VideoWriter | None = None
+    size = (0, 0)
+    try:
+        for e in frames:
+            image = decode_jpeg(e.jpeg)
+            draw_scene(image, e.boxes, geometry, scale=e.scale, highlight=highlight)
+            if writer is None:
+                size = (image.shape[1] & ~1, image.shape[0] & ~1)
+                writer = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*fmt.fourccs[0]),
+                                         fps, size)
+                if not writer.isOpened():
+                    raise StorageError(f"OpenCV cannot write clip {path} as {fmt.name}")
+            if (image.shape[1], image.shape[0]) != size:
+                image = cv2.resize(image, size, interpolation=cv2.INTER_AREA)
+            writer.write(image)
+    finally:
+        if writer is not None:
+            writer.release()
+    return fps

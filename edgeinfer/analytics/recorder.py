@@ -1,0 +1,445 @@
+"""Snapshots and clips of scene events (``record:`` on a detect pipeline).
+
+The pipeline's emit thread offers every frame; frames are kept at ``clips.fps`` (on the scene
+clock) and handed, by reference, to an encoder thread through a small drop-oldest queue. The
+encoder scales each kept frame to ``clips.max_width`` and JPEG-encodes it once; the encoded
+frame then lives in a ring buffer of ``pre_s`` seconds, in the clips still collecting frames,
+and as the best-scoring frame of each live track. Every encoded frame is counted once however
+many of these hold it, and the total is kept under ``buffer_mb`` by dropping the oldest.
+
+An event gets a snapshot (its track's best frame, annotated) and a clip (``pre_s`` before to
+``post_s`` after the event); events that arrive while a clip collects its post-roll join it. A
+writer thread writes the files (``media.MediaStore``: atomic, retention, free-space floor).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import queue
+import re
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from ..config.analytics import ClipConfig, RecordConfig
+from ..errors import EdgeInferError, StateError
+from ..frames import Frame
+from .clips import ClipFormat, Entry, PendingClip, probe_format, write_clip
+from .draw import Geometry, TrackBox, decode_jpeg, draw_scene, encode_jpeg
+from .media import MediaStore
+
+__all__ = ["Recorder"]
+
+logger = logging.getLogger(__name__)
+
+_QUEUE = 4  # raw frames waiting for the encoder: each may be megabytes
+_MAX_CLIP_S = 60.0
+_MAX_TRACKS = 64
+_TRACK_TTL_S = 120.0
+_STALL_S = 5.0  # no frames this long (wall time): clips waiting for post-roll are cut
+_MIB = 1024 * 1024
+_SAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+@dataclass(slots=True)
+class _Best:
+    score: float
+    entry: Entry
+    seen: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Event:
+    seq: int  # the last frame offered before the event
+    track_id: int
+    snapshot: Path | None
+    clip: PendingClip | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Snap:
+    path: Path
+    entry: Entry
+    track_id: int
+
+
+class Recorder:
+    """Keeps encoded frames of one pipeline and writes event snapshots and clips.
+
+    Use as a context manager, or call ``start`` and ``close``. ``offer`` and ``on_event`` are
+    called from one thread (the pipeline's emit thread); ``snapshot`` and ``stats`` from any.
+
+    Args:
+        pipeline: The pipeline's name (for logs).
+        config: The pipeline's ``record:`` section.
+        directory: The pipeline's media folder (``<state>/media/<pipeline>``).
+        geometry: Returns the zones and lines to draw, in pixels (called by the writer thread).
+    """
+
+    def __init__(self, pipeline: str, config: RecordConfig, directory: Path, *,
+                 geometry: Callable[[], Geometry] | None = None) -> None:
+        self.pipeline = pipeline
+        self.config = config
+        self._clip_cfg: ClipConfig = config.clips or ClipConfig(pre_s=0.0)
+        self._store = MediaStore(Path(directory), config.retention)
+        self._geometry = geometry
+        self._events = frozenset(config.events)
+        self._period = 1.0 / self._clip_cfg.fps
+        self._pre = self._clip_cfg.pre_s if config.clips is not None else 0.0
+        self._on = config.snapshots or config.clips is not None
+        self._format: ClipFormat | None = None
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)
+        self._inbox: deque[tuple[int, Frame, float, tuple[TrackBox, ...]]] = deque()
+        self._pending_events: deque[_Event] = deque()
+        self._jobs: queue.SimpleQueue[_Snap | PendingClip | None] = queue.SimpleQueue()
+        self._ring: deque[Entry] = deque()
+        self._best: OrderedDict[int, _Best] = OrderedDict()
+        self._clips: list[PendingClip] = []
+        self._open: PendingClip | None = None
+        self._threads: list[threading.Thread] = []
+        self._state = "new"
+        self._seq = 0
+        self._due = float("-inf")  # next clock to keep, minus a small tolerance
+        self._last_kept = float("-inf")
+        self._last_entry = time.monotonic()
+        self._bytes = 0
+        self._in_flight = 0
+        self._n = dict.fromkeys(("kept", "encoded", "dropped_queue", "dropped_buffer", "errors",
+                                 "clips_written", "snapshots_written", "snapshots_missed"), 0)
+
+    def __enter__(self) -> Recorder:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def start(self) -> None:
+        """Prepare the media folder (retention), pick the clip format and start the threads.
+
+        Raises:
+            StateError: Started twice, or after ``close``.
+        """
+        if self._state != "new":
+            raise StateError(f"recorder of {self.pipeline} is {self._state}; start it once")
+        self._store.prepare()
+        if self.config.clips is not None:
+            self._format = probe_format(self.config.clips.format)
+            if self._format is None:
+                logger.warning("pipeline %s: OpenCV cannot write any clip format; events get "
+                               "no clips", self.pipeline)
+            else:
+                logger.info("pipeline %s: event clips as %s", self.pipeline, self._format.name)
+        self._threads = [
+            threading.Thread(target=self._encode_loop, name=f"rec-enc-{self.pipeline}",
+                             daemon=True),
+            threading.Thread(target=self._write_loop, name=f"rec-write-{self.pipeline}",
+                             daemon=True),
+        ]
+        self._state = "running"
+        for t in self._threads:
+            t.start()
+
+    def offer(self, frame: Frame, clock: float, boxes: Sequence[TrackBox]) -> None:
+        """Offer a processed frame (every one) at scene ``clock`` seconds with its boxes.
+
+        Frames are kept at ``clips.fps``; a kept frame is queued by reference for the encoder
+        (the oldest queued one is dropped when the encoder lags). Others return at once.
+        """
+        if self._last_kept <= clock < self._due:
+            return
+        if not self._on or self._state != "running":
+            return
+        due = self._due + self._period * 1.05  # undo the tolerance, step one period
+        if clock >= due or clock < self._last_kept:  # late, or the clock went back (a loop)
+            due = clock + self._period
+        self._due = due - self._period * 0.05
+        self._last_kept = clock
+        with self._cv:
+            if len(self._inbox) >= _QUEUE:
+                self._inbox.popleft()
+                self._n["dropped_queue"] += 1
+            self._seq += 1
+            self._inbox.append((self._seq, frame, clock, tuple(boxes)))
+            self._n["kept"] += 1
+            self._cv.notify()
+
+    def on_event(self, event_id: str, event_type: str, track_id: int,
+                 clock: float) -> dict[str, Any]:
+        """The media event ``event_id`` will have; the files are written in the background.
+
+        Returns:
+            ``{"snapshot": path | None, "clip": path | None, "clip_format": name | None}`` with
+            absolute paths; all ``None`` for event types not in ``record.events``.
+        """
+        media: dict[str, Any] = {"snapshot": None, "clip": None, "clip_format": None}
+        if event_type not in self._events or self._state != "running":
+            return media
+        name = _safe_name(event_id)
+        snap = self._store.snapshots / f"{name}.jpg" if self.config.snapshots else None
+        with self._cv:
+            clip = self._clip_for(name, track_id, clock)
+            self._pending_events.append(_Event(self._seq, track_id, snap, clip))
+            self._cv.notify()
+        if snap is not None:
+            media["snapshot"] = str(snap.absolute())
+        if clip is not None and self._format is not None:
+            media["clip"] = str(clip.path.absolute())
+            media["clip_format"] = self._format.name
+        return media
+
+    def snapshot(self, event_id: str) -> bytes | None:
+        """The annotated JPEG of ``event_id``'s snapshot, or ``None`` if not (yet) written."""
+        try:
+            return (self._store.snapshots / f"{_safe_name(event_id)}.jpg").read_bytes()
+        except OSError:
+            return None
+
+    def stats(self) -> dict[str, Any]:
+        """Counters: frames kept, queued (or being encoded), encoded and dropped (queue, buffer),
+        the ring's frames and encoded bytes, all buffered bytes, files written, disk use,
+        retention and low-disk skips, the clip format."""
+        with self._lock:
+            s: dict[str, Any] = dict(self._n)
+            s.update(queued=len(self._inbox) + self._in_flight, ring_frames=len(self._ring),
+                     ring_bytes=sum(len(e.jpeg) for e in self._ring), buffer_bytes=self._bytes,
+                     pending_clips=len(self._clips), best_frames=len(self._best))
+        s.update(bytes_on_disk=self._store.bytes_on_disk, deleted=self._store.deleted,
+                 skipped_low_disk=self._store.skipped, write_errors=self._store.errors,
+                 clip_format=self._format.name if self._format else None)
+        return s
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Encode what is queued, write clips still waiting for post-roll with the frames they
+        have, and join the threads (``timeout`` seconds in all)."""
+        if self._state != "running":
+            self._state = "closed"
+            return
+        with self._cv:
+            self._state = "closing"
+            self._cv.notify_all()
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        if any(t.is_alive() for t in self._threads):
+            logger.warning("pipeline %s: event media still being written after %.0f s",
+                           self.pipeline, timeout)
+        self._state = "closed"
+
+    # -- emit thread ---------------------------------------------------------------------------
+
+    def _clip_for(self, name: str, track_id: int, clock: float) -> PendingClip | None:
+        cfg = self.config.clips
+        if cfg is None or self._format is None:
+            return None
+        c = self._open
+        if c is not None and not c.done and c.start <= clock <= c.end:
+            c.end = min(max(c.end, clock + cfg.post_s), c.start + _MAX_CLIP_S)
+            return c
+        start = clock - cfg.pre_s
+        path = self._store.clips / f"{name}.{self._format.ext}"
+        self._open = PendingClip(name, path, track_id, start,
+                                 min(clock + cfg.post_s, start + _MAX_CLIP_S))
+        return self._open
+
+    # -- encoder thread ------------------------------------------------------------------------
+
+    def _encode_loop(self) -> None:
+        while True:
+            with self._cv:
+                while not (self._inbox or self._pending_events or self._state != "running"):
+                    if not self._cv.wait(0.5) and self._clips and (
+                            time.monotonic() - self._last_entry > _STALL_S):
+                        self._finish_clips()
+                ev = item = None
+                if self._pending_events and (not self._inbox
+                                             or self._pending_events[0].seq < self._inbox[0][0]):
+                    ev = self._pending_events.popleft()
+                elif self._inbox:
+                    item = self._inbox.popleft()
+                    self._in_flight = 1
+                else:
+                    break  # closing, and nothing is left
+            if ev is not None:
+                self._handle_event(ev)
+            elif item is not None:
+                self._encode(*item)
+                self._in_flight = 0
+        with self._lock:
+            self._finish_clips()
+            self._release_all(self._ring)
+            self._ring.clear()
+            self._release_all([b.entry for b in self._best.values()])
+            self._best.clear()
+        self._jobs.put(None)
+
+    def _encode(self, _seq: int, frame: Frame, clock: float, boxes: tuple[TrackBox, ...]) -> None:
+        image, scale = frame.data, 1.0
+        width = self._clip_cfg.max_width
+        try:
+            if width is not None and frame.width > width:
+                import cv2
+
+                scale = width / frame.width
+                size = (width, max(2, round(frame.height * scale)))
+                image = cv2.resize(image, size, interpolation=cv2.INTER_AREA)
+            jpeg = encode_jpeg(image, self._clip_cfg.quality)
+        except EdgeInferError:
+            self._count("errors")
+            return
+        self._add(Entry(jpeg, clock, frame.wall, frame.index, boxes, scale))
+
+    def _add(self, entry: Entry) -> None:
+        with self._lock:
+            self._n["encoded"] += 1
+            self._last_entry = time.monotonic()
+            if self._ring and entry.clock < self._ring[-1].clock:
+                self._release_all(self._ring)  # a new timeline: earlier frames do not precede
+                self._ring.clear()
+            self._ring.append(entry)
+            self._hold(entry)
+            horizon = entry.clock - self._pre - self._period
+            while self._ring and self._ring[0].clock < horizon:
+                self._release(self._ring.popleft())
+            self._update_best(entry)
+            for clip in list(self._clips):
+                if entry.clock > clip.end:
+                    self._finish(clip)
+                elif entry.clock >= clip.start:
+                    clip.frames.append(entry)
+                    self._hold(entry)
+            self._fit_budget()
+
+    def _update_best(self, entry: Entry) -> None:
+        for b in entry.boxes:
+            if b.track_id is None:
+                continue
+            best = self._best.get(b.track_id)
+            if best is None or b.score > best.score:
+                self._hold(entry)
+                if best is not None:
+                    self._release(best.entry)
+                best = self._best[b.track_id] = _Best(b.score, entry, entry.clock)
+            best.seen = entry.clock
+            self._best.move_to_end(b.track_id)
+        while self._best and (len(self._best) > _MAX_TRACKS or next(iter(
+                self._best.values())).seen < entry.clock - _TRACK_TTL_S):
+            self._release(self._best.popitem(last=False)[1].entry)
+
+    def _fit_budget(self) -> None:
+        budget = self._clip_cfg.buffer_mb * _MIB
+        while self._bytes > budget:
+            # The oldest frame held anywhere goes first: the ring's, a clip's or a best frame.
+            oldest: tuple[float, Entry, Callable[[], object]] | None = None
+            if self._ring:
+                oldest = (self._ring[0].clock, self._ring[0], self._ring.popleft)
+            for clip in self._clips:
+                if clip.frames and (oldest is None or clip.frames[0].clock < oldest[0]):
+                    oldest = (clip.frames[0].clock, clip.frames[0], functools.partial(
+                        clip.frames.pop, 0))
+            for tid, best in self._best.items():
+                if oldest is None or best.entry.clock < oldest[0]:
+                    oldest = (best.entry.clock, best.entry,
+                              functools.partial(self._best.pop, tid))
+            if oldest is None:
+                return  # only frames being written are left
+            oldest[2]()
+            self._release(oldest[1])
+            self._n["dropped_buffer"] += 1
+
+    def _handle_event(self, ev: _Event) -> None:
+        with self._lock:
+            clip = ev.clip
+            if clip is not None and not clip.filled:
+                clip.filled = True
+                clip.frames = [e for e in self._ring if clip.start <= e.clock <= clip.end]
+                for e in clip.frames:
+                    self._hold(e)
+                self._clips.append(clip)
+            if ev.snapshot is None:
+                return
+            best = self._best.get(ev.track_id)
+            entry = best.entry if best is not None else (self._ring[-1] if self._ring else None)
+            if entry is None:
+                self._n["snapshots_missed"] += 1
+                return
+            self._hold(entry)
+        self._jobs.put(_Snap(ev.snapshot, entry, ev.track_id))
+
+    def _finish_clips(self) -> None:
+        for clip in list(self._clips):
+            self._finish(clip)
+
+    def _finish(self, clip: PendingClip) -> None:
+        clip.done = True
+        self._clips.remove(clip)
+        self._jobs.put(clip)
+
+    def _hold(self, entry: Entry) -> None:
+        entry.holds += 1
+        if entry.holds == 1:
+            self._bytes += len(entry.jpeg)
+
+    def _release(self, entry: Entry) -> None:
+        entry.holds -= 1
+        if entry.holds == 0:
+            self._bytes -= len(entry.jpeg)
+
+    def _release_all(self, entries: Sequence[Entry]) -> None:
+        for e in entries:
+            self._release(e)
+
+    # -- writer thread -------------------------------------------------------------------------
+
+    def _write_loop(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            held = job.frames if isinstance(job, PendingClip) else [job.entry]
+            try:
+                if isinstance(job, PendingClip):
+                    self._write_clip(job)
+                else:
+                    self._write_snapshot(job)
+            except Exception:  # a bad frame or geometry must not stop the writer for good
+                self._count("errors")
+                logger.warning("pipeline %s: cannot write event media", self.pipeline,
+                               exc_info=True)
+            finally:
+                with self._lock:
+                    self._release_all(held)
+
+    def _scene(self) -> Geometry:
+        return self._geometry() if self._geometry is not None else ()
+
+    def _write_snapshot(self, job: _Snap) -> None:
+        if not self._store.has_room():
+            return
+        image = decode_jpeg(job.entry.jpeg)
+        draw_scene(image, job.entry.boxes, self._scene(), scale=job.entry.scale,
+                   highlight=job.track_id)
+        if self._store.write_bytes(job.path, encode_jpeg(image, self._clip_cfg.quality)):
+            self._count("snapshots_written")
+
+    def _write_clip(self, clip: PendingClip) -> None:
+        if not clip.frames or self._format is None or not self._store.has_room():
+            return
+        with self._store.atomic(clip.path) as temp:
+            write_clip(temp, self._format, clip.frames, self._scene(), clip.track_id,
+                       self._clip_cfg.fps)
+        self._count("clips_written")
+
+    def _count(self, key: str) -> None:
+        with self._lock:
+            self._n[key] += 1
+
+
+def _safe_name(event_id: str) -> str:
+    name = _SAFE.sub("_", event_id)[:128]
+    return name if name and not name.startswith(".") else f"_{name}"

@@ -1,0 +1,289 @@
+"""Event snapshots and clips with real OpenCV and real files: pre/post-roll, best frame, bursts,
+the buffer bound, retention, low disk, codec probing, and the cost of ``offer``."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgeinfer.analytics.clips import probe_format
+from edgeinfer.analytics.draw import TrackBox
+from edgeinfer.analytics.media import MediaStore
+from edgeinfer.analytics.recorder import Recorder
+from edgeinfer.config.analytics import ClipConfig, RecordConfig, RetentionConfig
+from edgeinfer.frames import Frame
+
+FPS = 30.0
+W, H = 320, 240
+FORMAT_NAMES = {"h264/mp4", "mp4v/mp4", "mjpeg/avi"}
+ROOMY = RetentionConfig(min_free_mb=0.01)
+ZONE = ("zone1", "zone", np.array([[200, 20], [300, 20], [300, 60], [200, 60]]))
+LINE = ("line1", "line", np.array([[20, 200], [120, 200]]))
+
+
+def _frame(i: int) -> tuple[Frame, TrackBox]:
+    """Frame ``i`` with its index as the grey level of a corner block and a moving box."""
+    data = np.full((H, W, 3), 30, np.uint8)
+    data[H - 48:, W - 48:] = i % 256
+    x = 10 + (i % 150)
+    data[80:160, x:x + 60] = (200, 200, 200)
+    score = 0.95 if i == 60 else 0.5
+    return (Frame(i, time.monotonic(), time.time(), data),
+            TrackBox(1, "person", score, (x, 80, x + 60, 160)))
+
+
+def _feed(rec: Recorder, indices: Iterable[int], events: dict[int, str] | None = None,
+          ) -> dict[str, dict[str, object]]:
+    """Offer frames at 30 fps of scene clock, waiting for the encoder (so nothing is dropped),
+    and raise the events named at their frame index; returns each event's media."""
+    media = {}
+    for i in indices:
+        frame, box = _frame(i)
+        rec.offer(frame, i / FPS, [box])
+        while rec.stats()["queued"]:
+            time.sleep(0.0005)
+        if events and i in events:
+            media[events[i]] = rec.on_event(events[i], "enter", 1, i / FPS)
+    return media
+
+
+def _wait(rec: Recorder, key: str, n: int, timeout: float = 10.0) -> None:
+    end = time.monotonic() + timeout
+    while rec.stats()[key] < n and time.monotonic() < end:
+        time.sleep(0.01)
+
+
+def _read_clip(path: str) -> tuple[list[int], float]:
+    """The corner grey level of every frame of a clip (the source frame's index) and its fps."""
+    import cv2
+
+    cap = cv2.VideoCapture(path)
+    values = []
+    while True:
+        ok, image = cap.read()
+        if not ok:
+            break
+        values.append(round(float(image[H - 40:H - 8, W - 40:W - 8].mean())))
+    fps = cap.get(cv2.CAP_PROP_FPS)
+    cap.release()
+    return values, fps
+
+
+def _config(**clip: object) -> RecordConfig:
+    base = {"pre_s": 1.0, "post_s": 2.0, "fps": 10.0, "max_width": None}
+    return RecordConfig(clips=ClipConfig(**{**base, **clip}), retention=ROOMY)  # type: ignore
+
+
+def test_clip_has_pre_and_post_roll(tmp_path: Path) -> None:
+    with Recorder("cam", _config(), tmp_path) as rec:
+        media = _feed(rec, range(241), {150: "e1"})["e1"]  # event at 5 s, frames to 8 s
+        _wait(rec, "clips_written", 1)
+        stats = rec.stats()
+    clip = media["clip"]
+    assert isinstance(clip, str) and Path(clip).is_absolute()
+    assert clip == str(tmp_path / "clips" / f"e1.{clip.rsplit('.', 1)[1]}")
+    assert media["clip_format"] == stats["clip_format"] in FORMAT_NAMES
+    values, fps = _read_clip(clip)
+    # Kept at 10 fps from 4 s (frame 120) to 7 s (frame 210): 31 frames at the real rate.
+    assert 29 <= len(values) <= 32, values
+    assert abs(values[0] - 120) <= 4 and abs(values[-1] - 210) <= 4, values
+    assert abs(fps - 10.0) < 0.5
+    assert stats["clips_written"] == 1 and stats["dropped_queue"] == 0
+    assert not list((tmp_path / "clips").glob(".tmp-*"))
+
+
+def test_close_before_post_roll_writes_a_shorter_clip(tmp_path: Path) -> None:
+    rec = Recorder("cam", _config(), tmp_path)
+    rec.start()
+    media = _feed(rec, range(181), {150: "e1"})["e1"]  # event at 5 s, frames only to 6 s
+    assert rec.stats()["clips_written"] == 0  # still waiting for frames up to 7 s
+    rec.close()
+    values, _ = _read_clip(str(media["clip"]))
+    assert 19 <= len(values) <= 22, values
+    assert abs(values[0] - 120) <= 4 and abs(values[-1] - 180) <= 4, values
+    assert rec.on_event("late", "enter", 1, 9.0)["clip"] is None  # closed
+
+
+def test_burst_of_events_makes_one_clip(tmp_path: Path) -> None:
+    with Recorder("cam", _config(), tmp_path) as rec:
+        media = _feed(rec, range(256), {150: "a", 165: "b", 180: "c"})
+        _wait(rec, "clips_written", 1)
+        stats = rec.stats()
+    assert media["a"]["clip"] == media["b"]["clip"] == media["c"]["clip"]
+    assert stats["clips_written"] == 1 and len(list((tmp_path / "clips").iterdir())) == 1
+    values, _ = _read_clip(str(media["a"]["clip"]))
+    # From 4 s (a's pre-roll) to 8 s (c's post-roll).
+    assert abs(values[0] - 120) <= 4 and abs(values[-1] - 240) <= 4, values
+    assert 38 <= len(values) <= 42
+    assert media["a"]["snapshot"] != media["c"]["snapshot"]  # snapshots stay per event
+
+
+def test_snapshot_is_the_best_frame_annotated(tmp_path: Path) -> None:
+    import cv2
+
+    with Recorder("cam", _config(), tmp_path, geometry=lambda: [ZONE, LINE]) as rec:
+        media = _feed(rec, range(160), {150: "e1"})["e1"]
+        _wait(rec, "snapshots_written", 1)
+        data = rec.snapshot("e1")
+    assert data is not None and Path(str(media["snapshot"])).read_bytes() == data
+    image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR).astype(int)
+
+    def red(y: int, x: int) -> bool:
+        patch = image[y - 1:y + 2, x - 1:x + 2].reshape(-1, 3)
+        return bool(((patch[:, 2] - patch[:, 1]) > 80).any())
+
+    # Frame 60 scored best: its box (x 70..130) is drawn highlighted, not frame 150's (x 160).
+    assert red(120, 70) and red(120, 130)
+    assert not red(120, 160) and not red(120, 220)
+    assert abs(image[H - 24, W - 24].mean() - 60) <= 4  # and it is frame 60's picture
+    b, g, r = image[20, 250]
+    assert min(g, r) > 150 and min(g, r) - b > 60  # the zone's outline (after JPEG)
+    b, g, r = image[200, 50]
+    assert min(b, r) > 150 and min(b, r) - g > 60  # the line
+    assert rec.snapshot("unknown") is None
+
+
+def test_buffer_stays_under_buffer_mb_with_1080p_frames(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    config = RecordConfig(clips=ClipConfig(pre_s=10.0, post_s=1.0, fps=10.0, max_width=None,
+                                           buffer_mb=2.0), retention=ROOMY)
+    limit = 2 * 1024 * 1024
+    peak = 0
+
+    def feed(rec: Recorder, indices: range) -> None:
+        nonlocal peak
+        for i in indices:
+            # Noise in 8x8 blocks: about 250 KB a frame as JPEG, so 2 MiB holds about 8.
+            small = rng.integers(0, 255, (135, 240, 3), dtype=np.uint8)
+            data = np.repeat(np.repeat(small, 8, axis=0), 8, axis=1)
+            rec.offer(Frame(i, time.monotonic(), time.time(), data), i / 10.0,
+                      [TrackBox(1, "car", 0.5, (0, 0, 100, 100))])
+            if i == 15:
+                rec.on_event("e1", "enter", 1, i / 10.0)
+            while rec.stats()["queued"]:
+                time.sleep(0.001)
+            s = rec.stats()
+            peak = max(peak, s["buffer_bytes"])
+            assert s["ring_bytes"] <= limit
+
+    with Recorder("cam", config, tmp_path) as rec:
+        feed(rec, range(30))
+        _wait(rec, "clips_written", 1)
+        feed(rec, range(30, 40))
+        stats = rec.stats()
+    frame_bytes = stats["ring_bytes"] / max(stats["ring_frames"], 1)
+    print(f"\n1080p noise frame: {frame_bytes / 1024:.0f} KiB encoded, ring "
+          f"{stats['ring_frames']} frames, peak buffer {peak / 1024:.0f} KiB")
+    assert peak <= limit
+    assert stats["dropped_buffer"] > 0 and 4 <= stats["ring_frames"] <= 9
+    assert stats["encoded"] == 40 and stats["clips_written"] == 1
+
+
+def test_retention_by_age_and_size_at_start(tmp_path: Path) -> None:
+    outside = tmp_path / "outside.jpg"
+    outside.write_bytes(b"x" * 1000)
+    media = tmp_path / "media"
+    (media / "clips").mkdir(parents=True)
+    old = media / "clips" / "old.jpg"
+    old.write_bytes(b"x" * 1000)
+    big_old = media / "clips" / "b.mp4"
+    big_old.write_bytes(b"x" * 1_000_000)
+    big_new = media / "clips" / "c.avi"
+    big_new.write_bytes(b"x" * 1_000_000)
+    notes = media / "notes.txt"
+    notes.write_bytes(b"x" * 3_000_000)
+    link = media / "clips" / "link.jpg"
+    link.symlink_to(outside)
+    now = time.time()
+    os.utime(old, (now - 10 * 86400, now - 10 * 86400))
+    os.utime(big_old, (now - 3600, now - 3600))
+    os.utime(big_new, (now - 60, now - 60))
+    config = RecordConfig(retention=RetentionConfig(max_mb=1.5, max_age_h=24, min_free_mb=0.01))
+    with Recorder("cam", config, media) as rec:
+        stats = rec.stats()
+    assert not old.exists() and not big_old.exists()  # too old; then the oldest over 1.5 MiB
+    assert big_new.exists() and notes.exists() and link.is_symlink() and outside.exists()
+    assert stats["deleted"] == 2 and stats["bytes_on_disk"] == 1_000_000
+
+
+def test_retention_after_writes_keeps_the_newest(tmp_path: Path) -> None:
+    store = MediaStore(tmp_path, RetentionConfig(max_mb=0.05, max_age_h=None, min_free_mb=0.01))
+    store.prepare()
+    for i in range(5):
+        assert store.write_bytes(store.snapshots / f"s{i}.jpg", b"x" * 20_000)
+        os.utime(store.snapshots / f"s{i}.jpg", (1000.0 + i, 1000.0 + i))
+    assert sorted(p.name for p in store.snapshots.iterdir()) == ["s3.jpg", "s4.jpg"]
+    assert store.deleted == 3 and store.bytes_on_disk == 40_000
+
+
+def test_low_disk_skips_writes(tmp_path: Path) -> None:
+    config = RecordConfig(clips=ClipConfig(pre_s=0.5, post_s=0.5, max_width=None),
+                          retention=RetentionConfig(min_free_mb=1_048_576))
+    with Recorder("cam", config, tmp_path) as rec:
+        media = _feed(rec, range(60), {10: "e1"})["e1"]
+        _wait(rec, "skipped_low_disk", 2)
+        stats = rec.stats()
+    assert media["snapshot"] is not None and not Path(str(media["snapshot"])).exists()
+    assert not Path(str(media["clip"])).exists()
+    assert stats["skipped_low_disk"] == 2  # the snapshot and the clip
+    assert stats["snapshots_written"] == stats["clips_written"] == 0
+
+
+def test_codec_probe_and_explicit_format(tmp_path: Path) -> None:
+    fmt = probe_format("auto")
+    assert fmt is not None and fmt.name in FORMAT_NAMES
+    print(f"\nclip format here: {fmt.name} ({fmt.fourccs[0]})")
+    with Recorder("cam", _config(format="mjpeg"), tmp_path) as rec:
+        media = _feed(rec, range(110), {40: "e1"})["e1"]
+        _wait(rec, "clips_written", 1)
+    assert media["clip_format"] == "mjpeg/avi" and str(media["clip"]).endswith("e1.avi")
+    values, _ = _read_clip(str(media["clip"]))
+    assert abs(values[0] - 10) <= 4 and abs(values[-1] - 100) <= 4, values
+
+
+def test_event_types_and_switches(tmp_path: Path) -> None:
+    config = RecordConfig(snapshots=False, clips=None, events=["cross"], retention=ROOMY)
+    with Recorder("cam", config, tmp_path) as rec:
+        _feed(rec, range(10))
+        assert rec.on_event("e1", "enter", 1, 0.3) == {"snapshot": None, "clip": None,
+                                                       "clip_format": None}
+        assert rec.on_event("e2", "cross", 1, 0.3)["snapshot"] is None
+        assert rec.stats()["kept"] == 0  # nothing to record: no frame is kept
+    snaps = RecordConfig(clips=None, events=["exit"], retention=ROOMY)
+    with Recorder("cam", snaps, tmp_path) as rec:
+        _feed(rec, range(30))
+        media = rec.on_event("../x y", "exit", 7, 1.0)  # a track never seen: the latest frame
+        _wait(rec, "snapshots_written", 1)
+    assert media["clip"] is None
+    assert media["snapshot"] == str(tmp_path / "snapshots" / "_.._x_y.jpg")
+    assert Path(str(media["snapshot"])).parent == tmp_path / "snapshots"
+    assert rec.snapshot("../x y") is not None
+
+
+def test_offer_cost(tmp_path: Path) -> None:
+    frame, box = _frame(0)
+    boxes = [box]
+    with Recorder("cam", _config(), tmp_path) as rec:
+        n = 200_000
+        t0 = time.perf_counter()
+        for i in range(n):
+            rec.offer(frame, i * 1e-7, boxes)  # 0.02 s of clock: one frame kept
+        per_call = (time.perf_counter() - t0) / n
+        assert rec.stats()["kept"] == 1
+    print(f"\noffer() of a frame not kept: {per_call * 1e6:.2f} us")
+
+
+def test_start_twice_is_refused(tmp_path: Path) -> None:
+    from edgeinfer.errors import StateError
+
+    rec = Recorder("cam", _config(), tmp_path)
+    rec.start()
+    with pytest.raises(StateError):
+        rec.start()
+    rec.close()
+    rec.close()
