@@ -1,0 +1,556 @@
+"""Zones and lines over tracked detections: ``enter``, ``exit``, ``loiter`` and ``cross`` events,
+occupancy and totals.
+
+Per frame the geometry is tested for all detections at once with numpy; Python runs per track
+only where a state changes (an event). Per-track state lives in arrays indexed by a row that a
+track keeps until the tracker reports it ended.
+
+Zones: an object enters after ``min_frames`` frames in a row with its anchor inside and leaves
+after as many outside. Frames in which the track has no detection (occluded, or filtered out by
+the zone's classes) neither count nor break the run, and never make an exit; only the tracker
+ending the track does. Lines: a ``cross`` when the anchor's path from where the track was last
+seen to where it is now crosses the segment between the line's end points. A point exactly on
+the line keeps the side the object was on before, so an object moving along the line or
+jittering on it counts once, when it leaves the line on the other side (and only if it left the
+line between its end points).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from ..config.analytics import Anchor, LineConfig, ZoneConfig, check_frame_size
+from ..errors import ConfigError, StateError, StorageError
+from .counters import CounterStore
+from .geometry import Polygon, anchor_points, crosses_segment, side_of_line
+
+__all__ = ["Scene", "SceneEvent"]
+
+EventType = Literal["enter", "exit", "cross", "loiter"]
+
+
+@dataclass(frozen=True, slots=True)
+class SceneEvent:
+    """Something a tracked object did in a zone or at a line.
+
+    Attributes:
+        type: ``enter``, ``exit``, ``loiter`` (a zone) or ``cross`` (a line).
+        zone: The zone's name (enter, exit, loiter), else ``None``.
+        line: The line's name (cross), else ``None``.
+        track_id: The tracker's id of the object.
+        label: The detection's label.
+        class_id: The detection's class id.
+        score: The detection's score in the event's frame (the exit of an ended track: the
+            score when it was last seen).
+        direction: ``in`` or ``out`` (cross), else ``None``.
+        start: Wall time (unix s): when the object entered (its first frame inside, before the
+            debounce frames) for enter, exit and loiter; the crossing frame's for cross.
+        end: Exit only: wall time of the first frame seen outside (a track that ended inside:
+            the last frame it was seen).
+        frame: Index of the frame where the event was decided.
+        dwell_s: Exit and loiter: time inside so far on the scene clock.
+        clock: Scene clock (s) of the event's frame.
+        t_start: Scene clock of ``start``.
+    """
+
+    type: EventType
+    zone: str | None
+    line: str | None
+    track_id: int
+    label: str
+    class_id: int
+    score: float
+    direction: Literal["in", "out"] | None
+    start: float
+    end: float | None
+    frame: int
+    dwell_s: float | None
+    clock: float
+    t_start: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """The event as JSON-ready values: ``clock`` as ``t``, both scene clocks rounded to ms;
+        fields that are ``None`` stay (as null)."""
+        return {"type": self.type, "zone": self.zone, "line": self.line,
+                "track_id": self.track_id, "label": self.label, "class_id": self.class_id,
+                "score": self.score, "direction": self.direction, "start": self.start,
+                "end": self.end, "frame": self.frame, "dwell_s": self.dwell_s,
+                "t": round(self.clock, 3), "t_start": round(self.t_start, 3)}
+
+
+class _Filter:
+    """The classes a zone or line sees: ids checked against the model, or label strings
+    matched at run time when the model has no names."""
+
+    __slots__ = ("ids", "names")
+
+    def __init__(self, classes: Sequence[str | int] | None, class_names: Sequence[str] | None,
+                 where: str) -> None:
+        self.ids: npt.NDArray[np.int64] | None = None
+        self.names: frozenset[str] = frozenset()
+        if classes is None:
+            return
+        ids: list[int] = []
+        names: set[str] = set()
+        for j, c in enumerate(classes):
+            if class_names is None:
+                if isinstance(c, str):
+                    names.add(c)
+                else:
+                    ids.append(c)
+            elif isinstance(c, str) and c in class_names:
+                ids.extend(k for k, n in enumerate(class_names) if n == c)
+            elif isinstance(c, int) and c < len(class_names):
+                ids.append(c)
+            else:
+                shown = ", ".join(class_names[:20]) + (", ..." if len(class_names) > 20 else "")
+                raise ConfigError(f"{where}.classes[{j}]: unknown class {c!r}; the model's "
+                                  f"labels: {shown}")
+        self.ids = np.array(sorted(set(ids)), dtype=np.int64)
+        self.names = frozenset(names)
+
+    def mask(self, classes: npt.NDArray[Any], labels: Sequence[str],
+             idx: npt.NDArray[np.intp]) -> npt.NDArray[np.bool_] | None:
+        """Which of the detections ``idx`` (with ``classes``) the filter lets through;
+        ``None``: all of them."""
+        if self.ids is None:
+            return None
+        seen = np.isin(classes, self.ids)
+        if self.names:
+            seen |= np.fromiter((labels[i] in self.names for i in idx.tolist()), np.bool_,
+                                idx.size)
+        return seen
+
+
+def _grown(arr: npt.NDArray[Any], cap: int) -> npt.NDArray[Any]:
+    out = np.zeros(arr.shape[:-1] + (cap,), dtype=arr.dtype)
+    out[..., :arr.shape[-1]] = arr
+    return out
+
+
+class _Tracks:
+    """Rows of per-track state: a track keeps its row until it ends; rows are reused."""
+
+    __slots__ = ("rows", "free", "cap", "wall", "clock", "score", "cls", "label")
+
+    def __init__(self, cap: int) -> None:
+        self.rows: dict[int, int] = {}
+        self.free = list(range(cap - 1, -1, -1))
+        self.cap = cap
+        self.wall, self.clock, self.score = np.zeros(cap), np.zeros(cap), np.zeros(cap)
+        self.cls = np.zeros(cap, dtype=np.int64)
+        self.label = [""] * cap
+
+    def grow(self) -> None:
+        old, cap = self.cap, self.cap * 2
+        self.wall, self.clock = _grown(self.wall, cap), _grown(self.clock, cap)
+        self.score, self.cls = _grown(self.score, cap), _grown(self.cls, cap)
+        self.label += [""] * (cap - old)
+        self.free.extend(range(cap - 1, old - 1, -1))
+        self.cap = cap
+
+
+# Columns of _Zone.times: when the current run of frames began, and when the visit began.
+_RUN_WALL, _RUN_CLOCK, _IN_WALL, _IN_CLOCK = range(4)
+
+
+class _Zone:
+    """A zone's config, totals and per-track state (arrays indexed by track row)."""
+
+    __slots__ = ("cfg", "name", "seen", "poly", "entered", "exited", "loiter", "occupancy",
+                 "inside", "loitered", "run", "times")
+
+    def __init__(self, cfg: ZoneConfig, seen: _Filter, cap: int) -> None:
+        self.cfg, self.name, self.seen = cfg, cfg.name, seen
+        self.poly: Polygon | None = None
+        self.entered = self.exited = self.loiter = self.occupancy = 0
+        self.inside = np.zeros(cap, dtype=np.bool_)
+        self.loitered = np.zeros(cap, dtype=np.bool_)
+        self.run = np.zeros(cap, dtype=np.int32)  # frames in a row seen on the other side
+        self.times = np.zeros((4, cap))
+
+    def grow(self, cap: int) -> None:
+        self.inside, self.loitered = _grown(self.inside, cap), _grown(self.loitered, cap)
+        self.run, self.times = _grown(self.run, cap), _grown(self.times, cap)
+
+    def release(self, row: int) -> None:
+        self.inside[row] = self.loitered[row] = False
+        self.run[row] = 0
+
+    def step(self, d: _Dets, events: list[SceneEvent]) -> None:
+        pts, rows, js = d.view(self.seen, self.cfg.anchor)
+        assert self.poly is not None
+        run = np.where(self.poly.contains(pts) != self.inside[rows], self.run[rows] + 1, 0)
+        self.run[rows] = run
+        fresh = rows[run == 1]
+        if fresh.size:
+            self.times[_RUN_WALL, fresh] = d.wall
+            self.times[_RUN_CLOCK, fresh] = d.clock
+        for j in np.flatnonzero(run >= self.cfg.min_frames).tolist():
+            events.append(self._flip(int(rows[j]), d, int(js[j])))
+        if self.cfg.loiter_s is not None:
+            self._loiter(self.cfg.loiter_s, rows, js, d, events)
+
+    def _flip(self, row: int, d: _Dets, j: int) -> SceneEvent:
+        self.run[row] = 0
+        since_wall, since_clock = self.times[_RUN_WALL:_RUN_CLOCK + 1, row].tolist()
+        if not self.inside[row]:
+            self.inside[row], self.loitered[row] = True, False
+            self.times[_IN_WALL, row], self.times[_IN_CLOCK, row] = since_wall, since_clock
+            self.entered += 1
+            self.occupancy += 1
+            return d.event(j, "enter", zone=self.name, start=since_wall, t_start=since_clock)
+        self.inside[row] = False
+        self.exited += 1
+        self.occupancy -= 1
+        t0 = float(self.times[_IN_CLOCK, row])
+        return d.event(j, "exit", zone=self.name, start=float(self.times[_IN_WALL, row]),
+                       t_start=t0, end=since_wall, dwell_s=since_clock - t0)
+
+    def _loiter(self, loiter_s: float, rows: npt.NDArray[np.intp], js: npt.NDArray[np.intp],
+                d: _Dets, events: list[SceneEvent]) -> None:
+        waiting = self.inside[rows] & ~self.loitered[rows]
+        if not waiting.any():
+            return
+        due = waiting & (d.clock - self.times[_IN_CLOCK, rows] >= loiter_s)
+        for j in np.flatnonzero(due).tolist():
+            row = int(rows[j])
+            self.loitered[row] = True
+            self.loiter += 1
+            t0 = float(self.times[_IN_CLOCK, row])
+            events.append(d.event(int(js[j]), "loiter", zone=self.name, t_start=t0,
+                                  start=float(self.times[_IN_WALL, row]), dwell_s=d.clock - t0))
+
+    def end(self, row: int, tid: int, tracks: _Tracks, clock: float, frame: int,
+            ) -> SceneEvent | None:
+        """The exit of a track that ended inside (at its last sighting), else ``None``."""
+        if not self.inside[row]:
+            return None
+        self.exited += 1
+        self.occupancy -= 1
+        t0 = float(self.times[_IN_CLOCK, row])
+        return SceneEvent("exit", self.name, None, tid, tracks.label[row], int(tracks.cls[row]),
+                          float(tracks.score[row]), None, float(self.times[_IN_WALL, row]),
+                          float(tracks.wall[row]), frame, float(tracks.clock[row]) - t0, clock,
+                          t0)
+
+
+class _Line:
+    """A line's config, totals and per-track state: last anchor position and side."""
+
+    __slots__ = ("cfg", "name", "seen", "a", "b", "directions", "totals", "last", "side",
+                 "seen_at")
+
+    def __init__(self, cfg: LineConfig, seen: _Filter, cap: int) -> None:
+        self.cfg, self.name, self.seen = cfg, cfg.name, seen
+        self.a = self.b = np.zeros(2)
+        self.directions = frozenset(cfg.directions)
+        self.totals = {"in": 0, "out": 0}
+        self.last = np.zeros((2, cap))  # x and y where each track was last seen
+        self.side = np.zeros(cap, dtype=np.int8)  # -1 left, +1 right, 0 not known yet
+        self.seen_at = np.zeros(cap, dtype=np.bool_)
+
+    def grow(self, cap: int) -> None:
+        self.last, self.side = _grown(self.last, cap), _grown(self.side, cap)
+        self.seen_at = _grown(self.seen_at, cap)
+
+    def release(self, row: int) -> None:
+        self.side[row], self.seen_at[row] = 0, False
+
+    def step(self, d: _Dets, events: list[SceneEvent]) -> bool:
+        """Feed a frame; whether the totals changed."""
+        pts, rows, js = d.view(self.seen, self.cfg.anchor)
+        side = np.sign(side_of_line(pts, self.a, self.b)).astype(np.int8)
+        old = self.side[rows]
+        moved = np.flatnonzero(self.seen_at[rows] & (old != 0) & (side != 0) & (side != old))
+        crossed: list[int] = []
+        if moved.size:
+            prev = self.last[:, rows[moved]].T
+            crossed = moved[crosses_segment(prev, pts[moved], self.a, self.b)].tolist()
+            for j in crossed:
+                direction: Literal["in", "out"] = "in" if side[j] > 0 else "out"
+                self.totals[direction] += 1
+                if direction in self.directions:
+                    events.append(d.event(int(js[j]), "cross", line=self.name,
+                                          direction=direction, start=d.wall, t_start=d.clock))
+        self.last[:, rows] = pts.T
+        self.seen_at[rows] = True
+        self.side[rows] = np.where(side != 0, side, old)
+        return bool(crossed)
+
+
+class Scene:
+    """Zones and lines of one pipeline, fed with tracked detections frame by frame.
+
+    Args:
+        zones: The pipeline's zones.
+        lines: The pipeline's lines.
+        class_names: The model's labels, to resolve and check class filters; ``None``: filters
+            match labels by string and ids by id at run time.
+        where: Config path of the pipeline, for error messages.
+        counters: Where totals persist; ``None``: they start at zero and are not saved.
+
+    Raises:
+        ConfigError: A class filter names a class the model does not have.
+    """
+
+    def __init__(self, zones: Sequence[ZoneConfig], lines: Sequence[LineConfig], *,
+                 class_names: Sequence[str] | None, where: str = "$.pipelines[0]",
+                 counters: CounterStore | None = None) -> None:
+        self._where = where
+        names = list(class_names) if class_names is not None else None
+        self._tracks = _Tracks(64)
+        self._zones = [_Zone(z, _Filter(z.classes, names, f"{where}.zones[{i}]"), 64)
+                       for i, z in enumerate(zones)]
+        self._lines = [_Line(ln, _Filter(ln.classes, names, f"{where}.lines[{i}]"), 64)
+                       for i, ln in enumerate(lines)]
+        self._store = counters
+        self._size: tuple[int, int] | None = None
+        self._changed = True
+        self._unsaved = False
+        if counters is not None:
+            self._restore(counters.load())
+
+    def bind(self, width: int, height: int) -> None:
+        """Put the geometry into pixels of a ``width`` x ``height`` frame; call before the first
+        `update` and whenever the frame size changes.
+
+        Raises:
+            ConfigError: A pixel point lies outside the frame.
+        """
+        cfgs: list[tuple[str, int, ZoneConfig | LineConfig]] = [
+            *(("zones", i, z.cfg) for i, z in enumerate(self._zones)),
+            *(("lines", i, ln.cfg) for i, ln in enumerate(self._lines))]
+        for kind, i, cfg in cfgs:
+            problem = check_frame_size(cfg.points, cfg.coordinates, width, height)
+            if problem:
+                raise ConfigError(f"{self._where}.{kind}[{i}].points: {problem}")
+        scale = np.array([width, height], dtype=np.float64)
+        for zone in self._zones:
+            zone.poly = Polygon.of(_pixels(zone.cfg, scale))
+        for line in self._lines:
+            line.a, line.b = _pixels(line.cfg, scale)
+            if self._size is not None:
+                # Last positions follow the new size, so the next path is no jump across lines.
+                line.last *= (scale / self._size)[:, None]
+        self._size = (width, height)
+
+    def geometry(self) -> list[tuple[str, str, npt.NDArray[np.int32]]]:
+        """``(name, "zone" | "line", int32 pixel points (M, 2))`` of each zone and line.
+
+        Raises:
+            StateError: `bind` was not called.
+        """
+        if self._size is None:
+            raise StateError("Scene.geometry() before bind()")
+        out: list[tuple[str, str, npt.NDArray[np.int32]]] = []
+        for zone in self._zones:
+            assert zone.poly is not None
+            out.append((zone.name, "zone", np.rint(zone.poly.points).astype(np.int32)))
+        for line in self._lines:
+            out.append((line.name, "line", np.rint(np.stack([line.a, line.b])).astype(np.int32)))
+        return out
+
+    def update(self, clock: float, wall: float, frame: int, ids: npt.NDArray[np.int64],
+               boxes: npt.NDArray[Any], classes: npt.NDArray[Any], scores: npt.NDArray[Any],
+               labels: Sequence[str], ended: Sequence[int]) -> list[SceneEvent]:
+        """Feed one frame's detections; return the events it decided.
+
+        Args:
+            clock: Scene clock (s) of the frame (dwell and loiter are measured on it).
+            wall: Wall time (unix s) of the frame.
+            frame: The frame's index.
+            ids: ``(N,)`` track id of each detection, -1 for untracked ones (ignored).
+            boxes: ``(N, 4)`` boxes ``x1, y1, x2, y2`` in pixels.
+            classes: ``(N,)`` class ids.
+            scores: ``(N,)`` scores.
+            labels: The label of each detection.
+            ended: Ids of the tracks that ended at this frame; one inside a zone exits it.
+
+        Raises:
+            StateError: `bind` was not called.
+        """
+        if self._size is None:
+            raise StateError("Scene.update() before bind()")
+        events: list[SceneEvent] = []
+        crossed = False
+        tracked = np.flatnonzero(np.asarray(ids) >= 0)
+        if tracked.size:
+            d = _Dets(self, ids, boxes, classes, scores, labels, tracked, clock, wall, frame)
+            for zone in self._zones:
+                zone.step(d, events)
+            for line in self._lines:
+                crossed |= line.step(d, events)
+        for tid in ended:
+            self._end(int(tid), clock, frame, events)
+        if events or crossed:
+            self._changed = self._unsaved = True
+        if self._unsaved and self._store is not None:
+            self._unsaved = not self._store.maybe_save(self._totals(), time.monotonic())
+        return events
+
+    def _rows_of(self, tids: list[int]) -> npt.NDArray[np.intp]:
+        get = self._tracks.rows.get
+        return np.fromiter((r if (r := get(t)) is not None else self._new_row(t) for t in tids),
+                           np.intp, len(tids))
+
+    def _new_row(self, tid: int) -> int:
+        tracks = self._tracks
+        if not tracks.free:
+            tracks.grow()
+            for item in self._items():
+                item.grow(tracks.cap)
+        row = tracks.rows[tid] = tracks.free.pop()
+        return row
+
+    def _items(self) -> list[_Zone | _Line]:
+        return [*self._zones, *self._lines]
+
+    def _end(self, tid: int, clock: float, frame: int, events: list[SceneEvent]) -> None:
+        row = self._tracks.rows.pop(tid, None)
+        if row is None:
+            return
+        for zone in self._zones:
+            event = zone.end(row, tid, self._tracks, clock, frame)
+            if event is not None:
+                events.append(event)
+        for item in self._items():
+            item.release(row)
+        self._tracks.free.append(row)
+
+    @property
+    def changed(self) -> bool:
+        """Whether the counts changed since the last call to `counts`."""
+        return self._changed
+
+    def counts(self) -> dict[str, Any]:
+        """Occupancy and totals: ``{"zones": {name: {"occupancy", "entered", "exited",
+        "loiter"}}, "lines": {name: {"in", "out"}}}``; clears `changed`."""
+        self._changed = False
+        return {"zones": {z.name: {"occupancy": z.occupancy, "entered": z.entered,
+                                   "exited": z.exited, "loiter": z.loiter} for z in self._zones},
+                "lines": {ln.name: dict(ln.totals) for ln in self._lines}}
+
+    def reset(self, names: Sequence[str] | None = None) -> list[str]:
+        """Zero the totals of the named zones and lines (all when ``None``) and save at once;
+        occupancy is the present state and stays.
+
+        Returns:
+            The names reset.
+
+        Raises:
+            ValueError: A name is not a zone or line of this scene.
+            StorageError: The counters cannot be saved.
+        """
+        valid = [z.name for z in self._zones] + [ln.name for ln in self._lines]
+        chosen = valid if names is None else list(dict.fromkeys(names))
+        unknown = [n for n in chosen if n not in valid]
+        if unknown:
+            raise ValueError(f"unknown zone or line {', '.join(map(repr, unknown))}; valid "
+                             f"names: {', '.join(valid) or '(none)'}")
+        for zone in self._zones:
+            if zone.name in chosen:
+                zone.entered = zone.exited = zone.loiter = 0
+        for line in self._lines:
+            if line.name in chosen:
+                line.totals = {"in": 0, "out": 0}
+        self._changed = True
+        self._save()
+        return chosen
+
+    def close(self) -> None:
+        """Save the totals now.
+
+        Raises:
+            StorageError: The counters cannot be saved.
+        """
+        self._save()
+
+    def _save(self) -> None:
+        if self._store is None:
+            return
+        try:
+            self._store.save(self._totals())
+        except OSError as exc:
+            raise StorageError(f"counters {self._store.path} cannot be saved: {exc}") from exc
+        self._unsaved = False
+
+    def _totals(self) -> dict[str, Any]:
+        return {"zones": {z.name: {"entered": z.entered, "exited": z.exited, "loiter": z.loiter}
+                          for z in self._zones},
+                "lines": {ln.name: dict(ln.totals) for ln in self._lines}}
+
+    def _restore(self, loaded: dict[str, Any]) -> None:
+        zones, lines = loaded.get("zones", {}), loaded.get("lines", {})
+        for zone in self._zones:
+            row = zones.get(zone.name, {})
+            zone.entered, zone.exited = row.get("entered", 0), row.get("exited", 0)
+            zone.loiter = row.get("loiter", 0)
+        for line in self._lines:
+            row = lines.get(line.name, {})
+            line.totals = {"in": row.get("in", 0), "out": row.get("out", 0)}
+        # Totals of zones and lines no longer configured go at the next save.
+        self._unsaved = (not zones.keys() <= {z.name for z in self._zones}
+                         or not lines.keys() <= {ln.name for ln in self._lines})
+
+
+def _pixels(cfg: ZoneConfig | LineConfig, scale: npt.NDArray[np.float64],
+            ) -> npt.NDArray[np.float64]:
+    pts = np.asarray(cfg.points, dtype=np.float64)
+    return pts * scale if cfg.coordinates == "normalized" else pts
+
+
+class _Dets:
+    """One frame's tracked detections as the zones and lines see them."""
+
+    __slots__ = ("ids", "idx", "rows", "boxes", "classes", "scores", "labels", "clock", "wall",
+                 "frame", "_anchors")
+
+    def __init__(self, scene: Scene, ids: npt.NDArray[np.int64], boxes: npt.NDArray[Any],
+                 classes: npt.NDArray[Any], scores: npt.NDArray[Any], labels: Sequence[str],
+                 idx: npt.NDArray[np.intp], clock: float, wall: float, frame: int) -> None:
+        self.ids, self.idx, self.labels = ids, idx, labels
+        self.clock, self.wall, self.frame = clock, wall, frame
+        all_in = idx.size == len(ids)
+        self.boxes = boxes if all_in else boxes[idx]
+        self.classes = classes if all_in else classes[idx]
+        self.scores = scores if all_in else scores[idx]
+        self.rows = scene._rows_of(ids[idx].tolist())
+        self._anchors: dict[str, npt.NDArray[np.float64]] = {}
+        rows, tracks = self.rows, scene._tracks
+        tracks.wall[rows] = wall
+        tracks.clock[rows] = clock
+        tracks.score[rows] = self.scores
+        tracks.cls[rows] = self.classes
+        tl = tracks.label
+        for r, i in zip(rows.tolist(), idx.tolist()):
+            tl[r] = labels[i]
+
+    def view(self, seen: _Filter, anchor: Anchor,
+             ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+        """Anchor points, state rows and positions (in the tracked subset) of the detections
+        that pass ``seen``."""
+        pts = self._anchors.get(anchor)
+        if pts is None:
+            pts = self._anchors[anchor] = anchor_points(self.boxes, anchor)
+        mask = seen.mask(self.classes, self.labels, self.idx)
+        if mask is None:
+            return pts, self.rows, np.arange(self.rows.size)
+        js = np.flatnonzero(mask)
+        return pts[js], self.rows[js], js
+
+    def event(self, j: int, type: EventType, *, zone: str | None = None,
+              line: str | None = None, direction: Literal["in", "out"] | None = None,
+              start: float, t_start: float, end: float | None = None,
+              dwell_s: float | None = None) -> SceneEvent:
+        """An event of the ``j``-th tracked detection in this frame."""
+        i = int(self.idx[j])
+        return SceneEvent(type, zone, line, int(self.ids[i]), self.labels[i],
+                          int(self.classes[j]), float(self.scores[j]), direction, start, end,
+                          self.frame, dwell_s, self.clock, t_start)
