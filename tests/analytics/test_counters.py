@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import stat
+import time
 from pathlib import Path
 
 import numpy as np
@@ -93,6 +94,20 @@ def test_maybe_save_writes_at_most_once_a_second(tmp_path: Path) -> None:
     assert store.maybe_save(counts, 105.0)  # unchanged: nothing written
     assert store.path.stat().st_mtime_ns == mtime
     assert store.load() == {"zones": {}, "lines": {"gate": {"in": 2, "out": 0}}}
+
+
+def test_scene_saves_a_pending_change_after_the_interval(tmp_path: Path) -> None:
+    path = tmp_path / "c.json"
+    scene = Scene([], [LINE], class_names=None, counters=CounterStore(path, interval_s=0.2))
+    scene.bind(640, 480)
+    step(scene, 0, (1, 300, 200), (2, 300, 200))
+    step(scene, 1, (1, 300, 280), (2, 300, 200))
+    assert on_disk(path)["lines"] == {"gate": {"in": 1, "out": 0}}
+    step(scene, 2, (1, 300, 280), (2, 300, 280))  # within the interval: not written yet
+    assert on_disk(path)["lines"] == {"gate": {"in": 1, "out": 0}}
+    time.sleep(0.25)
+    step(scene, 3)  # no change in this frame, but the pending one goes out
+    assert on_disk(path)["lines"] == {"gate": {"in": 2, "out": 0}}
 
 
 def test_reset_one_all_and_unknown(tmp_path: Path) -> None:
