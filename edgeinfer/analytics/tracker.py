@@ -1,0 +1,306 @@
+"""ByteTrack-style multi-object tracking of per-frame detections.
+
+Each `ByteTracker.update` takes one frame's detections (boxes xyxy in pixels, scores, class
+ids) and says which confirmed track each detection belongs to. Association follows ByteTrack
+(Zhang et al., 2022): high-score detections are matched first against every live track by IoU
+with the track's Kalman-predicted box, then low-score detections against the tracks still
+unmatched that were seen in the previous frame; tentative (unconfirmed) tracks then get the
+high-score detections left over, and only high-score detections start tracks.
+
+The constant-velocity Kalman filter on (cx, cy, aspect, height) uses ByteTrack's noise scheme
+(scaled by the box height) and runs on all tracks at once: the state is a set of numpy arrays
+(means ``T x 8``, covariances ``T x 8 x 8``), not one object per track.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import linear_sum_assignment
+
+from edgeinfer.config.analytics import TrackConfig
+from edgeinfer.errors import InvalidInputError
+
+__all__ = ["ByteTracker", "TrackUpdate"]
+
+_W_POS = 1.0 / 20.0
+_W_VEL = 1.0 / 160.0
+# Costs of forbidden pairs: large but finite, so linear_sum_assignment never sees an
+# infeasible matrix; such pairs are dropped after the assignment.
+_FORBIDDEN = 1e6
+_NO_IDS = np.empty(0, dtype=np.int64)
+
+
+@dataclass(frozen=True, slots=True)
+class TrackUpdate:
+    """What one `ByteTracker.update` found.
+
+    Attributes:
+        ids: ``int64 (N,)``: the confirmed track id of each input detection, ``-1`` where the
+            detection belongs to no confirmed track (unmatched, tentative, ignored).
+        ended: Confirmed track ids that ended in this update (unmatched for more than
+            ``max_lost`` frames); each id is reported once.
+    """
+
+    ids: np.ndarray
+    ended: tuple[int, ...]
+
+
+class ByteTracker:
+    """Gives detections stable track ids across frames (ByteTrack's two-stage association).
+
+    A track starts tentative from a high-score detection (``new_track_threshold``) and is
+    confirmed after ``min_hits`` consecutive matched frames; only then does it get an id. Ids are
+    increasing integers from 1, never reused in a tracker's life, `reset` included. A confirmed
+    track unmatched for more than ``max_lost`` frames ends; an unmatched tentative track is
+    dropped at once. Detections with a non-finite or empty box or a non-finite score are
+    ignored (id ``-1``), not refused.
+
+    Not thread-safe: one tracker follows one stream.
+
+    Args:
+        config: Thresholds and lifetimes (``track:`` of a pipeline).
+    """
+
+    def __init__(self, config: TrackConfig) -> None:
+        self._cfg = config
+        self._next_id = 1
+        self.reset()
+
+    @property
+    def active(self) -> int:
+        """Confirmed tracks alive: matched in the last frame or lost but not yet ended."""
+        return int(np.count_nonzero(self._tid > 0))
+
+    def reset(self) -> None:
+        """Forget every track (a new scene); the next ids continue the old count."""
+        self._mean = np.empty((0, 8))
+        self._cov = np.empty((0, 8, 8))
+        self._tid = np.empty(0, dtype=np.int64)  # 0 while tentative
+        self._cls = np.empty(0, dtype=np.int64)
+        self._hits = np.empty(0, dtype=np.int64)
+        self._lost = np.empty(0, dtype=np.int64)
+
+    def update(self, boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray) -> TrackUpdate:
+        """Associate one frame's detections with the tracks.
+
+        Args:
+            boxes: ``(N, 4)`` float boxes ``x1, y1, x2, y2`` in pixels; ``N`` may be 0.
+            scores: ``(N,)`` detection scores in 0..1.
+            classes: ``(N,)`` integer class ids.
+
+        Returns:
+            The confirmed track id of each detection and the ids of tracks that ended.
+
+        Raises:
+            InvalidInputError: (a ``ValueError``) the arrays have wrong shapes or lengths.
+        """
+        boxes, scores, classes = _checked(boxes, scores, classes)
+        n = len(scores)
+        ids = np.full(n, -1, dtype=np.int64)
+        if len(self._tid) == 0 and n == 0:
+            return TrackUpdate(ids, ())
+        cfg = self._cfg
+        self._predict()
+        valid = _usable(boxes, scores)
+        high = np.flatnonzero(valid & (scores >= cfg.high_threshold))
+        low = np.flatnonzero(valid & (scores >= cfg.low_threshold) & (scores < cfg.high_threshold))
+        confirmed = self._tid > 0
+        t1, d1 = self._associate(np.flatnonzero(confirmed), boxes, classes, high, cfg.match_iou)
+        free = np.ones(len(confirmed), dtype=bool)
+        free[t1] = False
+        second = np.flatnonzero(free & confirmed & (self._lost == 0))
+        t2, d2 = self._associate(second, boxes, classes, low, cfg.low_match_iou)
+        # Tentative tracks only get the high-score detections no confirmed track took, so a
+        # false positive's track never steals an object's detection.
+        left = np.ones(n, dtype=bool)
+        left[d1] = False
+        t3, d3 = self._associate(np.flatnonzero(~confirmed), boxes, classes, high[left[high]],
+                                 cfg.match_iou)
+        d1 = np.concatenate((d1, d3))
+        t_m = np.concatenate((t1, t3, t2))
+        d_m = np.concatenate((d1, d2))
+        self._correct(t_m, boxes[d_m], classes[d_m])
+        ended = self._age(t_m)
+        ids[d_m] = self._tid[t_m]
+        used = np.zeros(n, dtype=bool)
+        used[d1] = True
+        born = high[~used[high] & (scores[high] >= cfg.new_track_threshold)]
+        self._drop(ids)
+        if len(born):
+            self._birth(boxes[born], classes[born])
+            ids[born] = self._tid[-len(born):]
+        ids[ids == 0] = -1
+        return TrackUpdate(ids, ended)
+
+    def _predict(self) -> None:
+        mean, cov = self._mean, self._cov
+        t = len(mean)
+        if t == 0:
+            return
+        # ByteTrack stops a lost track's height from drifting.
+        mean[self._lost > 0, 7] = 0.0
+        h = mean[:, 3]
+        q = np.empty((t, 8))
+        q[:, [0, 1, 3]] = (_W_POS * h)[:, None] ** 2
+        q[:, 2] = 1e-4
+        q[:, [4, 5, 7]] = (_W_VEL * h)[:, None] ** 2
+        q[:, 6] = 1e-10
+        mean[:, :4] += mean[:, 4:]
+        # F P F^T for F = [[I, I], [0, I]], by blocks.
+        cov[:, :4, :] += cov[:, 4:, :]
+        cov[:, :, :4] += cov[:, :, 4:]
+        cov.reshape(t, 64)[:, ::9] += q
+
+    def _associate(self, trk: np.ndarray, boxes: np.ndarray, classes: np.ndarray,
+                   det: np.ndarray, min_iou: float) -> tuple[np.ndarray, np.ndarray]:
+        """Match tracks ``trk`` with detections ``det`` (indices) by IoU; matched index pairs."""
+        if len(trk) == 0 or len(det) == 0:
+            return _NO_IDS, _NO_IDS
+        iou = _iou(_xyxy(self._mean[trk]), boxes[det])
+        if self._cfg.per_class:
+            iou[self._cls[trk][:, None] != classes[det][None, :]] = 0.0
+        ok = iou >= min_iou
+        rows_ok = ok.sum(axis=1)
+        cols_ok = ok.sum(axis=0)
+        if rows_ok.max() <= 1 and cols_ok.max() <= 1:
+            # Each track and detection has at most one candidate: the assignment is given.
+            r, c = np.nonzero(ok)
+            return trk[r], det[c]
+        cost = np.where(ok, 1.0 - iou, _FORBIDDEN)
+        r, c = linear_sum_assignment(cost)
+        keep = ok[r, c]
+        return trk[r[keep]], det[c[keep]]
+
+    def _correct(self, trk: np.ndarray, boxes: np.ndarray, classes: np.ndarray) -> None:
+        """Kalman update of tracks ``trk`` with their matched boxes."""
+        if len(trk) == 0:
+            return
+        mean, cov = self._mean[trk], self._cov[trk]
+        z = _xyah(boxes)
+        r = np.empty((len(trk), 4))
+        r[:, [0, 1, 3]] = (_W_POS * mean[:, 3:4]) ** 2
+        r[:, 2] = 1e-2
+        s = cov[:, :4, :4].copy()
+        s.reshape(len(trk), 16)[:, ::5] += r
+        # K^T = S^-1 (P H^T)^T = S^-1 P[:4, :] since S and P are symmetric.
+        kt = np.linalg.solve(s, cov[:, :4, :])
+        innov = z - mean[:, :4]
+        mean += np.einsum("tij,ti->tj", kt, innov)
+        # K S K^T = K P[:4, :] because S K^T = P[:4, :].
+        cov -= np.einsum("tki,tkj->tij", kt, cov[:, :4, :])
+        self._mean[trk] = mean
+        self._cov[trk] = cov
+        self._cls[trk] = classes
+        self._hits[trk] += 1
+        self._lost[trk] = 0
+
+    def _age(self, matched: np.ndarray) -> tuple[int, ...]:
+        """Count a missed frame on unmatched tracks, confirm matched ones; ids that ended."""
+        missed = np.ones(len(self._tid), dtype=bool)
+        missed[matched] = False
+        self._lost[missed] += 1
+        self._hits[missed] = 0
+        new = np.flatnonzero((self._tid == 0) & (self._hits >= self._cfg.min_hits))
+        if len(new):
+            self._tid[new] = self._take_ids(len(new))
+        gone = (self._tid > 0) & (self._lost > self._cfg.max_lost)
+        return tuple(int(i) for i in self._tid[gone])
+
+    def _drop(self, ids: np.ndarray) -> None:
+        """Remove ended tracks and unmatched tentative ones."""
+        keep = (self._lost == 0) | ((self._tid > 0) & (self._lost <= self._cfg.max_lost))
+        if keep.all():
+            return
+        self._mean, self._cov = self._mean[keep], self._cov[keep]
+        self._tid, self._cls = self._tid[keep], self._cls[keep]
+        self._hits, self._lost = self._hits[keep], self._lost[keep]
+
+    def _birth(self, boxes: np.ndarray, classes: np.ndarray) -> None:
+        m = len(boxes)
+        mean = np.zeros((m, 8))
+        mean[:, :4] = _xyah(boxes)
+        h = mean[:, 3]
+        std = np.empty((m, 8))
+        std[:, [0, 1, 3]] = (2 * _W_POS * h)[:, None]
+        std[:, 2] = 1e-2
+        std[:, [4, 5, 7]] = (10 * _W_VEL * h)[:, None]
+        std[:, 6] = 1e-5
+        cov = np.zeros((m, 8, 8))
+        cov.reshape(m, 64)[:, ::9] = std**2
+        tid = np.zeros(m, dtype=np.int64)
+        if self._cfg.min_hits <= 1:
+            tid[:] = self._take_ids(m)
+        self._mean = np.concatenate((self._mean, mean))
+        self._cov = np.concatenate((self._cov, cov))
+        self._tid = np.concatenate((self._tid, tid))
+        self._cls = np.concatenate((self._cls, classes))
+        self._hits = np.concatenate((self._hits, np.ones(m, dtype=np.int64)))
+        self._lost = np.concatenate((self._lost, np.zeros(m, dtype=np.int64)))
+
+    def _take_ids(self, m: int) -> np.ndarray:
+        first = self._next_id
+        self._next_id += m
+        return np.arange(first, first + m, dtype=np.int64)
+
+
+def _checked(boxes: np.ndarray, scores: np.ndarray,
+             classes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    b = np.asarray(boxes, dtype=np.float64)
+    s = np.asarray(scores, dtype=np.float64)
+    c = np.asarray(classes)
+    if b.ndim != 2 or b.shape[1] != 4:
+        if b.size == 0 and b.ndim <= 2:
+            b = b.reshape(0, 4)
+        else:
+            raise InvalidInputError(f"boxes must have shape (N, 4) (x1, y1, x2, y2), got {b.shape}")
+    if s.ndim != 1 or c.ndim != 1 or len(s) != len(b) or len(c) != len(b):
+        raise InvalidInputError(f"scores and classes must have shape (N,) for {len(b)} boxes, got "
+                                f"{s.shape} and {c.shape}")
+    if c.dtype.kind not in "iub" and len(c) and not np.all(np.mod(c, 1) == 0):
+        raise InvalidInputError(f"classes must be integer class ids, got {c.dtype} values")
+    return b, s, c.astype(np.int64, copy=False)
+
+
+def _usable(boxes: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore"):
+        ok: np.ndarray = (np.isfinite(boxes).all(axis=1) & np.isfinite(scores)
+                          & (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1]))
+    return ok
+
+
+def _xyah(boxes: np.ndarray) -> np.ndarray:
+    out = np.empty((len(boxes), 4))
+    w = boxes[:, 2] - boxes[:, 0]
+    h = boxes[:, 3] - boxes[:, 1]
+    out[:, 0] = boxes[:, 0] + 0.5 * w
+    out[:, 1] = boxes[:, 1] + 0.5 * h
+    out[:, 2] = w / h
+    out[:, 3] = h
+    return out
+
+
+def _xyxy(mean: np.ndarray) -> np.ndarray:
+    out = np.empty((len(mean), 4))
+    h = mean[:, 3]
+    w = mean[:, 2] * h
+    out[:, 0] = mean[:, 0] - 0.5 * w
+    out[:, 1] = mean[:, 1] - 0.5 * h
+    out[:, 2] = out[:, 0] + w
+    out[:, 3] = out[:, 1] + h
+    return out
+
+
+def _iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Pairwise IoU of boxes ``a (T, 4)`` and ``b (D, 4)``, xyxy."""
+    iw = np.minimum(a[:, None, 2], b[None, :, 2]) - np.maximum(a[:, None, 0], b[None, :, 0])
+    ih = np.minimum(a[:, None, 3], b[None, :, 3]) - np.maximum(a[:, None, 1], b[None, :, 1])
+    np.maximum(iw, 0.0, out=iw)
+    np.maximum(ih, 0.0, out=ih)
+    inter = iw * ih
+    area_a = (a[:, 2] - a[:, 0]) * (a[:, 3] - a[:, 1])
+    area_b = (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])
+    union = area_a[:, None] + area_b[None, :] - inter
+    iou: np.ndarray = inter / np.maximum(union, 1e-12)
+    return iou
