@@ -12,7 +12,8 @@ import functools
 import logging
 import re
 import tempfile
-from collections.abc import Sequence
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,7 +23,8 @@ from .._stderr import native_logs_to_debug
 from ..errors import StorageError
 from .draw import Geometry, TrackBox, decode_jpeg, draw_scene
 
-__all__ = ["FORMATS", "ClipFormat", "Entry", "PendingClip", "probe_format", "write_clip"]
+__all__ = ["FORMATS", "ClipFormat", "Entry", "FrameBuffer", "PendingClip", "probe_format",
+           "write_clip"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +52,8 @@ FORMATS = {
 _AUTO = ("h264", "mp4v", "mjpeg")
 # FFmpeg prints to fd 2 while OpenCV tries an encoder it lacks ("[h264_v4l2m2m @ 0x...] Could
 # not find a valid device", "OpenCV: FFMPEG: tag ... is not supported"): expected while probing.
+_MAX_TRACKS = 64
+_TRACK_TTL_S = 120.0
 _PROBE_NOISE = re.compile(rb"^(?:\[[\w.]+ @ 0x[0-9a-f]+\]|\[ ?(?:ERROR|WARN|INFO)[^\]]*\]"
                           rb"|OpenCV: FFMPEG: )")
 
@@ -100,6 +104,144 @@ class PendingClip:
     frames: list[Entry] = field(default_factory=list)
     filled: bool = False
     done: bool = False
+
+
+@dataclass(slots=True)
+class _Best:
+    score: float
+    entry: Entry
+    seen: float
+
+
+class FrameBuffer:
+    """The encoded frames held in memory: a ring of the last ``pre_s`` seconds, the frames of
+    clips still collecting, and the best-scoring frame of each live track (at most 64, each
+    forgotten 2 minutes after it was last seen). A frame held by several counts once in
+    ``bytes``; over ``budget`` bytes the oldest frame held anywhere is let go. Not locked: the
+    recorder calls it under its own lock.
+
+    Args:
+        pre_s: Seconds of frames the ring keeps.
+        period: Seconds between kept frames.
+        budget: Most bytes of encoded frames held.
+    """
+
+    def __init__(self, pre_s: float, period: float, budget: float) -> None:
+        self.ring: deque[Entry] = deque()
+        self.clips: list[PendingClip] = []
+        self.bytes = 0
+        self.dropped = 0
+        self._best: OrderedDict[int, _Best] = OrderedDict()
+        self._horizon = pre_s + period
+        self._budget = budget
+
+    @property
+    def tracks(self) -> int:
+        """Tracks whose best frame is held."""
+        return len(self._best)
+
+    def add(self, entry: Entry) -> list[PendingClip]:
+        """Hold a newly encoded frame; returns the clips it completes (past their end)."""
+        if self.ring and entry.clock < self.ring[-1].clock:
+            self.release_all(self.ring)  # a new timeline: earlier frames do not precede it
+            self.ring.clear()
+        self.ring.append(entry)
+        self.hold(entry)
+        while self.ring[0].clock < entry.clock - self._horizon:
+            self.release(self.ring.popleft())
+        self._update_best(entry)
+        done = [c for c in self.clips if entry.clock > c.end]
+        for clip in self.clips:
+            if clip.start <= entry.clock <= clip.end:
+                clip.frames.append(entry)
+                self.hold(entry)
+        for clip in done:
+            self.clips.remove(clip)
+            clip.done = True
+        self._fit_budget()
+        return done
+
+    def open_clip(self, clip: PendingClip) -> None:
+        """Start collecting ``clip`` with the ring's frames in its span."""
+        clip.filled = True
+        clip.frames = [e for e in self.ring if clip.start <= e.clock <= clip.end]
+        for e in clip.frames:
+            self.hold(e)
+        self.clips.append(clip)
+
+    def take_clips(self) -> list[PendingClip]:
+        """Every clip still collecting, marked done and no longer collected."""
+        done, self.clips = self.clips, []
+        for clip in done:
+            clip.done = True
+        return done
+
+    def best(self, track_id: int) -> Entry | None:
+        """The best frame of ``track_id`` (else the newest frame), held for the caller."""
+        best = self._best.get(track_id)
+        entry = best.entry if best is not None else (self.ring[-1] if self.ring else None)
+        if entry is not None:
+            self.hold(entry)
+        return entry
+
+    def clear(self) -> None:
+        """Let go of the ring and the best frames."""
+        self.release_all(self.ring)
+        self.ring.clear()
+        self.release_all([b.entry for b in self._best.values()])
+        self._best.clear()
+
+    def hold(self, entry: Entry) -> None:
+        """Count one more holder of ``entry``."""
+        entry.holds += 1
+        if entry.holds == 1:
+            self.bytes += len(entry.jpeg)
+
+    def release(self, entry: Entry) -> None:
+        """Count one holder less; the last one frees its bytes."""
+        entry.holds -= 1
+        if entry.holds == 0:
+            self.bytes -= len(entry.jpeg)
+
+    def release_all(self, entries: Sequence[Entry]) -> None:
+        """``release`` each of ``entries``."""
+        for e in entries:
+            self.release(e)
+
+    def _update_best(self, entry: Entry) -> None:
+        for b in entry.boxes:
+            if b.track_id is None:
+                continue
+            best = self._best.get(b.track_id)
+            if best is None or b.score > best.score:
+                self.hold(entry)
+                if best is not None:
+                    self.release(best.entry)
+                best = self._best[b.track_id] = _Best(b.score, entry, entry.clock)
+            best.seen = entry.clock
+            self._best.move_to_end(b.track_id)
+        while self._best and (len(self._best) > _MAX_TRACKS or next(iter(
+                self._best.values())).seen < entry.clock - _TRACK_TTL_S):
+            self.release(self._best.popitem(last=False)[1].entry)
+
+    def _fit_budget(self) -> None:
+        while self.bytes > self._budget:
+            # The oldest frame held anywhere goes first: the ring's, a clip's or a best frame.
+            oldest: tuple[float, Entry, Callable[[], object]] | None = None
+            if self.ring:
+                oldest = (self.ring[0].clock, self.ring[0], self.ring.popleft)
+            for clip in self.clips:
+                if clip.frames and (oldest is None or clip.frames[0].clock < oldest[0]):
+                    oldest = (clip.frames[0].clock, clip.frames[0],
+                              functools.partial(clip.frames.pop, 0))
+            for tid, best in self._best.items():
+                if oldest is None or best.entry.clock < oldest[0]:
+                    oldest = (best.entry.clock, best.entry, functools.partial(self._best.pop, tid))
+            if oldest is None:
+                return  # only frames being written are left
+            oldest[2]()
+            self.release(oldest[1])
+            self.dropped += 1
 
 
 @functools.cache

@@ -14,13 +14,12 @@ writer thread writes the files (``media.MediaStore``: atomic, retention, free-sp
 
 from __future__ import annotations
 
-import functools
 import logging
 import queue
 import re
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import Any
 from ..config.analytics import ClipConfig, RecordConfig
 from ..errors import EdgeInferError, StateError
 from ..frames import Frame
-from .clips import ClipFormat, Entry, PendingClip, probe_format, write_clip
+from .clips import ClipFormat, Entry, FrameBuffer, PendingClip, probe_format, write_clip
 from .draw import Geometry, TrackBox, decode_jpeg, draw_scene, encode_jpeg
 from .media import MediaStore
 
@@ -40,18 +39,9 @@ logger = logging.getLogger(__name__)
 
 _QUEUE = 4  # raw frames waiting for the encoder: each may be megabytes
 _MAX_CLIP_S = 60.0
-_MAX_TRACKS = 64
-_TRACK_TTL_S = 120.0
 _STALL_S = 5.0  # no frames this long (wall time): clips waiting for post-roll are cut
 _MIB = 1024 * 1024
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
-
-
-@dataclass(slots=True)
-class _Best:
-    score: float
-    entry: Entry
-    seen: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,9 +89,7 @@ class Recorder:
         self._inbox: deque[tuple[int, Frame, float, tuple[TrackBox, ...]]] = deque()
         self._pending_events: deque[_Event] = deque()
         self._jobs: queue.SimpleQueue[_Snap | PendingClip | None] = queue.SimpleQueue()
-        self._ring: deque[Entry] = deque()
-        self._best: OrderedDict[int, _Best] = OrderedDict()
-        self._clips: list[PendingClip] = []
+        self._buf = FrameBuffer(self._pre, self._period, self._clip_cfg.buffer_mb * _MIB)
         self._open: PendingClip | None = None
         self._threads: list[threading.Thread] = []
         self._state = "new"
@@ -109,9 +97,8 @@ class Recorder:
         self._due = float("-inf")  # next clock to keep, minus a small tolerance
         self._last_kept = float("-inf")
         self._last_entry = time.monotonic()
-        self._bytes = 0
         self._in_flight = 0
-        self._n = dict.fromkeys(("kept", "encoded", "dropped_queue", "dropped_buffer", "errors",
+        self._n = dict.fromkeys(("kept", "encoded", "dropped_queue", "errors",
                                  "clips_written", "snapshots_written", "snapshots_missed"), 0)
 
     def __enter__(self) -> Recorder:
@@ -209,9 +196,11 @@ class Recorder:
         retention and low-disk skips, the clip format."""
         with self._lock:
             s: dict[str, Any] = dict(self._n)
-            s.update(queued=len(self._inbox) + self._in_flight, ring_frames=len(self._ring),
-                     ring_bytes=sum(len(e.jpeg) for e in self._ring), buffer_bytes=self._bytes,
-                     pending_clips=len(self._clips), best_frames=len(self._best))
+            buf = self._buf
+            s.update(queued=len(self._inbox) + self._in_flight, ring_frames=len(buf.ring),
+                     ring_bytes=sum(len(e.jpeg) for e in buf.ring), buffer_bytes=buf.bytes,
+                     dropped_buffer=buf.dropped, pending_clips=len(buf.clips),
+                     best_frames=buf.tracks)
         s.update(bytes_on_disk=self._store.bytes_on_disk, deleted=self._store.deleted,
                  skipped_low_disk=self._store.skipped, write_errors=self._store.errors,
                  clip_format=self._format.name if self._format else None)
@@ -256,7 +245,7 @@ class Recorder:
         while True:
             with self._cv:
                 while not (self._inbox or self._pending_events or self._state != "running"):
-                    if not self._cv.wait(0.5) and self._clips and (
+                    if not self._cv.wait(0.5) and self._buf.clips and (
                             time.monotonic() - self._last_entry > _STALL_S):
                         self._finish_clips()
                 ev = item = None
@@ -275,10 +264,7 @@ class Recorder:
                 self._in_flight = 0
         with self._lock:
             self._finish_clips()
-            self._release_all(self._ring)
-            self._ring.clear()
-            self._release_all([b.entry for b in self._best.values()])
-            self._best.clear()
+            self._buf.clear()
         self._jobs.put(None)
 
     def _encode(self, _seq: int, frame: Frame, clock: float, boxes: tuple[TrackBox, ...]) -> None:
@@ -301,101 +287,24 @@ class Recorder:
         with self._lock:
             self._n["encoded"] += 1
             self._last_entry = time.monotonic()
-            if self._ring and entry.clock < self._ring[-1].clock:
-                self._release_all(self._ring)  # a new timeline: earlier frames do not precede
-                self._ring.clear()
-            self._ring.append(entry)
-            self._hold(entry)
-            horizon = entry.clock - self._pre - self._period
-            while self._ring and self._ring[0].clock < horizon:
-                self._release(self._ring.popleft())
-            self._update_best(entry)
-            for clip in list(self._clips):
-                if entry.clock > clip.end:
-                    self._finish(clip)
-                elif entry.clock >= clip.start:
-                    clip.frames.append(entry)
-                    self._hold(entry)
-            self._fit_budget()
-
-    def _update_best(self, entry: Entry) -> None:
-        for b in entry.boxes:
-            if b.track_id is None:
-                continue
-            best = self._best.get(b.track_id)
-            if best is None or b.score > best.score:
-                self._hold(entry)
-                if best is not None:
-                    self._release(best.entry)
-                best = self._best[b.track_id] = _Best(b.score, entry, entry.clock)
-            best.seen = entry.clock
-            self._best.move_to_end(b.track_id)
-        while self._best and (len(self._best) > _MAX_TRACKS or next(iter(
-                self._best.values())).seen < entry.clock - _TRACK_TTL_S):
-            self._release(self._best.popitem(last=False)[1].entry)
-
-    def _fit_budget(self) -> None:
-        budget = self._clip_cfg.buffer_mb * _MIB
-        while self._bytes > budget:
-            # The oldest frame held anywhere goes first: the ring's, a clip's or a best frame.
-            oldest: tuple[float, Entry, Callable[[], object]] | None = None
-            if self._ring:
-                oldest = (self._ring[0].clock, self._ring[0], self._ring.popleft)
-            for clip in self._clips:
-                if clip.frames and (oldest is None or clip.frames[0].clock < oldest[0]):
-                    oldest = (clip.frames[0].clock, clip.frames[0], functools.partial(
-                        clip.frames.pop, 0))
-            for tid, best in self._best.items():
-                if oldest is None or best.entry.clock < oldest[0]:
-                    oldest = (best.entry.clock, best.entry,
-                              functools.partial(self._best.pop, tid))
-            if oldest is None:
-                return  # only frames being written are left
-            oldest[2]()
-            self._release(oldest[1])
-            self._n["dropped_buffer"] += 1
+            for clip in self._buf.add(entry):
+                self._jobs.put(clip)
 
     def _handle_event(self, ev: _Event) -> None:
         with self._lock:
-            clip = ev.clip
-            if clip is not None and not clip.filled:
-                clip.filled = True
-                clip.frames = [e for e in self._ring if clip.start <= e.clock <= clip.end]
-                for e in clip.frames:
-                    self._hold(e)
-                self._clips.append(clip)
+            if ev.clip is not None and not ev.clip.filled:
+                self._buf.open_clip(ev.clip)
             if ev.snapshot is None:
                 return
-            best = self._best.get(ev.track_id)
-            entry = best.entry if best is not None else (self._ring[-1] if self._ring else None)
+            entry = self._buf.best(ev.track_id)
             if entry is None:
                 self._n["snapshots_missed"] += 1
                 return
-            self._hold(entry)
         self._jobs.put(_Snap(ev.snapshot, entry, ev.track_id))
 
     def _finish_clips(self) -> None:
-        for clip in list(self._clips):
-            self._finish(clip)
-
-    def _finish(self, clip: PendingClip) -> None:
-        clip.done = True
-        self._clips.remove(clip)
-        self._jobs.put(clip)
-
-    def _hold(self, entry: Entry) -> None:
-        entry.holds += 1
-        if entry.holds == 1:
-            self._bytes += len(entry.jpeg)
-
-    def _release(self, entry: Entry) -> None:
-        entry.holds -= 1
-        if entry.holds == 0:
-            self._bytes -= len(entry.jpeg)
-
-    def _release_all(self, entries: Sequence[Entry]) -> None:
-        for e in entries:
-            self._release(e)
+        for clip in self._buf.take_clips():
+            self._jobs.put(clip)
 
     # -- writer thread -------------------------------------------------------------------------
 
@@ -413,7 +322,7 @@ class Recorder:
                                exc_info=True)
             finally:
                 with self._lock:
-                    self._release_all(held)
+                    self._buf.release_all(held)
 
     def _scene(self) -> Geometry:
         return self._geometry() if self._geometry is not None else ()
