@@ -92,10 +92,9 @@ def annotate(frame: Frame, part: TaskResult, quality: int = 85, geometry: Any = 
 
     image = frame.data.copy()
     if geometry or any(d.track_id is not None for d in part.detections or ()):
-        from .analytics.draw import TrackBox, draw_scene, encode_jpeg
+        from .analytics.draw import draw_scene, encode_jpeg
 
-        draw_scene(image, [TrackBox(d.track_id, d.label, d.score, d.box)
-                           for d in part.detections or ()], geometry)
+        draw_scene(image, part.detections or (), geometry)
         return encode_jpeg(image, quality)
     for d in part.detections or ():
         x1, y1, x2, y2 = (int(round(v)) for v in d.box)

@@ -21,7 +21,7 @@ import numpy as np
 
 from .._stderr import native_logs_to_debug
 from ..errors import StorageError
-from .draw import Geometry, TrackBox, decode_jpeg, draw_scene
+from .draw import Boxed, Geometry, decode_jpeg, draw_scene
 
 __all__ = ["FORMATS", "ClipFormat", "Entry", "FrameBuffer", "PendingClip", "probe_format",
            "write_clip"]
@@ -76,7 +76,7 @@ class Entry:
     clock: float
     wall: float
     index: int
-    boxes: tuple[TrackBox, ...]
+    boxes: tuple[Boxed, ...]
     scale: float
     holds: int = 0
 

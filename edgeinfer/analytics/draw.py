@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from ..errors import InvalidInputError
 
-__all__ = ["BOX_COLOR", "Geometry", "HIGHLIGHT_COLOR", "LINE_COLOR", "TrackBox", "ZONE_COLOR",
+__all__ = ["BOX_COLOR", "Geometry", "HIGHLIGHT_COLOR", "LINE_COLOR", "TrackBox", "ZONE_COLOR", "Boxed",
            "decode_jpeg", "draw_scene", "encode_jpeg"]
 
 # BGR. Pure primaries survive JPEG and video compression well enough to be checked in tests.
@@ -45,12 +45,26 @@ class TrackBox:
     box: tuple[float, float, float, float]
 
 
+class Boxed(Protocol):
+    """What is drawn of a box: a `TrackBox`, or an `edgeinfer.frames.Detection` as it is (the
+    pipeline hands its tracked detections over without making new objects)."""
+
+    @property
+    def track_id(self) -> int | None: ...
+    @property
+    def label(self) -> str: ...
+    @property
+    def score(self) -> float: ...
+    @property
+    def box(self) -> tuple[float, float, float, float]: ...
+
+
 Geometry = Sequence[tuple[str, str, np.ndarray]]
 """Zones and lines to draw: ``(name, "zone" | "line", points)`` with integer pixel points of the
 original frame (N x 2)."""
 
 
-def draw_scene(image: np.ndarray, boxes: Sequence[TrackBox], geometry: Geometry = (), *,
+def draw_scene(image: np.ndarray, boxes: Sequence[Boxed], geometry: Geometry = (), *,
                scale: float = 1.0, highlight: int | None = None) -> None:
     """Draw zones, lines and boxes on ``image`` in place.
 
@@ -119,7 +133,7 @@ def _draw_line(image: np.ndarray, name: str, pts: np.ndarray, thick: int) -> Non
     _label(image, name, p1, LINE_COLOR)
 
 
-def _draw_box(image: np.ndarray, b: TrackBox, scale: float, color: tuple[int, int, int],
+def _draw_box(image: np.ndarray, b: Boxed, scale: float, color: tuple[int, int, int],
               thick: int) -> None:
     import cv2
 

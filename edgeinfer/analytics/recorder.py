@@ -30,7 +30,7 @@ from ..config.analytics import ClipConfig, RecordConfig
 from ..errors import EdgeInferError, StateError
 from ..frames import Frame
 from .clips import ClipFormat, Entry, FrameBuffer, PendingClip, probe_format, write_clip
-from .draw import Geometry, TrackBox, decode_jpeg, draw_scene, encode_jpeg
+from .draw import Boxed, Geometry, decode_jpeg, draw_scene, encode_jpeg
 from .media import MediaStore
 
 __all__ = ["Recorder"]
@@ -86,7 +86,7 @@ class Recorder:
         self._format: ClipFormat | None = None
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
-        self._inbox: deque[tuple[int, Frame, float, tuple[TrackBox, ...]]] = deque()
+        self._inbox: deque[tuple[int, Frame, float, tuple[Boxed, ...]]] = deque()
         self._pending_events: deque[_Event] = deque()
         self._jobs: queue.SimpleQueue[_Snap | PendingClip | None] = queue.SimpleQueue()
         self._buf = FrameBuffer(self._pre, self._period, self._clip_cfg.buffer_mb * _MIB)
@@ -135,7 +135,7 @@ class Recorder:
         for t in self._threads:
             t.start()
 
-    def offer(self, frame: Frame, clock: float, boxes: Sequence[TrackBox]) -> None:
+    def offer(self, frame: Frame, clock: float, boxes: Sequence[Boxed]) -> None:
         """Offer a processed frame (every one) at scene ``clock`` seconds with its boxes.
 
         Frames are kept at ``clips.fps``; a kept frame is queued by reference for the encoder
@@ -267,7 +267,7 @@ class Recorder:
             self._buf.clear()
         self._jobs.put(None)
 
-    def _encode(self, _seq: int, frame: Frame, clock: float, boxes: tuple[TrackBox, ...]) -> None:
+    def _encode(self, _seq: int, frame: Frame, clock: float, boxes: tuple[Boxed, ...]) -> None:
         image, scale = frame.data, 1.0
         width = self._clip_cfg.max_width
         try:

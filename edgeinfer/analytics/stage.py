@@ -20,7 +20,7 @@ from ..frames import Detection, Frame, TaskResult
 
 if TYPE_CHECKING:
     from ..config import PipelineConfig
-    from .draw import Geometry, TrackBox
+    from .draw import Geometry
     from .recorder import Recorder
     from .scene import Scene
     from .tracker import ByteTracker
@@ -64,8 +64,6 @@ class SceneAnalytics:
         self._size: tuple[int, int] | None = None
         self._run = secrets.token_hex(4)  # event ids stay unique across restarts
         self._events = 0
-        self.last_events: list[dict[str, Any]] = []
-        self._last_boxes: tuple[TrackBox, ...] = ()
         if pc.zones or pc.lines:
             from .counters import CounterStore
             from .scene import Scene
@@ -122,13 +120,7 @@ class SceneAnalytics:
             if found:
                 events = [self._event(e) for e in found]
         if self.recorder is not None:
-            from .draw import TrackBox
-
-            self._last_boxes = tuple(TrackBox(d.track_id, d.label, d.score, d.box)
-                                     for d in tracked)
-            self.recorder.offer(frame, clock, self._last_boxes)
-        if events:
-            self.last_events = events
+            self.recorder.offer(frame, clock, tracked)  # detections are drawn as they are
         return TaskResult(detections=tracked), events
 
     def _event(self, e: Any) -> dict[str, Any]:

@@ -217,7 +217,8 @@ class PipelineConfig(ConfigStruct, frozen=True):
         if self.record is not None and not (self.zones or self.lines):
             raise ValueError("record: needs zones or lines (their events get the media)")
         seen: set[str] = set()
-        for item in [*self.zones, *self.lines]:
+        items: list[ZoneConfig | LineConfig] = [*self.zones, *self.lines]
+        for item in items:
             if item.name in seen:
                 raise ValueError(f"zone and line names must be unique: {item.name!r} is used "
                                  "twice")
