@@ -257,10 +257,17 @@ class Recorder:
                     self._in_flight = 1
                 else:
                     break  # closing, and nothing is left
-            if ev is not None:
-                self._handle_event(ev)
-            elif item is not None:
-                self._encode(*item)
+            try:
+                if ev is not None:
+                    self._handle_event(ev)
+                elif item is not None:
+                    self._encode(*item)
+            except Exception:  # one bad frame or event must not end recording for good
+                self._count("errors")
+                if self._n["errors"] == 1 or logger.isEnabledFor(logging.DEBUG):
+                    logger.warning("pipeline %s: recording a frame failed", self.pipeline,
+                                   exc_info=True)
+            finally:
                 self._in_flight = 0
         with self._lock:
             self._finish_clips()

@@ -287,3 +287,24 @@ def test_start_twice_is_refused(tmp_path: Path) -> None:
         rec.start()
     rec.close()
     rec.close()
+
+
+def test_a_failing_frame_does_not_end_recording(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    import edgeinfer.analytics.recorder as recorder
+
+    real = recorder.encode_jpeg
+    calls = {"n": 0}
+
+    def flaky(image: np.ndarray, quality: int) -> bytes:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("a bug in encoding one frame")
+        return real(image, quality)
+
+    monkeypatch.setattr(recorder, "encode_jpeg", flaky)
+    with Recorder("p", _config(), tmp_path) as rec:
+        _feed(rec, range(0, 60))
+        _wait(rec, "encoded", 15)
+        stats = rec.stats()
+    assert stats["errors"] == 1 and stats["encoded"] >= 15

@@ -35,6 +35,10 @@ TASKS = {"faces": "detect", "cam-a": "detect", "cam_a": "detect", "kind": "class
          "voice": "vad", "tensor": "raw"}
 RESULT = {"seq": 1, "pipeline": "faces", "detections": [
     {"label": "face", "score": 0.9, "box": [0.1, 0.1, 0.3, 0.3]}]}
+# Zones and lines of the "faces" pipeline: names with - and _ must stay distinct in object ids.
+SCENES = {"faces": (["door", "front_door", "front-door"], ["gate", "gate_2"])}
+COUNTS = {"ts": 1.0, "zones": {"door": {"occupancy": 2, "entered": 5, "exited": 3, "loiter": 0}},
+          "lines": {"gate": {"in": 7, "out": 4}}}  # front_door and gate_2 missing: "unknown"
 SAMPLES = [
     RESULT, dict(RESULT, detections=[]),
     {"seq": 1, "pipeline": "kind", "top": [{"label": "cat", "score": 0.8}]},
@@ -44,10 +48,12 @@ SAMPLES = [
 ]
 
 
-def _messages(device: str = "cam.1", pipelines: dict[str, str] = TASKS) -> list[tuple[str, Any]]:
+def _messages(device: str = "cam.1", pipelines: dict[str, str] = TASKS,
+              scenes: dict[str, tuple[list[str], list[str]]] | None = None
+              ) -> list[tuple[str, Any]]:
     return [(topic, json.loads(payload)) for topic, payload in
             discovery_messages(Topics("edgeinfer", device), device, pipelines, "homeassistant",
-                               "1.0")]
+                               "1.0", scenes=scenes)]
 
 
 def test_ids_are_injective_across_pipelines_and_devices() -> None:
@@ -66,6 +72,26 @@ def test_ids_are_injective_across_pipelines_and_devices() -> None:
             assert node is not None and node["node_id"] == node_id(device)
             assert matches(config_filter("homeassistant", device), topic)
     assert node_id("cam.1") == "edgeinfer_cam_d1" and node_id("cam-1") == "edgeinfer_cam-1"
+
+
+def test_zone_and_line_entities_are_injective_and_counted() -> None:
+    names = ["door", "front_door", "front-door", "front-udoor", "a-d", "a_", "a-", "_", "-"]
+    for pipeline in ("faces", "faces_zone", "faces-zone"):
+        messages = _messages(pipelines={pipeline: "detect"},
+                             scenes={pipeline: (names, names)})
+        topics = [t for t, _ in messages]
+        assert len(set(topics)) == len(topics)
+        assert len({c["unique_id"] for _, c in messages}) == len(messages)
+    messages = dict(_messages(pipelines={"faces": "detect"}, scenes=SCENES))
+    occupancy = messages["homeassistant/sensor/edgeinfer_cam_d1/faces_zone-front-udoor-occupancy"
+                         "/config"]
+    assert occupancy["state_topic"] == "edgeinfer/cam.1/faces/counts"
+    assert occupancy["state_class"] == "measurement"
+    assert "value_json.zones['front_door'].occupancy" in occupancy["value_template"]
+    out = messages["homeassistant/sensor/edgeinfer_cam_d1/faces_line-gate-u2-out/config"]
+    assert out["state_class"] == "total_increasing" and "value_json.lines['gate_2'].out" in \
+        out["value_template"]
+    assert len(messages) == 5 + 3 + 2 * 2
 
 
 def test_payloads_have_the_keys_home_assistant_documents() -> None:
@@ -110,7 +136,8 @@ def test_discovery_passes_home_assistant_schemas() -> None:
     stats = {"pipelines": {"faces": {"fps": 12.5, "latency_ms": {"infer": {"p50": 3.2}}}}}
     samples[topics.stats] = [json.dumps(stats)]  # the others failed to start: "unknown"
     samples[topics.status] = [json.dumps({"state": s}) for s in ("online", "offline", "stopped")]
-    messages = discovery_messages(topics, "cam.1", TASKS, "homeassistant", "1.0")
+    samples[topics.counts("faces")] = [json.dumps(COUNTS), json.dumps({"zones": {}, "lines": {}})]
+    messages = discovery_messages(topics, "cam.1", TASKS, "homeassistant", "1.0", scenes=SCENES)
     data = {"messages": [[t, p.decode()] for t, p in messages], "samples": samples}
     done = subprocess.run([python, str(HERE / "ha_schema_check.py")], input=json.dumps(data),
                           capture_output=True, text=True, timeout=120)
