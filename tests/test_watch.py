@@ -202,3 +202,36 @@ def test_watch_waits_for_the_broker_and_ctrl_c_exits_0(device: str) -> None:
             assert proc.wait(20) == 0
     finally:
         proc.kill()
+
+
+def test_describe_events_and_counts() -> None:
+    event = {"event_id": "faces-1a2b-3", "pipeline": "faces", "type": "cross", "zone": None,
+             "line": "gate", "track_id": 4, "label": "face", "score": 0.91,
+             "direction": "in", "frame": 120, "dwell_s": None, "snapshot": "/m/s.jpg"}
+    kind, line = describe("edgeinfer/cam1/faces/event", json.dumps(event).encode(), "edgeinfer")
+    assert (kind, line) == ("event", "cam1 faces event cross gate in  face #4 0.91 frame 120 "
+                                     "snapshot /m/s.jpg")
+    exit_ = {"type": "exit", "zone": "door", "track_id": 2, "label": "face", "dwell_s": 3.25,
+             "frame": 9}
+    assert describe("edgeinfer/cam1/faces/event", json.dumps(exit_).encode(), "edgeinfer")[1] \
+        == "cam1 faces event exit door  face #2 dwell 3.2 s frame 9"
+    # Whatever a client on the broker sends: no crash, a line.
+    for junk in ({"type": ["x"], "score": "high", "dwell_s": "long"}, {}):
+        kind, line = describe("edgeinfer/cam1/faces/event", json.dumps(junk).encode(), "edgeinfer")
+        assert kind == "event" and line.startswith("cam1 faces event")
+    counts = {"ts": 1.0, "zones": {"door": {"occupancy": 1, "entered": 5, "exited": 4}},
+              "lines": {"gate": {"in": 7, "out": 4}, "bad": 3}}
+    kind, line = describe("edgeinfer/cam1/faces/counts", json.dumps(counts).encode(), "edgeinfer")
+    assert (kind, line) == ("counts", "cam1 faces counts zone door 1 inside (5 entered, 4 left)"
+                                      "  line gate in 7 out 4")
+
+
+def test_terminal_escapes_from_the_broker_are_not_printed() -> None:
+    event = {"type": "cross\x1b[2J", "line": "gate\x07", "label": "\x1b]0;owned\x07face",
+             "track_id": 1, "frame": 1}
+    _, line = describe("edgeinfer/cam1/faces/event", json.dumps(event).encode(), "edgeinfer")
+    assert "\x1b" not in line and "\x07" not in line and "cross?[2J" in line
+    result = {"seq": 1, "pipeline": "faces\x9b31m", "detections": [
+        {"label": "\x1b[31mface", "score": 0.9, "box": [1, 2, 3, 4]}]}
+    _, line = describe("edgeinfer/cam1/faces/result", json.dumps(result).encode(), "edgeinfer")
+    assert line.isprintable() and "?[31mface" in line

@@ -133,10 +133,12 @@ def describe(topic: str, payload: bytes, prefix: str, *, as_json: bool = False,
         line = "stats " + _stats_line(data, _MAX_LINE - len(device) - 7)
     else:
         line = f"{topic} {_scalars(data)}"
-    return kind, f"{device} {line}"[:_MAX_LINE]
+    # Any client on the broker may send labels with terminal escapes: never print them raw.
+    return kind, f"{device} {line}"[:_MAX_LINE].translate(_UNPRINTABLE)
 
 
 _KINDS = ("result", "event", "counts", "status", "stats")
+_UNPRINTABLE = {c: "?" for c in (*range(0x20), *range(0x7f, 0xa0))}
 
 
 def _counts_line(data: dict[str, Any]) -> str:
