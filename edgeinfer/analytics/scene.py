@@ -2,8 +2,9 @@
 occupancy and totals.
 
 Per frame the geometry is tested for all detections at once with numpy; Python runs per track
-only where a state changes (an event). Per-track state lives in arrays indexed by a row that a
-track keeps until the tracker reports it ended.
+only where a state changes (an event). The per-track state of zones and lines is in `zones`;
+this module holds the public `Scene`, the frame's detections as the zones and lines see them,
+and the totals' persistence.
 
 Zones: an object enters after ``min_frames`` frames in a row with its anchor inside and leaves
 after as many outside. Frames in which the track has no detection (occluded, or filtered out by
@@ -28,7 +29,8 @@ import numpy.typing as npt
 from ..config.analytics import Anchor, LineConfig, ZoneConfig, check_frame_size
 from ..errors import ConfigError, StateError, StorageError
 from .counters import CounterStore
-from .geometry import Polygon, anchor_points, crosses_segment, side_of_line
+from .geometry import Polygon, anchor_points
+from .zones import _Filter, _Line, _Tracks, _Zone
 
 __all__ = ["Scene", "SceneEvent"]
 
@@ -82,207 +84,6 @@ class SceneEvent:
                 "score": self.score, "direction": self.direction, "start": self.start,
                 "end": self.end, "frame": self.frame, "dwell_s": self.dwell_s,
                 "t": round(self.clock, 3), "t_start": round(self.t_start, 3)}
-
-
-class _Filter:
-    """The classes a zone or line sees: ids checked against the model, or label strings
-    matched at run time when the model has no names."""
-
-    __slots__ = ("ids", "names")
-
-    def __init__(self, classes: Sequence[str | int] | None, class_names: Sequence[str] | None,
-                 where: str) -> None:
-        self.ids: npt.NDArray[np.int64] | None = None
-        self.names: frozenset[str] = frozenset()
-        if classes is None:
-            return
-        ids: list[int] = []
-        names: set[str] = set()
-        for j, c in enumerate(classes):
-            if class_names is None:
-                if isinstance(c, str):
-                    names.add(c)
-                else:
-                    ids.append(c)
-            elif isinstance(c, str) and c in class_names:
-                ids.extend(k for k, n in enumerate(class_names) if n == c)
-            elif isinstance(c, int) and c < len(class_names):
-                ids.append(c)
-            else:
-                shown = ", ".join(class_names[:20]) + (", ..." if len(class_names) > 20 else "")
-                raise ConfigError(f"{where}.classes[{j}]: unknown class {c!r}; the model's "
-                                  f"labels: {shown}")
-        self.ids = np.array(sorted(set(ids)), dtype=np.int64)
-        self.names = frozenset(names)
-
-    def mask(self, classes: npt.NDArray[Any], labels: Sequence[str],
-             idx: npt.NDArray[np.intp]) -> npt.NDArray[np.bool_] | None:
-        """Which of the detections ``idx`` (with ``classes``) the filter lets through;
-        ``None``: all of them."""
-        if self.ids is None:
-            return None
-        seen = np.isin(classes, self.ids)
-        if self.names:
-            seen |= np.fromiter((labels[i] in self.names for i in idx.tolist()), np.bool_,
-                                idx.size)
-        return seen
-
-
-def _grown(arr: npt.NDArray[Any], cap: int) -> npt.NDArray[Any]:
-    out = np.zeros(arr.shape[:-1] + (cap,), dtype=arr.dtype)
-    out[..., :arr.shape[-1]] = arr
-    return out
-
-
-class _Tracks:
-    """Rows of per-track state: a track keeps its row until it ends; rows are reused."""
-
-    __slots__ = ("rows", "free", "cap", "wall", "clock", "score", "cls", "label")
-
-    def __init__(self, cap: int) -> None:
-        self.rows: dict[int, int] = {}
-        self.free = list(range(cap - 1, -1, -1))
-        self.cap = cap
-        self.wall, self.clock, self.score = np.zeros(cap), np.zeros(cap), np.zeros(cap)
-        self.cls = np.zeros(cap, dtype=np.int64)
-        self.label = [""] * cap
-
-    def grow(self) -> None:
-        old, cap = self.cap, self.cap * 2
-        self.wall, self.clock = _grown(self.wall, cap), _grown(self.clock, cap)
-        self.score, self.cls = _grown(self.score, cap), _grown(self.cls, cap)
-        self.label += [""] * (cap - old)
-        self.free.extend(range(cap - 1, old - 1, -1))
-        self.cap = cap
-
-
-# Columns of _Zone.times: when the current run of frames began, and when the visit began.
-_RUN_WALL, _RUN_CLOCK, _IN_WALL, _IN_CLOCK = range(4)
-
-
-class _Zone:
-    """A zone's config, totals and per-track state (arrays indexed by track row)."""
-
-    __slots__ = ("cfg", "name", "seen", "poly", "entered", "exited", "loiter", "occupancy",
-                 "inside", "loitered", "run", "times")
-
-    def __init__(self, cfg: ZoneConfig, seen: _Filter, cap: int) -> None:
-        self.cfg, self.name, self.seen = cfg, cfg.name, seen
-        self.poly: Polygon | None = None
-        self.entered = self.exited = self.loiter = self.occupancy = 0
-        self.inside = np.zeros(cap, dtype=np.bool_)
-        self.loitered = np.zeros(cap, dtype=np.bool_)
-        self.run = np.zeros(cap, dtype=np.int32)  # frames in a row seen on the other side
-        self.times = np.zeros((4, cap))
-
-    def grow(self, cap: int) -> None:
-        self.inside, self.loitered = _grown(self.inside, cap), _grown(self.loitered, cap)
-        self.run, self.times = _grown(self.run, cap), _grown(self.times, cap)
-
-    def release(self, row: int) -> None:
-        self.inside[row] = self.loitered[row] = False
-        self.run[row] = 0
-
-    def step(self, d: _Dets, events: list[SceneEvent]) -> None:
-        pts, rows, js = d.view(self.seen, self.cfg.anchor)
-        assert self.poly is not None
-        run = np.where(self.poly.contains(pts) != self.inside[rows], self.run[rows] + 1, 0)
-        self.run[rows] = run
-        fresh = rows[run == 1]
-        if fresh.size:
-            self.times[_RUN_WALL, fresh] = d.wall
-            self.times[_RUN_CLOCK, fresh] = d.clock
-        for j in np.flatnonzero(run >= self.cfg.min_frames).tolist():
-            events.append(self._flip(int(rows[j]), d, int(js[j])))
-        if self.cfg.loiter_s is not None:
-            self._loiter(self.cfg.loiter_s, rows, js, d, events)
-
-    def _flip(self, row: int, d: _Dets, j: int) -> SceneEvent:
-        self.run[row] = 0
-        since_wall, since_clock = self.times[_RUN_WALL:_RUN_CLOCK + 1, row].tolist()
-        if not self.inside[row]:
-            self.inside[row], self.loitered[row] = True, False
-            self.times[_IN_WALL, row], self.times[_IN_CLOCK, row] = since_wall, since_clock
-            self.entered += 1
-            self.occupancy += 1
-            return d.event(j, "enter", zone=self.name, start=since_wall, t_start=since_clock)
-        self.inside[row] = False
-        self.exited += 1
-        self.occupancy -= 1
-        t0 = float(self.times[_IN_CLOCK, row])
-        return d.event(j, "exit", zone=self.name, start=float(self.times[_IN_WALL, row]),
-                       t_start=t0, end=since_wall, dwell_s=since_clock - t0)
-
-    def _loiter(self, loiter_s: float, rows: npt.NDArray[np.intp], js: npt.NDArray[np.intp],
-                d: _Dets, events: list[SceneEvent]) -> None:
-        waiting = self.inside[rows] & ~self.loitered[rows]
-        if not waiting.any():
-            return
-        due = waiting & (d.clock - self.times[_IN_CLOCK, rows] >= loiter_s)
-        for j in np.flatnonzero(due).tolist():
-            row = int(rows[j])
-            self.loitered[row] = True
-            self.loiter += 1
-            t0 = float(self.times[_IN_CLOCK, row])
-            events.append(d.event(int(js[j]), "loiter", zone=self.name, t_start=t0,
-                                  start=float(self.times[_IN_WALL, row]), dwell_s=d.clock - t0))
-
-    def end(self, row: int, tid: int, tracks: _Tracks, clock: float, frame: int,
-            ) -> SceneEvent | None:
-        """The exit of a track that ended inside (at its last sighting), else ``None``."""
-        if not self.inside[row]:
-            return None
-        self.exited += 1
-        self.occupancy -= 1
-        t0 = float(self.times[_IN_CLOCK, row])
-        return SceneEvent("exit", self.name, None, tid, tracks.label[row], int(tracks.cls[row]),
-                          float(tracks.score[row]), None, float(self.times[_IN_WALL, row]),
-                          float(tracks.wall[row]), frame, float(tracks.clock[row]) - t0, clock,
-                          t0)
-
-
-class _Line:
-    """A line's config, totals and per-track state: last anchor position and side."""
-
-    __slots__ = ("cfg", "name", "seen", "a", "b", "directions", "totals", "last", "side",
-                 "seen_at")
-
-    def __init__(self, cfg: LineConfig, seen: _Filter, cap: int) -> None:
-        self.cfg, self.name, self.seen = cfg, cfg.name, seen
-        self.a = self.b = np.zeros(2)
-        self.directions = frozenset(cfg.directions)
-        self.totals = {"in": 0, "out": 0}
-        self.last = np.zeros((2, cap))  # x and y where each track was last seen
-        self.side = np.zeros(cap, dtype=np.int8)  # -1 left, +1 right, 0 not known yet
-        self.seen_at = np.zeros(cap, dtype=np.bool_)
-
-    def grow(self, cap: int) -> None:
-        self.last, self.side = _grown(self.last, cap), _grown(self.side, cap)
-        self.seen_at = _grown(self.seen_at, cap)
-
-    def release(self, row: int) -> None:
-        self.side[row], self.seen_at[row] = 0, False
-
-    def step(self, d: _Dets, events: list[SceneEvent]) -> bool:
-        """Feed a frame; whether the totals changed."""
-        pts, rows, js = d.view(self.seen, self.cfg.anchor)
-        side = np.sign(side_of_line(pts, self.a, self.b)).astype(np.int8)
-        old = self.side[rows]
-        moved = np.flatnonzero(self.seen_at[rows] & (old != 0) & (side != 0) & (side != old))
-        crossed: list[int] = []
-        if moved.size:
-            prev = self.last[:, rows[moved]].T
-            crossed = moved[crosses_segment(prev, pts[moved], self.a, self.b)].tolist()
-            for j in crossed:
-                direction: Literal["in", "out"] = "in" if side[j] > 0 else "out"
-                self.totals[direction] += 1
-                if direction in self.directions:
-                    events.append(d.event(int(js[j]), "cross", line=self.name,
-                                          direction=direction, start=d.wall, t_start=d.clock))
-        self.last[:, rows] = pts.T
-        self.seen_at[rows] = True
-        self.side[rows] = np.where(side != 0, side, old)
-        return bool(crossed)
 
 
 class Scene:
@@ -416,10 +217,15 @@ class Scene:
         row = self._tracks.rows.pop(tid, None)
         if row is None:
             return
+        tracks = self._tracks
         for zone in self._zones:
-            event = zone.end(row, tid, self._tracks, clock, frame)
-            if event is not None:
-                events.append(event)
+            visit = zone.end(row)
+            if visit is not None:
+                start, t0 = visit
+                events.append(SceneEvent(
+                    "exit", zone.name, None, tid, tracks.label[row], int(tracks.cls[row]),
+                    float(tracks.score[row]), None, start, float(tracks.wall[row]), frame,
+                    float(tracks.clock[row]) - t0, clock, t0))
         for item in self._items():
             item.release(row)
         self._tracks.free.append(row)
