@@ -54,7 +54,8 @@ class SceneEvent:
         start: Wall time (unix s): when the object entered (its first frame inside, before the
             debounce frames) for enter, exit and loiter; the crossing frame's for cross.
         end: Exit only: wall time of the first frame seen outside (a track that ended inside:
-            the last frame it was seen).
+            the first frame of the outside run it was last seen in, else the last frame it was
+            seen).
         frame: Index of the frame where the event was decided.
         dwell_s: Exit and loiter: time inside so far on the scene clock.
         clock: Scene clock (s) of the event's frame.
@@ -88,6 +89,21 @@ class SceneEvent:
 
 class Scene:
     """Zones and lines of one pipeline, fed with tracked detections frame by frame.
+
+    Times of zone events are those of frames, so they are right to within one frame interval:
+    an object crossed a zone's border between the last frame it was seen on one side and the
+    first on the other. An ``enter`` has as ``start`` the first frame of the run seen inside,
+    and is decided ``min_frames - 1`` frames later (its ``frame`` and ``clock``); an ``exit``
+    has as ``end`` the first frame of the run seen outside, and ``dwell_s`` runs from ``start``
+    to ``end``. ``loiter`` comes at the first frame seen inside with ``loiter_s`` since
+    ``start``; frames seen outside before an exit is decided do not loiter.
+
+    An object first detected already inside a zone enters it (it entered as far as the camera
+    knows), with its first frame as ``start``. The scene sees a track only from the frame the
+    tracker confirms it: detections of a tentative track (id -1, its first ``min_hits - 1``
+    frames) are ignored, so for an object that appears inside a zone ``start`` is the frame its
+    track got an id, ``min_hits - 1`` frames after its first detection; an object that walks in
+    later is seen crossing as usual.
 
     Args:
         zones: The pipeline's zones.
@@ -219,13 +235,12 @@ class Scene:
             return
         tracks = self._tracks
         for zone in self._zones:
-            visit = zone.end(row)
+            visit = zone.end(row, float(tracks.wall[row]), float(tracks.clock[row]))
             if visit is not None:
-                start, t0 = visit
+                start, t0, end, t1 = visit
                 events.append(SceneEvent(
                     "exit", zone.name, None, tid, tracks.label[row], int(tracks.cls[row]),
-                    float(tracks.score[row]), None, start, float(tracks.wall[row]), frame,
-                    float(tracks.clock[row]) - t0, clock, t0))
+                    float(tracks.score[row]), None, start, end, frame, t1 - t0, clock, t0))
         for item in self._items():
             item.release(row)
         self._tracks.free.append(row)

@@ -153,7 +153,8 @@ class _Zone:
 
     def _loiter(self, loiter_s: float, rows: npt.NDArray[np.intp], js: npt.NDArray[np.intp],
                 d: _Dets, events: list[SceneEvent]) -> None:
-        waiting = self.inside[rows] & ~self.loitered[rows]
+        # Seen outside (an exit the debounce has not decided yet) is not loitering.
+        waiting = self.inside[rows] & ~self.loitered[rows] & (self.run[rows] == 0)
         if not waiting.any():
             return
         due = waiting & (d.clock - self.times[_IN_CLOCK, rows] >= loiter_s)
@@ -165,14 +166,22 @@ class _Zone:
             events.append(d.event(int(js[j]), "loiter", zone=self.name, t_start=t0,
                                   start=float(self.times[_IN_WALL, row]), dwell_s=d.clock - t0))
 
-    def end(self, row: int) -> tuple[float, float] | None:
-        """Count the exit of a track that ended inside and return when its visit began (wall,
-        clock); ``None`` if it was not inside."""
+    def end(self, row: int, last_wall: float, last_clock: float,
+            ) -> tuple[float, float, float, float] | None:
+        """Count the exit of a track that ended inside; ``None`` if it was not inside.
+
+        Returns:
+            When its visit began and ended (wall, clock, wall, clock): the end is the first
+            frame of the run it was last seen outside in, else its last sighting.
+        """
         if not self.inside[row]:
             return None
         self.exited += 1
         self.occupancy -= 1
-        return float(self.times[_IN_WALL, row]), float(self.times[_IN_CLOCK, row])
+        if self.run[row]:
+            last_wall, last_clock = self.times[_RUN_WALL:_RUN_CLOCK + 1, row].tolist()
+        return (float(self.times[_IN_WALL, row]), float(self.times[_IN_CLOCK, row]), last_wall,
+                last_clock)
 
 
 class _Line:

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from edgeinfer.analytics.scene import Scene, SceneEvent
-from edgeinfer.config.analytics import LineConfig, ZoneConfig
+from edgeinfer.analytics.tracker import ByteTracker
+from edgeinfer.config.analytics import LineConfig, TrackConfig, ZoneConfig
 from edgeinfer.errors import ConfigError, StateError
 
 LABELS = ["person", "car"]
@@ -132,6 +133,59 @@ def test_an_occluded_object_keeps_its_state() -> None:
     events = run(scene, [IN, None, IN, None, None, IN, None, None, None, IN])
     assert [(e.type, e.frame, e.start) for e in events] == [("enter", 5, wall(0))]
     assert scene.counts()["zones"]["z"]["occupancy"] == 1
+
+
+@pytest.mark.parametrize("min_frames", [1, 3])
+def test_an_object_first_seen_inside_enters_from_its_first_frame(min_frames: int) -> None:
+    scene = zone_scene(min_frames=min_frames)
+    events = run(scene, [IN] * 5 + [OUT] * 3)
+    assert [(e.type, e.frame) for e in events] == [("enter", min_frames - 1),
+                                                   ("exit", 5 + min_frames - 1)]
+    enter, leave = events
+    assert (enter.start, enter.t_start) == (wall(0), clock(0))
+    assert (leave.start, leave.end) == (wall(0), wall(5))
+    assert leave.dwell_s == pytest.approx(clock(5) - clock(0))
+
+
+def test_a_track_ending_while_seen_outside_exits_when_it_was_first_seen_outside() -> None:
+    # Entered at frame 1; outside from frame 5 but the track ends before the debounce decides.
+    scene = zone_scene(min_frames=3)
+    run(scene, [OUT, IN, IN, IN, IN, OUT, None, OUT])
+    events = feed(scene, 8, [], ended=[1])
+    assert [(e.type, e.frame, e.start, e.end) for e in events] == [("exit", 8, wall(1), wall(5))]
+    assert events[0].dwell_s == pytest.approx(clock(5) - clock(1))
+
+
+def test_no_loiter_while_seen_outside_before_the_exit_is_decided() -> None:
+    # loiter_s is reached at frame 4, when the object has been outside since frame 3.
+    scene = zone_scene(min_frames=3, loiter_s=1.0)
+    events = run(scene, [IN, IN, IN, OUT, OUT, OUT, OUT])
+    assert [(e.type, e.frame) for e in events] == [("enter", 2), ("exit", 5)]
+    assert events[1].dwell_s == pytest.approx(clock(3) - clock(0))  # 0.75 s, under loiter_s
+    assert scene.counts()["zones"]["z"]["loiter"] == 0
+
+
+def test_jitter_out_of_the_zone_delays_loiter_to_the_next_frame_inside() -> None:
+    scene = zone_scene(min_frames=3, loiter_s=1.0)
+    events = run(scene, [IN, IN, IN, IN, OUT, IN, IN])
+    assert [(e.type, e.frame, e.dwell_s) for e in events] == [
+        ("enter", 2, None), ("loiter", 5, clock(5) - clock(0))]
+
+
+def test_start_of_a_track_confirmed_inside_is_its_first_frame_with_an_id() -> None:
+    """The tracker's tentative frames (id -1 until min_hits) are not seen by the scene."""
+    tracker = ByteTracker(TrackConfig(min_hits=3))
+    scene = zone_scene()
+    events: list[SceneEvent] = []
+    firsts: list[int] = []
+    for f in range(5):
+        boxes = np.array([[190.0 + f, 160.0, 210.0 + f, 200.0]])
+        update = tracker.update(boxes, np.array([0.9]), np.array([0]))
+        firsts += [f] if update.ids[0] >= 0 and not firsts else []
+        events += scene.update(clock(f), wall(f), f, update.ids, boxes, np.array([0]),
+                               np.array([0.9]), ["person"], update.ended)
+    assert firsts == [2]
+    assert [(e.type, e.frame, e.start) for e in events] == [("enter", 2, wall(2))]
 
 
 def line_scene(points: list[list[float]], directions: list[str] | None = None) -> Scene:
