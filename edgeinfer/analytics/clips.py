@@ -1,9 +1,16 @@
 """Clip formats and clip writing.
 
 ``probe_format`` finds, once per process and preference, the first container and codec this
-OpenCV build can both write and read back: H.264 in MP4 (``avc1``, then ``H264``), MPEG-4 Part 2
-in MP4 (``mp4v``), MJPEG in AVI. ``write_clip`` decodes a clip's stored JPEG frames, draws the
-scene on them and writes them with ``cv2.VideoWriter`` at the frames' real rate.
+OpenCV build can both write and read back: H.264 in MP4 (``avc1``, then ``H264``), VP8 in WebM
+(``VP80``), MPEG-4 Part 2 in MP4 (``mp4v``), MJPEG in AVI. Browsers (Chromium, Firefox, Home
+Assistant's UI) play H.264 and VP8 but not MPEG-4 Part 2 or MJPEG in AVI, so those two come
+first; the PyPI OpenCV wheels have no H.264 encoder, which makes VP8 the usual choice. VP8 costs
+five to seven times what ``mp4v`` does (measured on an x86 core, JPEG decode and drawing
+included: 12 ms against 2 ms per 640x480 frame, 24 against 4 ms at 1280x720), spent on the
+writer thread, which runs at a lower priority than inference; ``format: mp4v`` keeps the cheap
+one for weak boards.
+``write_clip`` decodes a clip's stored JPEG frames, draws the scene on them and writes them with
+``cv2.VideoWriter`` at the frames' real rate.
 """
 
 from __future__ import annotations
@@ -34,7 +41,8 @@ class ClipFormat:
     """A codec and container OpenCV can write.
 
     Attributes:
-        name: What ``stats`` and events report: ``"h264/mp4"``, ``"mp4v/mp4"``, ``"mjpeg/avi"``.
+        name: What ``stats`` and events report: ``"h264/mp4"``, ``"vp8/webm"``, ``"mp4v/mp4"``,
+            ``"mjpeg/avi"``.
         fourccs: FourCC codes to try, in order.
         ext: The file suffix, without the dot (it picks the container).
     """
@@ -46,16 +54,19 @@ class ClipFormat:
 
 FORMATS = {
     "h264": ClipFormat("h264/mp4", ("avc1", "H264"), "mp4"),
+    "vp8": ClipFormat("vp8/webm", ("VP80",), "webm"),
     "mp4v": ClipFormat("mp4v/mp4", ("mp4v",), "mp4"),
     "mjpeg": ClipFormat("mjpeg/avi", ("MJPG",), "avi"),
 }
-_AUTO = ("h264", "mp4v", "mjpeg")
+# What browsers play first (H.264, VP8), then what is cheap to write (MPEG-4 Part 2, MJPEG).
+_AUTO = ("h264", "vp8", "mp4v", "mjpeg")
 # FFmpeg prints to fd 2 while OpenCV tries an encoder it lacks ("[h264_v4l2m2m @ 0x...] Could
-# not find a valid device", "OpenCV: FFMPEG: tag ... is not supported"): expected while probing.
-_MAX_TRACKS = 64
-_TRACK_TTL_S = 120.0
+# not find a valid device"), and each time a WebM file is opened ("OpenCV: FFMPEG: tag
+# 0x30385056/'VP80' is not supported ... fallback"): expected, so debug lines.
 _PROBE_NOISE = re.compile(rb"^(?:\[[\w.]+ @ 0x[0-9a-f]+\]|\[ ?(?:ERROR|WARN|INFO)[^\]]*\]"
                           rb"|OpenCV: FFMPEG: )")
+_MAX_TRACKS = 64
+_TRACK_TTL_S = 120.0
 
 
 @dataclass(slots=True, eq=False)
@@ -246,8 +257,8 @@ class FrameBuffer:
 
 @functools.cache
 def probe_format(preference: str = "auto") -> ClipFormat | None:
-    """The first format of ``preference`` (``auto``: H.264, MPEG-4 Part 2, MJPEG) whose test
-    file OpenCV writes and reads back, or ``None`` when none works; cached per process.
+    """The first format of ``preference`` (``auto``: H.264, VP8, MPEG-4 Part 2, MJPEG) whose
+    test file OpenCV writes and reads back, or ``None`` when none works; cached per process.
 
     An explicit preference that does not work falls back to ``auto`` with a warning.
     """
@@ -313,8 +324,9 @@ def write_clip(path: Path, fmt: ClipFormat, frames: Sequence[Entry], geometry: G
             draw_scene(image, e.boxes, geometry, scale=e.scale, highlight=highlight)
             if writer is None:
                 size = (image.shape[1] & ~1, image.shape[0] & ~1)
-                writer = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*fmt.fourccs[0]),
-                                         fps, size)
+                with native_logs_to_debug(_PROBE_NOISE):  # VP8's "tag ... not supported"
+                    writer = cv2.VideoWriter(str(path),
+                                             cv2.VideoWriter.fourcc(*fmt.fourccs[0]), fps, size)
                 if not writer.isOpened():
                     raise StorageError(f"OpenCV cannot write clip {path} as {fmt.name}")
             if (image.shape[1], image.shape[0]) != size:

@@ -10,13 +10,19 @@ many of these hold it, and the total is kept under ``buffer_mb`` by dropping the
 An event gets a snapshot (its track's best frame, annotated) and a clip (``pre_s`` before to
 ``post_s`` after the event); events that arrive while a clip collects its post-roll join it. A
 writer thread writes the files (``media.MediaStore``: atomic, retention, free-space floor).
+
+On Linux both threads lower their own priority (the encoder's nice value by 5, the writer's by
+10, relative to the thread that started them) so that media work yields the CPU to inference
+on a 2- or 4-core board; encoding a VP8 clip takes tens of milliseconds a frame.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import re
+import sys
 import threading
 import time
 from collections import deque
@@ -41,6 +47,8 @@ _QUEUE = 4  # raw frames waiting for the encoder: each may be megabytes
 _MAX_CLIP_S = 60.0
 _STALL_S = 5.0  # no frames this long (wall time): clips waiting for post-roll are cut
 _MIB = 1024 * 1024
+_ENCODER_NICE = 5
+_WRITER_NICE = 10
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -242,6 +250,7 @@ class Recorder:
     # -- encoder thread ------------------------------------------------------------------------
 
     def _encode_loop(self) -> None:
+        _lower_priority(_ENCODER_NICE)
         while True:
             with self._cv:
                 while not (self._inbox or self._pending_events or self._state != "running"):
@@ -316,6 +325,7 @@ class Recorder:
     # -- writer thread -------------------------------------------------------------------------
 
     def _write_loop(self) -> None:
+        _lower_priority(_WRITER_NICE)
         while (job := self._jobs.get()) is not None:
             held = job.frames if isinstance(job, PendingClip) else [job.entry]
             try:
@@ -354,6 +364,20 @@ class Recorder:
     def _count(self, key: str) -> None:
         with self._lock:
             self._n[key] += 1
+
+
+def _lower_priority(increment: int) -> None:
+    # Linux gives each thread its own nice value, and PRIO_PROCESS with a thread id sets it;
+    # elsewhere the id may name another process, so it is left alone.
+    if not sys.platform.startswith("linux"):
+        return
+    tid = threading.get_native_id()
+    try:
+        nice = min(os.getpriority(os.PRIO_PROCESS, tid) + increment, 19)
+        os.setpriority(os.PRIO_PROCESS, tid, nice)
+    except OSError as exc:  # a seccomp filter or a container policy may refuse it
+        logger.debug("cannot lower the priority of thread %s: %s",
+                     threading.current_thread().name, exc)
 
 
 def _safe_name(event_id: str) -> str:

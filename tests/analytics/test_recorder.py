@@ -1,9 +1,12 @@
-"""Event snapshots and clips with real OpenCV and real files: pre/post-roll, best frame, bursts,
-the buffer bound, retention, low disk, codec probing, and the cost of ``offer``."""
+"""Event snapshots and clips with real OpenCV and real files: pre/post-roll in every format this
+build writes, best frame, bursts, the buffer bound, retention, low disk, codec probing, the
+threads' lowered priority, and the cost of ``offer`` and of writing clips."""
 
 from __future__ import annotations
 
 import os
+import sys
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -11,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgeinfer.analytics.clips import probe_format
-from edgeinfer.analytics.draw import TrackBox
+from edgeinfer.analytics.clips import FORMATS, Entry, probe_format, write_clip
+from edgeinfer.analytics.draw import TrackBox, encode_jpeg
 from edgeinfer.analytics.media import MediaStore
 from edgeinfer.analytics.recorder import Recorder
 from edgeinfer.config.analytics import ClipConfig, RecordConfig, RetentionConfig
@@ -20,7 +23,8 @@ from edgeinfer.frames import Frame
 
 FPS = 30.0
 W, H = 320, 240
-FORMAT_NAMES = {"h264/mp4", "mp4v/mp4", "mjpeg/avi"}
+FORMAT_NAMES = {"h264/mp4", "vp8/webm", "mp4v/mp4", "mjpeg/avi"}
+AUTO_ORDER = ("h264", "vp8", "mp4v", "mjpeg")
 ROOMY = RetentionConfig(min_free_mb=0.01)
 ZONE = ("zone1", "zone", np.array([[200, 20], [300, 20], [300, 60], [200, 60]]))
 LINE = ("line1", "line", np.array([[20, 200], [120, 200]]))
@@ -79,8 +83,17 @@ def _config(**clip: object) -> RecordConfig:
     return RecordConfig(clips=ClipConfig(**{**base, **clip}), retention=ROOMY)  # type: ignore
 
 
-def test_clip_has_pre_and_post_roll(tmp_path: Path) -> None:
-    with Recorder("cam", _config(), tmp_path) as rec:
+def _works(name: str) -> bool:
+    """Whether this OpenCV build writes ``name`` (an explicit format that does not falls back)."""
+    fmt = probe_format(name)
+    return fmt is not None and fmt.name == FORMATS[name].name
+
+
+@pytest.mark.parametrize("fmt", ["auto", *AUTO_ORDER])
+def test_clip_has_pre_and_post_roll(tmp_path: Path, fmt: str) -> None:
+    if fmt != "auto" and not _works(fmt):
+        pytest.skip(f"this OpenCV build cannot write {fmt}")
+    with Recorder("cam", _config(format=fmt), tmp_path) as rec:
         media = _feed(rec, range(241), {150: "e1"})["e1"]  # event at 5 s, frames to 8 s
         _wait(rec, "clips_written", 1)
         stats = rec.stats()
@@ -88,6 +101,9 @@ def test_clip_has_pre_and_post_roll(tmp_path: Path) -> None:
     assert isinstance(clip, str) and Path(clip).is_absolute()
     assert clip == str(tmp_path / "clips" / f"e1.{clip.rsplit('.', 1)[1]}")
     assert media["clip_format"] == stats["clip_format"] in FORMAT_NAMES
+    if fmt != "auto":
+        assert stats["clip_format"] == FORMATS[fmt].name
+        assert clip.endswith(f"e1.{FORMATS[fmt].ext}")
     values, fps = _read_clip(clip)
     # Kept at 10 fps from 4 s (frame 120) to 7 s (frame 210): 31 frames at the real rate.
     assert 29 <= len(values) <= 32, values
@@ -238,6 +254,18 @@ def test_codec_probe_and_explicit_format(tmp_path: Path) -> None:
     fmt = probe_format("auto")
     assert fmt is not None and fmt.name in FORMAT_NAMES
     print(f"\nclip format here: {fmt.name} ({fmt.fourccs[0]})")
+    chosen = next(n for n in AUTO_ORDER if FORMATS[n].name == fmt.name)
+    # auto keeps the first of the order that works: every earlier one does not work here.
+    assert not any(_works(n) for n in AUTO_ORDER[:AUTO_ORDER.index(chosen)])
+    if _works("vp8"):
+        assert fmt.name in ("h264/mp4", "vp8/webm")  # a browser plays it; mp4v is not chosen
+    entries = [Entry(encode_jpeg(_frame(i)[0].data, 90), i / 200.0, 0.0, i, (), 1.0)
+               for i in range(0, 200, 20)]  # ten frames 0.1 s apart
+    path = tmp_path / f"auto.{fmt.ext}"
+    assert write_clip(path, fmt, entries, (), None, 10.0) == pytest.approx(10.0)
+    values, fps = _read_clip(str(path))
+    assert len(values) == 10 and abs(fps - 10.0) < 0.5
+    assert all(abs(v - i) <= 4 for v, i in zip(values, range(0, 200, 20), strict=True)), values
     with Recorder("cam", _config(format="mjpeg"), tmp_path) as rec:
         media = _feed(rec, range(110), {40: "e1"})["e1"]
         _wait(rec, "clips_written", 1)
@@ -308,3 +336,60 @@ def test_a_failing_frame_does_not_end_recording(tmp_path: Path,
         _wait(rec, "encoded", 15)
         stats = rec.stats()
     assert stats["errors"] == 1 and stats["encoded"] >= 15
+
+
+def _nice(tid: int) -> int:
+    """A thread's nice value: field 19 of ``/proc/self/task/<tid>/stat``."""
+    stat = Path(f"/proc/self/task/{tid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[16])  # fields after the name start at 3
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is Linux's")
+def test_media_threads_run_at_lower_priority(tmp_path: Path) -> None:
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    with Recorder("lowprio", _config(), tmp_path) as rec:
+        _feed(rec, range(3))  # the encoder has run: it lowered its priority before the loop
+        threads = {t.name: t.native_id for t in threading.enumerate()}
+        enc, write = threads["rec-enc-lowprio"], threads["rec-write-lowprio"]
+        assert enc is not None and write is not None
+        end = time.monotonic() + 2.0
+        while _nice(write) == base and time.monotonic() < end:
+            time.sleep(0.005)
+        nices = _nice(enc), _nice(write), os.getpriority(os.PRIO_PROCESS, write)
+    assert nices == (min(base + 5, 19), min(base + 10, 19), min(base + 10, 19))
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base  # only theirs
+
+
+@pytest.mark.parametrize("size", [(640, 480), (1280, 720)])
+def test_clip_writing_cost_per_format(tmp_path: Path, size: tuple[int, int]) -> None:
+    """What one clip frame costs the writer thread (JPEG decode, drawing, encoding) per format;
+    printed with ``-s``. Frames: a smooth textured scene with a moving box, like a camera's."""
+    import cv2
+
+    w, h = size
+    rng = np.random.default_rng(1)
+    scene = cv2.GaussianBlur(rng.integers(0, 255, (h, w, 3), dtype=np.uint8), (0, 0), 3)
+    n = 12
+    entries = []
+    for i in range(n):
+        image = scene.copy()
+        x = 20 + 15 * i
+        image[100:260, x:x + 120] = (190, 170, 150)
+        box = TrackBox(1, "person", 0.8, (x, 100, x + 120, 260))
+        entries.append(Entry(encode_jpeg(image, 75), i / 10.0, 0.0, i, (box,), 1.0))
+    costs = {}
+    for name in AUTO_ORDER:
+        if not _works(name):
+            continue
+        fmt = FORMATS[name]
+        path = tmp_path / f"{name}-{w}.{fmt.ext}"
+        t0 = time.perf_counter()
+        write_clip(path, fmt, entries, (ZONE,), 1, 10.0)
+        costs[fmt.name] = (time.perf_counter() - t0) / n
+        values, _ = _read_clip(str(path))
+        assert len(values) == n
+        costs[fmt.name + " KiB"] = path.stat().st_size / n / 1024
+    print(f"\nclip writing at {w}x{h}: " + ", ".join(
+        f"{k} {v:.1f}" if k.endswith("KiB") else f"{k} {v * 1000:.1f} ms/frame"
+        for k, v in costs.items()))
+    assert "mjpeg/avi" in costs and all(v > 0 for v in costs.values())
