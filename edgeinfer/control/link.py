@@ -17,11 +17,10 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-import msgspec
 
 from .. import __version__
-from ..errors import ConfigError, StateError
-from .commands import CommandError, CommandServer, no_other_args, pipeline_arg
+from ..errors import ConfigError
+from .commands import CommandServer
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -262,98 +261,20 @@ class MqttLink:
 
     # -- commands -------------------------------------------------------------------------------
     def handlers(self) -> dict[str, Any]:
-        return {"status": self._status, "pause": self._pause, "resume": self._resume,
-                "reload": self._reload, "snapshot": self._snapshot, "set": self._set,
-                "reset": self._reset}
+        from .handlers import CommandHandlers
 
-    def _names(self) -> list[str]:
-        return [p.name for p in self.daemon.pipelines]
+        return CommandHandlers(self.daemon, status=self.status_message,
+                               publish_snapshot=self._publish_snapshot).table()
 
-    def _pipeline(self, request: dict[str, Any]) -> Any:
-        name = pipeline_arg(request, self._names(), required=True)
-        return next(p for p in self.daemon.pipelines if p.name == name)
-
-    def _status(self, request: dict[str, Any]) -> dict[str, Any]:
-        no_other_args(request, "status")
+    def status_message(self) -> dict[str, Any]:
+        """What the ``status`` command answers: the birth plus the current stats."""
         return {**self.birth_message(), "stats": self.stats_message()}
 
-    def _pause(self, request: dict[str, Any]) -> dict[str, Any]:
-        name = pipeline_arg(request, self._names(), required=False)
-        no_other_args(request, "pause")  # {"pipline": "x"} must not pause them all
-        done = [p for p in self.daemon.pipelines if name in (None, p.name)]
-        for p in done:
-            p.pause()
-        return {"paused": [p.name for p in done]}
-
-    def _resume(self, request: dict[str, Any]) -> dict[str, Any]:
-        name = pipeline_arg(request, self._names(), required=False)
-        no_other_args(request, "resume")
-        done = [p for p in self.daemon.pipelines if name in (None, p.name)]
-        for p in done:
-            p.resume()
-        return {"resumed": [p.name for p in done]}
-
-    def _reload(self, request: dict[str, Any]) -> dict[str, Any]:
-        no_other_args(request, "reload")
-        return self.daemon.reload()
-
-    def _snapshot(self, request: dict[str, Any]) -> dict[str, Any]:
-        from ..config.commands import SnapshotArgs
-
-        try:
-            args = msgspec.convert(request, SnapshotArgs, strict=True)
-        except msgspec.ValidationError as exc:
-            raise CommandError(str(exc).replace("`$.", "`")) from None
-        pipeline = self._pipeline({"pipeline": args.pipeline})
-        if args.event is not None:
-            jpeg = pipeline.analytics.event_snapshot(args.event) if pipeline.analytics else None
-            if jpeg is None:
-                raise CommandError(f"pipeline {pipeline.name!r} has no snapshot of event "
-                                   f"{args.event!r} (unknown, not recorded, or deleted by "
-                                   "retention)")
-        else:
-            try:
-                jpeg = pipeline.snapshot_jpeg(args.quality)
-            except StateError as exc:
-                raise CommandError(str(exc)) from None
+    def _publish_snapshot(self, pipeline: str, jpeg: bytes) -> dict[str, Any]:
         client = self.plumbing.client
-        topic = client.topics.snapshot(pipeline.name)
+        topic = client.topics.snapshot(pipeline)
         client.publish(topic, jpeg, qos=1, properties={"content_type": "image/jpeg"})
-        return {"topic": topic, "bytes": len(jpeg)}
-
-    def _reset(self, request: dict[str, Any]) -> dict[str, Any]:
-        """Zero zone and line totals: ``{"pipeline": ..., "names": [...]}``, both optional
-        (every pipeline with zones or lines; every zone and line)."""
-        from ..config.commands import ResetArgs
-
-        try:
-            args = msgspec.convert(request, ResetArgs, strict=True)
-        except msgspec.ValidationError as exc:
-            raise CommandError(str(exc).replace("`$.", "`")) from None
-        scened = [p for p in self.daemon.pipelines if p.analytics is not None
-                  and p.analytics.scene is not None]
-        if args.pipeline is not None:
-            scened = [p for p in scened if p.name == args.pipeline]
-            if not scened:
-                raise CommandError(f"no pipeline {args.pipeline!r} with zones or lines; with "
-                                   "them: " + (", ".join(p.name for p in self.daemon.pipelines
-                                                         if p.analytics is not None) or "none"))
-        elif not scened:
-            raise CommandError("no pipeline has zones or lines")
-        elif args.names is not None and len(scened) > 1:
-            raise CommandError("give a pipeline with names: several pipelines have zones or "
-                               "lines")
-        done: dict[str, list[str]] = {}
-        for p in scened:
-            try:
-                done[p.name] = p.analytics.reset(args.names)  # type: ignore[union-attr]
-            except ValueError as exc:
-                raise CommandError(str(exc)) from None
-        return {"reset": done}
-
-    def _set(self, request: dict[str, Any]) -> dict[str, Any]:
-        pipeline = self._pipeline(request)
-        return {"pipeline": pipeline.name, "settings": pipeline.tune(request)}
+        return {"topic": topic}
 
     # -- policy ---------------------------------------------------------------------------------
     def _policy(self) -> Any:
