@@ -157,6 +157,9 @@ class MqttLink:
         if self.commands is not None:
             self.commands.stop()
         if self.plumbing is not None:
+            # Counts change between ticks: without this the retained counts miss what the
+            # pipelines (closed by now) counted after the last tick, until the next start.
+            self.publish_counts()
             self.plumbing.stop(timeout_s=flush_s)
         if self.broker is not None:
             self.broker.stop()

@@ -392,3 +392,30 @@ def test_the_example_config_validates() -> None:
     assert pc.zones and pc.lines and pc.record is not None and pc.record.clips is not None
     tag = lambda struct: type(struct).__struct_config__.tag  # noqa: E731
     assert [tag(s) for s in pc.sinks] == ["mqtt"] and tag(pc.source) == "camera"
+
+
+def test_counts_made_just_before_a_stop_reach_the_retained_counts(
+        truth: SceneTruth, blazeface_path: Path, tmp_path: Path, mqtt_broker: tuple[str, int],
+        procs: list[subprocess.Popen[str]]) -> None:
+    """SIGTERM right after the first event: the counts are published at most once a tick, so
+    the stop must publish what changed since the last one (it did not: the retained counts
+    said ``out: 0`` until the next start while the state file said 1)."""
+    _, port = mqtt_broker
+    device = f"e2e{uuid.uuid4().hex[:6]}"
+    base = f"edgeinfer/{device}/{PIPELINE}"
+    config = _config(tmp_path / "run.yaml", device, port, truth.path, blazeface_path,
+                     tmp_path / "state", truth)
+    peer = Peer("127.0.0.1", port)
+    peer.subscribe(f"{base}/#")
+    try:
+        daemon = _run(config, procs)
+        first = json.loads(peer.next(f"{base}/event", timeout=60).payload)
+        _stop(daemon)
+        retained = Peer("127.0.0.1", port)
+        retained.subscribe(f"{base}/counts")
+        counts = _counts(retained.next(f"{base}/counts", timeout=10))
+        retained.close()
+    finally:
+        peer.close()
+    assert (first["type"], first["direction"]) == (truth.events[0].type, truth.events[0].direction)
+    assert counts["lines"][truth.line_name][first["direction"]] == 1, counts
