@@ -250,6 +250,10 @@ class Pipeline:
 
         return apply_tuning(self, changes)
 
+    def latest(self) -> tuple[Frame, TaskResult] | None:
+        """The latest processed frame and what the task made of it (``None``: none yet)."""
+        return self._last
+
     def snapshot_jpeg(self, quality: int = 85) -> bytes:
         """The latest processed image frame as JPEG, with its detections drawn.
 

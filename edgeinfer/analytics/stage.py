@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["SceneAnalytics", "media_dir"]
 
 _NO_EVENTS: list[dict[str, Any]] = []
+RECENT_EVENTS = 200  # events kept in memory for the web view (all are on MQTT and in results)
 
 
 def media_dir(state_dir: Path, pipeline: str) -> Path:
@@ -64,6 +66,7 @@ class SceneAnalytics:
         self._size: tuple[int, int] | None = None
         self._run = secrets.token_hex(4)  # event ids stay unique across restarts
         self._events = 0
+        self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_EVENTS)  # the web view's list
         if pc.zones or pc.lines:
             from .counters import CounterStore
             from .scene import Scene
@@ -119,6 +122,7 @@ class SceneAnalytics:
                                  [d.label for d in dets], update.ended)
             if found:
                 events = [self._event(e) for e in found]
+                self.recent.extend(events)
         if self.recorder is not None:
             self.recorder.offer(frame, clock, tracked)  # detections are drawn as they are
         return TaskResult(detections=tracked), events

@@ -18,6 +18,7 @@ from msgspec import Meta
 from ..paths import cache_dir, state_dir
 from ._types import ConfigStruct, DeviceId, Dim, FilePath, MiB, PipelineName, Threads
 from .analytics import LineConfig, RecordConfig, TrackConfig, ZoneConfig
+from .http import HttpConfig
 from .metrics import MetricsConfig
 from .mqtt import MqttConfig
 from .ota import OtaConfig
@@ -246,6 +247,7 @@ class Config(ConfigStruct, frozen=True):
             ``None``: no MQTT.
         metrics: The Prometheus endpoint; ``None``: none.
         ota: Signed model updates over MQTT; ``None``: the device takes none.
+        http: The local web view and REST API (``docs/web.md``); ``None``: none.
     """
 
     device_id: DeviceId | None = None
@@ -255,6 +257,7 @@ class Config(ConfigStruct, frozen=True):
     mqtt: MqttConfig | None = None
     metrics: MetricsConfig | None = None
     ota: OtaConfig | None = None
+    http: HttpConfig | None = None
 
     def __post_init__(self) -> None:
         if self.ota is not None and self.mqtt is None:

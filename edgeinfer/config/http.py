@@ -1,0 +1,75 @@
+"""Typed config of the ``http:`` section: the daemon's local web view and REST API (off unless
+the section is there). Field names are a contract (``docs/web.md``)."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Annotated
+
+from msgspec import Meta
+
+from ._types import ConfigStruct, FilePath, Fps, Host, MiB, Port
+
+__all__ = ["HttpConfig", "HttpTlsConfig", "is_loopback"]
+
+Token = Annotated[str, Meta(pattern=r"^[\x21-\x7e]{16,512}(?![\s\S])")]
+
+
+class HttpTlsConfig(ConfigStruct, frozen=True):
+    """HTTPS with a certificate of your own.
+
+    Attributes:
+        cert_file: The server's certificate chain (PEM).
+        key_file: Its private key (PEM).
+    """
+
+    cert_file: FilePath
+    key_file: FilePath
+
+
+class HttpConfig(ConfigStruct, frozen=True):
+    """The web view and REST API.
+
+    Attributes:
+        bind: Address to listen on. Loopback (``127.0.0.1``, ``::1``, ``localhost``) by default;
+            any other address needs a ``token``.
+        port: TCP port.
+        token: The secret a client shows (``Authorization: Bearer <token>``, or once on the
+            login page, which sets a cookie). 16 to 512 printable characters; best given as
+            ``${credential:http_token}``. Required unless ``bind`` is loopback; when set it is
+            required on loopback too.
+        tls: Serve HTTPS with this certificate (``None``: plain HTTP).
+        live_fps: Most frames per second a live view sends to one viewer.
+        live_quality: JPEG quality of live frames.
+        max_viewers: Live views served at once (more get 503).
+        max_upload_mb: Largest image ``POST /v1/infer`` takes.
+        max_pixels: Largest decoded image (width times height) it takes.
+        allowed_hosts: Host names (besides the bound address and loopback names) the server
+            answers to; a request naming another ``Host`` is refused (DNS rebinding).
+    """
+
+    bind: Host = "127.0.0.1"
+    port: Port = 8080
+    token: Token | None = None
+    tls: HttpTlsConfig | None = None
+    live_fps: Fps = 5.0
+    live_quality: Annotated[int, Meta(ge=10, le=100)] = 70
+    max_viewers: Annotated[int, Meta(ge=1, le=64)] = 4
+    max_upload_mb: MiB = 10.0
+    max_pixels: Annotated[int, Meta(ge=1024, le=100_000_000)] = 20_000_000
+    allowed_hosts: Annotated[list[Host], Meta(max_length=32)] = []
+
+    def __post_init__(self) -> None:
+        if not is_loopback(self.bind) and self.token is None:
+            raise ValueError(f"binding {self.bind} (not loopback) needs a token "
+                             "(e.g. token: ${credential:http_token})")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address or ``localhost``."""
+    if host.lower() in ("localhost", "localhost.", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
