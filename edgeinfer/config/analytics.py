@@ -41,10 +41,12 @@ class TrackConfig(ConfigStruct, frozen=True):
         low_threshold: Detections between this and ``high_threshold`` only continue existing
             tracks (the second association); below it they are ignored.
         new_track_threshold: A detection left unmatched starts a track only at this score.
-        match_iou: Least IoU between a track's predicted box and a high-score detection to match.
+        match_iou: Least IoU between a track's predicted box and a high-score detection, times
+            the detection's score, to match (ByteTrack's ``1 - match_thresh``).
         low_match_iou: Least IoU for the second (low-score) association.
         min_hits: Frames a new track must be matched in before it is confirmed (gets a
-            ``track_id`` in results and can make events).
+            ``track_id`` in results and can make events); tracks born in a stream's first frame
+            are confirmed at once.
         max_lost: Frames a track survives unmatched (its lifetime without detections) before it
             ends; an object hidden for up to this long keeps its id.
         per_class: Associate only detections of the track's own class.

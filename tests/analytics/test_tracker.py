@@ -58,8 +58,7 @@ def test_object_hidden_up_to_max_lost_keeps_its_id(hidden: int) -> None:
             assert tracker.active == 1
             continue
         ids.append(int(_frame(tracker, [_box(100 + 3 * f, 300)]).ids[0]))
-    assert ids[0] == -1  # tentative in its first frame (min_hits=2)
-    assert set(ids[1:]) == {1}
+    assert set(ids) == {1}  # born in the stream's first frame: confirmed at once
 
 
 def test_object_hidden_longer_than_max_lost_gets_a_new_id_and_the_old_one_ends_once() -> None:
@@ -91,8 +90,7 @@ def test_low_score_detections_continue_a_track_but_never_start_one() -> None:
     for f in range(30):
         score = 0.9 if f < 5 else 0.3  # confirmed, then the detector grows unsure
         ids.append(int(_frame(tracker, [_box(100 + 4 * f, 300)], scores=[score]).ids[0]))
-    assert ids[0] == -1
-    assert len(set(ids[1:])) == 1 and ids[1] > 0
+    assert len(set(ids)) == 1 and ids[0] > 0  # the first frame after reset confirms at once
     # below low_threshold a detection is ignored and the track goes lost
     assert _frame(tracker, [_box(220, 300)], scores=[0.05]).ids.tolist() == [-1]
 
@@ -122,6 +120,7 @@ def test_per_class_keeps_classes_apart() -> None:
 
 def test_tentative_tracks_get_no_id_until_min_hits() -> None:
     tracker = ByteTracker(TrackConfig(min_hits=3))
+    _frame(tracker, [])  # past the stream's first frame, which confirms at once
     ids = [int(_frame(tracker, [_box(100 + 2 * f, 300)]).ids[0]) for f in range(5)]
     assert ids == [-1, -1, 1, 1, 1]
     # an unmatched tentative track is dropped: the flicker never gets an id
@@ -201,3 +200,59 @@ def test_many_crossing_objects_in_a_crowd_keep_ids() -> None:
     switches = sum(len(ids) - 1 for ids in owner.values())
     assert len(owner) == n
     assert switches <= 2, owner
+
+
+def test_tracks_of_the_first_frame_are_confirmed_at_once_later_ones_wait() -> None:
+    tracker = ByteTracker(TrackConfig(min_hits=2))
+    assert _frame(tracker, [_box(100, 300), _box(300, 300)]).ids.tolist() == [1, 2]
+    assert _frame(tracker, [_box(100, 300), _box(300, 300), _box(600, 300)]).ids.tolist() == [
+        1, 2, -1]
+    assert _frame(tracker, [_box(100, 300), _box(300, 300), _box(600, 300)]).ids.tolist() == [
+        1, 2, 3]
+    tracker.reset()
+    assert _frame(tracker, [_box(100, 300)]).ids.tolist() == [4]
+
+
+def test_boxes_are_the_tracks_smoothed_boxes_for_tracked_detections_only() -> None:
+    rng = np.random.default_rng(11)
+    tracker = ByteTracker(TrackConfig())
+    raw_err, kf_err = [], []
+    for f in range(60):
+        true = np.array([_box(100 + 3 * f, 300), _box(900, 500)])
+        noisy = true + rng.normal(0, 3.0, (2, 4))
+        # a low-score detection far from any track gets no id
+        boxes = np.vstack([noisy, _box(1500, 100)])
+        update = _frame(tracker, boxes.tolist(), scores=[0.9, 0.9, 0.3])
+        assert update.boxes.shape == (3, 4) and update.boxes.dtype == np.float64
+        assert update.ids[2] == -1
+        assert update.boxes[2].tolist() == boxes[2].tolist()
+        assert (update.ids[:2] > 0).all()
+        if f >= 10:
+            raw_err.append(np.abs(noisy - true).mean())
+            kf_err.append(np.abs(update.boxes[:2] - true).mean())
+    assert np.mean(kf_err) < 0.8 * np.mean(raw_err), (np.mean(kf_err), np.mean(raw_err))
+
+
+def test_an_unmatched_track_does_not_make_its_neighbour_take_a_newcomer() -> None:
+    """A's detection stays A's when B is missed and a new object overlaps A: the assignment
+    does not trade one good pair for two poor ones to match more tracks."""
+    tracker = ByteTracker(TrackConfig())
+    a, b = _box(100, 300), _box(124, 300)  # IoU(a, b) = 0.25
+    for _ in range(10):
+        ids = _frame(tracker, [a, b]).ids.tolist()
+    assert ids == [1, 2]
+    newcomer = _box(84, 300)  # IoU 0.43 with a, 0 with b
+    assert _frame(tracker, [a, newcomer]).ids.tolist() == [1, -1]
+    assert _frame(tracker, [a, b]).ids.tolist() == [1, 2]
+
+
+def test_a_track_seen_last_frame_wins_over_a_long_lost_one_when_overlaps_are_close() -> None:
+    tracker = ByteTracker(TrackConfig())
+    seen, lost = _box(100, 300), _box(104, 300)
+    for _ in range(10):
+        ids = _frame(tracker, [seen, lost]).ids.tolist()
+    assert ids == [1, 2]
+    for _ in range(10):
+        assert _frame(tracker, [seen]).ids.tolist() == [1]
+    # IoU 0.77 with the track seen last frame, 0.95 with the one lost for 10 frames
+    assert _frame(tracker, [_box(103, 300)]).ids.tolist() == [1]
