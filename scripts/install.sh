@@ -84,7 +84,8 @@ if [ "$UNINSTALL" = 1 ]; then
     if systemd_running && [ -e "$UNIT" ]; then
         systemctl disable --now edgeinfer.service || true
     fi
-    rm -f "$UNIT"
+    rm -f "$UNIT" "$UNIT.d/50-listen.conf"
+    rmdir "$UNIT.d" 2>/dev/null || true
     rm -rf "$VENV"
     rmdir "$DESTDIR$PREFIX" 2>/dev/null || true
     if systemd_running; then systemctl daemon-reload; fi
@@ -216,6 +217,18 @@ TMP_UNIT=$(mktemp)
 sed "/^Exec\(Start\|Reload\)=/s#/opt/edgeinfer/#$PREFIX/#" "$FROM/systemd/edgeinfer.service" > "$TMP_UNIT"
 install -m 0644 "$TMP_UNIT" "$UNIT"
 log "installed /etc/systemd/system/edgeinfer.service (ExecStart=$PREFIX/venv/bin/edgeinfer)"
+# The ports the config listens on (web view, metrics, embedded broker), and no other: a drop-in
+# made from the config, since the unit cannot know them. Made again at every run.
+DROPIN_DIR="$UNIT.d"
+install -d -m 0755 "$DROPIN_DIR"
+if "$VENV/bin/edgeinfer" validate-config --systemd-dropin "$ETC/config.yaml" > "$TMP_UNIT" 2>/dev/null; then
+    install -m 0644 "$TMP_UNIT" "$DROPIN_DIR/50-listen.conf"
+    log "installed edgeinfer.service.d/50-listen.conf: binds only $(grep -c '^SocketBindAllow' "$DROPIN_DIR/50-listen.conf") configured port(s)"
+else
+    log "could not read /etc/edgeinfer/config.yaml here (credentials or variables set only" \
+        "under systemd?): no port drop-in; make it with: edgeinfer validate-config" \
+        "--systemd-dropin /etc/edgeinfer/config.yaml > $DROPIN_DIR/50-listen.conf"
+fi
 
 if [ "$ENABLE" = 1 ] && systemd_running; then
     systemctl daemon-reload

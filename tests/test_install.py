@@ -80,6 +80,9 @@ def verify_root(dest: Path) -> Path:
     for sub in ("etc/systemd/system", "bin", "usr/lib/systemd"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     shutil.copy(dest / "etc/systemd/system/edgeinfer.service", root / "etc/systemd/system")
+    dropins = dest / "etc/systemd/system/edgeinfer.service.d"
+    if dropins.is_dir():  # the port drop-in is verified with the unit
+        shutil.copytree(dropins, root / "etc/systemd/system/edgeinfer.service.d")
     host_units = Path("/lib/systemd/system")
     if host_units.is_dir():
         shutil.copytree(host_units, root / "usr/lib/systemd/system", symlinks=True)
@@ -120,6 +123,9 @@ def test_install_leaves_venv_config_credentials_and_unit(installed: Path) -> Non
     unit = (installed / "etc/systemd/system/edgeinfer.service").read_text()
     assert f"\nExecStart={PREFIX}/venv/bin/edgeinfer run -c /etc/edgeinfer/config.yaml\n" in unit
     assert unit.replace(f"ExecStart={PREFIX}/", "ExecStart=/opt/edgeinfer/") == UNIT.read_text()
+    # camera-detect.yaml listens on no port: the service may bind none.
+    dropin = (installed / "etc/systemd/system/edgeinfer.service.d/50-listen.conf").read_text()
+    assert "\nSocketBindDeny=any\n" in dropin and "SocketBindAllow" not in dropin
 
 
 def test_second_run_is_idempotent_and_keeps_a_changed_config(installed: Path) -> None:

@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "photograph, and run a face-detection pipeline on it: results on stdout "
                        "and in a JSON Lines file. No camera or broker needed.")
     p.add_argument("--out", default="results.jsonl", help="JSON Lines output (default: %(default)s)")
+    p.add_argument("--http", nargs="?", type=int, const=8080, default=None, metavar="PORT",
+                   help="also serve the web view on http://127.0.0.1:PORT/ (default port 8080) "
+                   "and loop the video until Ctrl-C")
 
     p = sub.add_parser("info", help=VERBS["info"][1],
                        description="Load MODEL on the chosen provider and print its inputs, "
@@ -97,10 +100,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strict", action="store_true",
                    help="also fail (exit 78) when the config cannot start here: a missing model "
                    "or key file, no pipelines (without it these are warnings)")
+    p.add_argument("--systemd-dropin", action="store_true",
+                   help="print a systemd drop-in that lets the service bind exactly the ports "
+                   "this config listens on (web view, metrics, embedded broker) and no other")
 
     p = sub.add_parser("watch", help=VERBS["watch"][1],
-                       description="Subscribe to <prefix>/<device>/status, .../<pipeline>/result "
-                       "and .../stats and print one line per message. The broker is the -c "
+                       description="Subscribe to <prefix>/<device>/status, .../<pipeline>/result, "
+                       ".../<pipeline>/event, .../<pipeline>/counts and .../stats and print one "
+                       "line per message. The broker is the -c "
                        "CONFIG's mqtt: section, else 127.0.0.1:1883; options override it. A "
                        "broker that is down is retried. Ctrl-C ends it.")
     p.add_argument("-c", "--config", help="YAML config whose mqtt: section names the broker")
@@ -244,7 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "reply as JSON (exit 1 for an error reply or none). Verbs listed in the "
                        "device's mqtt.commands.signed need --key.")
     p.add_argument("device", help="the device id")
-    p.add_argument("command", help="status, pause, resume, reload, snapshot or set")
+    p.add_argument("command", help="status, pause, resume, reload, snapshot, set or reset")
     p.add_argument("args", nargs="?", help="the arguments as a JSON object, e.g. "
                    "'{\"pipeline\": \"faces\", \"score_threshold\": 0.7}'")
     p.add_argument("--key", help="sign with this private key from `edgeinfer keygen`")

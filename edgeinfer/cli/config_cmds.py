@@ -20,11 +20,18 @@ def cmd_validate(args: argparse.Namespace) -> int:
     ``systemctl restart``) makes it an error, as ``edgeinfer run`` does.
     """
     config = load_config(args.config)
+    if getattr(args, "systemd_dropin", False):
+        from ..sandbox import socket_bind_dropin
+
+        sys.stdout.write(socket_bind_dropin(config, args.config))
+        return 0
     problems = start_problems(config)
     if args.json:
         data = msgspec.to_builtins(config)
         if data.get("mqtt") and data["mqtt"].get("password"):
             data["mqtt"]["password"] = "<redacted>"  # never print a secret
+        if data.get("http") and data["http"].get("token"):
+            data["http"]["token"] = "<redacted>"
         sys.stdout.write(msgspec.json.format(msgspec.json.encode(data)).decode() + "\n")
     if problems:
         fatal = any(p.fatal for p in problems)

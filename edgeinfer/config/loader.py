@@ -159,7 +159,11 @@ def _resolve_paths(config: Config, base: Path) -> Config:
     if ota is not None:  # key files relative to the config; inline "ed25519:..." keys as written
         ota = replace(ota, trusted_keys=[k if k.lstrip().startswith(("ed25519:", "-----"))
                                          else absolute(k) for k in ota.trusted_keys])
-    return replace(config, runtime=runtime, pipelines=pipelines, mqtt=mqtt, ota=ota)
+    http = config.http
+    if http is not None and http.tls is not None:
+        http = replace(http, tls=replace(http.tls, cert_file=absolute(http.tls.cert_file),
+                                         key_file=absolute(http.tls.key_file)))
+    return replace(config, runtime=runtime, pipelines=pipelines, mqtt=mqtt, ota=ota, http=http)
 
 
 def _resolve_source(source: SourceConfig, absolute: Callable[[str], str]) -> SourceConfig:

@@ -84,15 +84,15 @@ def _model_problem(config: Config, index: int) -> str | None:
 
 
 def _tls_problems(config: Config) -> list[StartProblem]:
-    tls = config.mqtt.tls if config.mqtt is not None else None
-    if tls is None:
-        return []
+    sections = [("mqtt", config.mqtt.tls if config.mqtt is not None else None),
+                ("http", config.http.tls if config.http is not None else None)]
     problems = []
-    for name in ("ca_file", "cert_file", "key_file"):
-        value = getattr(tls, name)
-        if value and not Path(value).is_file():
-            what = "no such file" if not Path(value).exists() else "not a file"
-            problems.append(StartProblem(f"$.mqtt.tls.{name}", f"{what}: {value}"))
+    for section, tls in sections:
+        for name in ("ca_file", "cert_file", "key_file"):
+            value = getattr(tls, name, None)
+            if value and not Path(value).is_file():
+                what = "no such file" if not Path(value).exists() else "not a file"
+                problems.append(StartProblem(f"$.{section}.tls.{name}", f"{what}: {value}"))
     return problems
 
 

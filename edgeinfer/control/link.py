@@ -17,10 +17,10 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-
 from .. import __version__
 from ..errors import ConfigError
 from .commands import CommandServer
+from .status import backend_of, device_birth, device_stats
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -170,16 +170,8 @@ class MqttLink:
         return self.birth_message()
 
     def birth_message(self) -> dict[str, Any]:
-        pipes = self.daemon.pipelines
         return {
-            "state": "online", "version": __version__, "device": self.device_id,
-            "pipelines": [p.name for p in pipes],
-            "models": {p.name: {"name": p.model.name, "version": p.model.version,
-                                "sha256": p.model.sha256} for p in pipes if not p.model.closed},
-            "providers": {p.name: p.model.provider for p in pipes if not p.model.closed},
-            "backends": {p.name: backend_of(p.model) for p in pipes if not p.model.closed},
-            "failed": dict(self.daemon.failed),
-            "groups": list(self.config.ota.groups) if self.config.ota is not None else [],
+            **device_birth(self.daemon, self.device_id),
             "outbox": self.plumbing.birth_info() if self.plumbing is not None else None,
             "mqtt_protocol": self.plumbing.client.protocol if self.plumbing is not None else None,
             "commands": None if self.commands is None else self.commands.stats()["state"],
@@ -193,18 +185,10 @@ class MqttLink:
                        retain=True)
 
     def stats_message(self) -> dict[str, Any]:
-        from ..runtime.memory import rss_mb
-
         return {
-            "ts": round(time.time(), 3),
-            "device": self.device_id,
-            "uptime_s": round(time.monotonic() - self._started, 1),
-            "memory_mb": round(rss_mb(), 1),
-            "pipelines": {p.name: p.snapshot() for p in self.daemon.pipelines},
+            **device_stats(self.daemon, self.device_id, self._started),
             "outbox": self.plumbing.stats(),
             "commands": self.commands.stats() if self.commands else None,
-            "ota": self.daemon.ota.stats() if self.daemon.ota is not None else None,
-            "failed": dict(self.daemon.failed),
         }
 
     def publish_stats(self) -> None:
@@ -308,15 +292,6 @@ class MqttLink:
                               "of ota.trusted_keys; add an ota: section with trusted_keys")
         nonces = NonceBook(self.config.runtime.resolved_state_dir() / "command-nonces.json")
         return SignedCommands(self.device_id, trusted, nonces, max_age_s=policy.max_age_s)
-
-
-def backend_of(model: Any) -> dict[str, Any]:
-    """What runs a pipeline's model: the exact choice, whether measuring is still under way, and
-    the decision's one-line summary (``None`` when nothing was measured)."""
-    report = model.report
-    selection = report.selection or {}
-    return {"choice": report.choice.label() if report.choice is not None else report.provider,
-            "selecting": bool(model.selecting), "decision": selection.get("summary")}
 
 
 def max_packet_bytes(config: Config) -> int:

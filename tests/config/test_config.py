@@ -298,7 +298,7 @@ def test_config_schema_describes_the_tree() -> None:
 
     defs = schema["$defs"]
     assert set(defs["Config"]["properties"]) == {"device_id", "runtime", "pipelines", "logging",
-                                                 "mqtt", "metrics", "ota"}
+                                                 "mqtt", "metrics", "ota", "http"}
     assert defs["ModelConfig"]["required"] == ["path"]
     assert defs["ModelConfig"]["additionalProperties"] is False
     assert defs["PipelineConfig"]["required"] == ["name", "model", "source"]
@@ -359,7 +359,7 @@ def test_unknown_top_level_key(tmp_path: Path) -> None:
     assert message.endswith(":2: $.mqtt_host: unknown field; did you mean 'mqtt'?")
 
     message = config_error(tmp_path, "pipelines: []\nbroker: x\n")
-    valid = "device_id, runtime, pipelines, logging, mqtt, metrics, ota"
+    valid = "device_id, runtime, pipelines, logging, mqtt, metrics, ota, http"
     assert message.endswith(f":2: $.broker: unknown field; valid: {valid}")
 
 
@@ -1139,3 +1139,15 @@ def test_ota_section_resolves_key_files_and_keeps_inline_keys(tmp_path: Path) ->
 ])
 def test_ota_section_errors_name_the_path(tmp_path: Path, text: str, problem: str) -> None:
     assert problem in config_error(tmp_path, "pipelines: []\n" + text)
+
+
+def test_http_needs_a_token_beyond_loopback(tmp_path: Path) -> None:
+    message = config_error(tmp_path, "pipelines: []\nhttp: {bind: 0.0.0.0}\n")
+    assert "$.http: binding 0.0.0.0 (not loopback) needs a token" in message
+    message = config_error(tmp_path, "pipelines: []\nhttp: {bind: 0.0.0.0, token: short}\n")
+    assert "$.http.token" in message
+    for bind in ("127.0.0.1", "::1", "localhost", "127.0.0.2"):
+        write(tmp_path, f"pipelines: []\nhttp: {{bind: '{bind}'}}\n")
+        assert load_config(tmp_path / "config.yaml").http is not None
+    write(tmp_path, "pipelines: []\nhttp: {bind: 0.0.0.0, token: 0123456789abcdef0123}\n")
+    assert load_config(tmp_path / "config.yaml").http.token == "0123456789abcdef0123"  # type: ignore[union-attr]

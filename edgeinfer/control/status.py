@@ -1,0 +1,61 @@
+"""The device's status and stats documents, as the MQTT status topic, the ``status`` command and
+the web view's ``GET /v1/status`` show them. The MQTT link adds its own parts (outbox, MQTT
+protocol, command thread); without MQTT the same documents are made from the daemon alone."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+from .. import __version__
+
+__all__ = ["Device", "backend_of", "device_birth", "device_stats"]
+
+
+class Device(Protocol):
+    """What the documents are made from (the daemon)."""
+
+    config: Any
+    pipelines: list[Any]
+    failed: dict[str, str]
+    ota: Any
+
+
+def device_birth(daemon: Device, device_id: str) -> dict[str, Any]:
+    """State, version, pipelines with their models, providers and backends, failures, groups."""
+    pipes = daemon.pipelines
+    config = daemon.config
+    return {
+        "state": "online", "version": __version__, "device": device_id,
+        "pipelines": [p.name for p in pipes],
+        "models": {p.name: {"name": p.model.name, "version": p.model.version,
+                            "sha256": p.model.sha256} for p in pipes if not p.model.closed},
+        "providers": {p.name: p.model.provider for p in pipes if not p.model.closed},
+        "backends": {p.name: backend_of(p.model) for p in pipes if not p.model.closed},
+        "failed": dict(daemon.failed),
+        "groups": list(config.ota.groups) if config.ota is not None else [],
+    }
+
+
+def device_stats(daemon: Device, device_id: str, started: float) -> dict[str, Any]:
+    """Time, uptime, memory, each pipeline's stats, the OTA agent's, failures."""
+    from ..runtime.memory import rss_mb
+
+    return {
+        "ts": round(time.time(), 3),
+        "device": device_id,
+        "uptime_s": round(time.monotonic() - started, 1),
+        "memory_mb": round(rss_mb(), 1),
+        "pipelines": {p.name: p.snapshot() for p in daemon.pipelines},
+        "ota": daemon.ota.stats() if daemon.ota is not None else None,
+        "failed": dict(daemon.failed),
+    }
+
+
+def backend_of(model: Any) -> dict[str, Any]:
+    """What runs a pipeline's model: the exact choice, whether measuring is still under way, and
+    the decision's one-line summary (``None`` when nothing was measured)."""
+    report = model.report
+    selection = report.selection or {}
+    return {"choice": report.choice.label() if report.choice is not None else report.provider,
+            "selecting": bool(model.selecting), "decision": selection.get("summary")}
