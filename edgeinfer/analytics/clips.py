@@ -15,6 +15,8 @@ one for weak boards.
 
 from __future__ import annotations
 
+import threading
+
 import functools
 import logging
 import re
@@ -302,8 +304,11 @@ def _try(path: Path, fourcc: str) -> bool:
 
 
 def write_clip(path: Path, fmt: ClipFormat, frames: Sequence[Entry], geometry: Geometry,
-               highlight: int | None, fallback_fps: float) -> float:
-    """Write ``frames`` (annotated) to ``path`` as ``fmt``; returns the frame rate used.
+               highlight: int | None, fallback_fps: float,
+               stop: threading.Event | None = None) -> float:
+    """Write ``frames`` (annotated) to ``path`` as ``fmt``; returns the frame rate used. When
+    ``stop`` is set, the clip ends at the next frame (shorter, still a valid file): a shutdown
+    never waits for a long clip.
 
     The rate is the frames' real one (their count over the clock span), so the clip lasts as
     long as the scene did; a single frame gets ``fallback_fps``. Frames whose size differs from
@@ -320,6 +325,8 @@ def write_clip(path: Path, fmt: ClipFormat, frames: Sequence[Entry], geometry: G
     size = (0, 0)
     try:
         for e in frames:
+            if stop is not None and stop.is_set() and writer is not None:
+                break
             image = decode_jpeg(e.jpeg)
             draw_scene(image, e.boxes, geometry, scale=e.scale, highlight=highlight)
             if writer is None:

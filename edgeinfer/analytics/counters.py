@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,12 @@ class CounterStore:
         self.interval_s = interval_s
         self._saved: dict[str, Any] | None = None
         self._saved_at: float | None = None
+        # maybe_save hands the totals to a writer thread: two fsyncs (milliseconds on an SD
+        # card, sometimes tens) never stall the pipeline's emit thread.
+        self._cv = threading.Condition()
+        self._queued: dict[str, Any] | None = None
+        self._writing = False
+        self._writer: threading.Thread | None = None
 
     def load(self) -> dict[str, Any]:
         """Read the totals.
@@ -71,18 +78,30 @@ class CounterStore:
         return counts
 
     def save(self, counts: dict[str, Any]) -> None:
-        """Write ``counts`` (the shape `load` returns) now.
+        """Write ``counts`` (the shape `load` returns) now, after any save `maybe_save`
+        queued.
 
         Raises:
             OSError: The folder or file cannot be written.
         """
+        self.flush()
         totals = {"zones": _only(counts.get("zones", {}), ZONE_KEYS),
                   "lines": _only(counts.get("lines", {}), LINE_KEYS)}
+        self._write(totals)
+        self._saved_at = time.monotonic()
+
+    def _write(self, totals: dict[str, Any]) -> None:
         data = json.dumps({"format": FORMAT, "version": VERSION, **totals}, sort_keys=True)
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         _write_atomic(self.path, data.encode())
         self._saved = totals
-        self._saved_at = time.monotonic()
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until the save `maybe_save` queued is on disk; ``False`` if it took longer than
+        ``timeout``."""
+        with self._cv:
+            return self._cv.wait_for(lambda: self._queued is None and not self._writing,
+                                     timeout)
 
     def maybe_save(self, counts: dict[str, Any], now: float) -> bool:
         """Save ``counts`` if they differ from the last saved and ``interval_s`` has passed since
@@ -98,18 +117,35 @@ class CounterStore:
         """
         totals = {"zones": _only(counts.get("zones", {}), ZONE_KEYS),
                   "lines": _only(counts.get("lines", {}), LINE_KEYS)}
-        if totals == self._saved:
-            return True
-        if self._saved_at is not None and now - self._saved_at < self.interval_s:
-            return False
-        try:
-            self.save(totals)
-        except OSError as exc:
-            self._saved_at = now  # retry after the interval, not on every frame
-            logger.warning("counters %s cannot be saved: %s", self.path, exc)
-            return False
-        self._saved_at = now
+        with self._cv:
+            if totals == (self._queued or self._saved):
+                return True
+            if self._saved_at is not None and now - self._saved_at < self.interval_s:
+                return False
+            self._saved_at = now  # a failed write is retried after the interval too
+            self._queued = totals
+            if self._writer is None:
+                self._writer = threading.Thread(target=self._write_queued, daemon=True,
+                                                name=f"counters-{self.path.stem}")
+                self._writer.start()
+            self._cv.notify_all()
         return True
+
+    def _write_queued(self) -> None:
+        while True:
+            with self._cv:
+                if not self._cv.wait_for(lambda: self._queued is not None, 5.0):
+                    self._writer = None  # idle: a later save starts a new one
+                    return
+                totals, self._queued, self._writing = self._queued, None, True
+            try:
+                self._write(totals)  # type: ignore[arg-type]
+            except OSError as exc:
+                logger.warning("counters %s cannot be saved: %s", self.path, exc)
+            finally:
+                with self._cv:
+                    self._writing = False
+                    self._cv.notify_all()
 
     def _set_aside(self) -> Path | None:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())

@@ -23,7 +23,7 @@ __all__ = ["MEDIA_SUFFIXES", "MediaStore", "TEMP_PREFIX"]
 
 logger = logging.getLogger(__name__)
 
-MEDIA_SUFFIXES = frozenset({".jpg", ".mp4", ".avi"})
+MEDIA_SUFFIXES = frozenset({".jpg", ".mp4", ".webm", ".avi"})
 TEMP_PREFIX = ".tmp-"
 _MIB = 1024 * 1024
 _WARN_EVERY_S = 60.0

@@ -100,6 +100,7 @@ class Recorder:
         self._buf = FrameBuffer(self._pre, self._period, self._clip_cfg.buffer_mb * _MIB)
         self._open: PendingClip | None = None
         self._threads: list[threading.Thread] = []
+        self._hurry = threading.Event()  # closing took too long: clips end at their next frame
         self._state = "new"
         self._seq = 0
         self._due = float("-inf")  # next clock to keep, minus a small tolerance
@@ -216,7 +217,9 @@ class Recorder:
 
     def close(self, timeout: float = 10.0) -> None:
         """Encode what is queued, write clips still waiting for post-roll with the frames they
-        have, and join the threads (``timeout`` seconds in all)."""
+        have, and join the threads. After ``timeout`` seconds the clip being written ends at
+        its next frame and the rest are cut short too: a stop never
+        waits long, and no thread is left inside OpenCV when the process exits."""
         if self._state != "running":
             self._state = "closed"
             return
@@ -227,8 +230,11 @@ class Recorder:
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
         if any(t.is_alive() for t in self._threads):
-            logger.warning("pipeline %s: event media still being written after %.0f s",
-                           self.pipeline, timeout)
+            logger.warning("pipeline %s: event clips still being written after %.0f s; cutting "
+                           "them short", self.pipeline, timeout)
+            self._hurry.set()
+            for t in self._threads:
+                t.join()  # one frame's encoding at most, per clip left
         self._state = "closed"
 
     # -- emit thread ---------------------------------------------------------------------------
@@ -358,7 +364,7 @@ class Recorder:
             return
         with self._store.atomic(clip.path) as temp:
             write_clip(temp, self._format, clip.frames, self._scene(), clip.track_id,
-                       self._clip_cfg.fps)
+                       self._clip_cfg.fps, self._hurry)
         self._count("clips_written")
 
     def _count(self, key: str) -> None:

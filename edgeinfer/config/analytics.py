@@ -135,7 +135,8 @@ class ClipConfig(ConfigStruct, frozen=True):
         fps: Frames per second kept for clips and snapshots (each kept frame is JPEG-encoded
             once; frames in between are not stored).
         quality: JPEG quality of kept frames.
-        max_width: Kept frames wider than this are scaled down first (``None``: full size).
+        max_width: Kept frames wider than this are scaled down first (``None``: full size); 960
+            keeps VP8 clips affordable on a small board (the cost grows with the pixels).
         format: ``auto`` picks the first this OpenCV build writes and reads back: H.264 in
             MP4 (``h264``), VP8 in WebM (``vp8``), MPEG-4 Part 2 in MP4 (``mp4v``), MJPEG in
             AVI (``mjpeg``). Browsers play only the first two, hence the order; the PyPI OpenCV
@@ -150,7 +151,7 @@ class ClipConfig(ConfigStruct, frozen=True):
     post_s: Annotated[float, Meta(ge=0, le=300)] = 5.0
     fps: Fps = 10.0
     quality: Annotated[int, Meta(ge=10, le=100)] = 75
-    max_width: Annotated[int, Meta(ge=64, le=16384)] | None = 1280
+    max_width: Annotated[int, Meta(ge=64, le=16384)] | None = 960
     format: Literal["auto", "h264", "vp8", "mp4v", "mjpeg"] = "auto"
     buffer_mb: MiB = 64.0
 

@@ -20,10 +20,20 @@ ZONE = ZoneConfig(name="door", points=[[100, 100], [300, 100], [300, 300], [100,
 LINE = LineConfig(name="gate", points=[[100, 240], [500, 240]], coordinates="pixels")
 
 
+_STORES: list[CounterStore] = []
+
+
+def _store(path: Path, **kw: float) -> CounterStore:
+    """A store the test's reads of the file wait for (saves are written by a thread)."""
+    store = CounterStore(path, **kw)
+    _STORES.append(store)
+    return store
+
+
 def make(path: Path, zones: list[ZoneConfig] | None = None,
          lines: list[LineConfig] | None = None) -> Scene:
     scene = Scene([ZONE] if zones is None else zones, [LINE] if lines is None else lines,
-                  class_names=["person"], counters=CounterStore(path))
+                  class_names=["person"], counters=_store(path))
     scene.bind(640, 480)
     return scene
 
@@ -44,6 +54,8 @@ def walk(scene: Scene) -> None:
 
 
 def on_disk(path: Path) -> dict[str, object]:
+    for store in _STORES:
+        assert store.flush()
     doc = json.loads(path.read_text())
     return {"zones": doc["zones"], "lines": doc["lines"]}
 
@@ -82,7 +94,7 @@ def test_removed_zone_drops_its_totals_and_a_new_one_starts_at_zero(tmp_path: Pa
 
 
 def test_maybe_save_writes_at_most_once_a_second(tmp_path: Path) -> None:
-    store = CounterStore(tmp_path / "c.json")
+    store = _store(tmp_path / "c.json")
     counts = {"zones": {}, "lines": {"gate": {"in": 1, "out": 0}}}
     assert store.maybe_save(counts, 100.0)
     counts["lines"]["gate"]["in"] = 2
@@ -98,7 +110,7 @@ def test_maybe_save_writes_at_most_once_a_second(tmp_path: Path) -> None:
 
 def test_scene_saves_a_pending_change_after_the_interval(tmp_path: Path) -> None:
     path = tmp_path / "c.json"
-    scene = Scene([], [LINE], class_names=None, counters=CounterStore(path, interval_s=0.2))
+    scene = Scene([], [LINE], class_names=None, counters=_store(path, interval_s=0.2))
     scene.bind(640, 480)
     step(scene, 0, (1, 300, 200), (2, 300, 200))
     step(scene, 1, (1, 300, 280), (2, 300, 200))

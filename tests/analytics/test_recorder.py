@@ -207,7 +207,7 @@ def test_retention_by_age_and_size_at_start(tmp_path: Path) -> None:
     (media / "clips").mkdir(parents=True)
     old = media / "clips" / "old.jpg"
     old.write_bytes(b"x" * 1000)
-    big_old = media / "clips" / "b.mp4"
+    big_old = media / "clips" / "b.webm"  # every clip format is media (VP8 ones were missed)
     big_old.write_bytes(b"x" * 1_000_000)
     big_new = media / "clips" / "c.avi"
     big_new.write_bytes(b"x" * 1_000_000)
@@ -393,3 +393,15 @@ def test_clip_writing_cost_per_format(tmp_path: Path, size: tuple[int, int]) -> 
         f"{k} {v:.1f}" if k.endswith("KiB") else f"{k} {v * 1000:.1f} ms/frame"
         for k, v in costs.items()))
     assert "mjpeg/avi" in costs and all(v > 0 for v in costs.values())
+
+
+def test_close_cuts_a_long_clip_short_instead_of_waiting(tmp_path: Path) -> None:
+    rec = Recorder("p", _config(pre_s=1.0, post_s=60.0), tmp_path)
+    rec.start()
+    media = _feed(rec, range(0, 90), events={45: "ev"})
+    started = time.monotonic()
+    rec.close(timeout=0.0)
+    took = time.monotonic() - started
+    assert took < 5.0 and not any(t.is_alive() for t in rec._threads)
+    frames, _ = _read_clip(str(media["ev"]["clip"]))
+    assert frames  # a valid, shorter clip

@@ -175,6 +175,7 @@ def test_jitter_out_of_the_zone_delays_loiter_to_the_next_frame_inside() -> None
 def test_start_of_a_track_confirmed_inside_is_its_first_frame_with_an_id() -> None:
     """The tracker's tentative frames (id -1 until min_hits) are not seen by the scene."""
     tracker = ByteTracker(TrackConfig(min_hits=3))
+    tracker.update(np.zeros((0, 4)), np.zeros(0), np.zeros(0, np.int64))  # not the first frame
     scene = zone_scene()
     events: list[SceneEvent] = []
     firsts: list[int] = []
