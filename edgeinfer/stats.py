@@ -29,6 +29,14 @@ class LatencyWindow:
     def count(self) -> int:
         return self._n
 
+    def histogram(self, edges: list[float]) -> list[int]:
+        """How many of the window's samples fall in each bin ``[edges[i], edges[i+1])``; the
+        last bin also takes everything above the last edge (``len(edges)`` counts)."""
+        n = min(self._n, len(self._buf))
+        at = np.searchsorted(np.asarray(edges, dtype=np.float64), self._buf[:n], side="right")
+        counts = np.bincount(np.clip(at - 1, 0, len(edges) - 1), minlength=len(edges))
+        return [int(c) for c in counts]
+
     def summary(self) -> dict[str, float]:
         n = min(self._n, len(self._buf))
         if not n:
