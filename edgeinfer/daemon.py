@@ -96,6 +96,8 @@ class Daemon:
         self.link: Any = None  # control.link.MqttLink when the config has an mqtt: section
         self.metrics: Any = None  # control.metrics.MetricsServer when metrics: is enabled
         self.ota: Any = None  # ota.agent.OtaAgent when the config has an ota: section
+        self.web: Any = None  # web.WebServer when the config has an http: section
+        self._started = time.monotonic()
         self._stop = threading.Event()
         self._signals = 0
         self._reload_lock = threading.Lock()
@@ -171,6 +173,12 @@ class Daemon:
 
             self.metrics = MetricsServer(self, self.config.metrics)
             self.metrics.start()
+        if self.config.http is not None:
+            from .web import WebServer
+
+            self.web = WebServer(self.config.http, self)
+            self.web.start()
+            logger.info("web view on %s", self.web.url)
         systemd.ready(self.status_line())
 
     def _start_pipeline(self, pc: Any) -> Pipeline:
@@ -229,6 +237,8 @@ class Daemon:
         systemd.stopping()
         if self.ota is not None:  # an update in its health gate stays uncommitted: undone at boot
             self.ota.stop()
+        if self.web is not None:
+            self.web.stop()
         if self.metrics is not None:
             self.metrics.stop()
         for p in self.pipelines:
@@ -239,6 +249,48 @@ class Daemon:
             self.link.stop(self.flush_timeout_s)
         if self._state_lock is not None:
             self._state_lock.release()
+
+    # -- what the web view and command handlers see -----------------------------------------
+    @property
+    def device_id(self) -> str:
+        return self.config.resolved_device_id()
+
+    def status(self) -> dict[str, Any]:
+        """What the ``status`` command answers: the birth plus the current stats (with the MQTT
+        link's parts when there is one)."""
+        if self.link is not None:
+            return dict(self.link.status_message())
+        from .control.status import device_birth, device_stats
+
+        return {**device_birth(self, self.device_id),
+                "stats": device_stats(self, self.device_id, self._started)}
+
+    def command(self, verb: str, request: dict[str, Any]) -> dict[str, Any]:
+        """Run command ``verb`` as the web view asks it: the MQTT commands' handlers and
+        allow-list (``mqtt.commands``; every verb without an ``mqtt:`` section). Verbs that must
+        be signed are refused here: a signature is checked on the MQTT path only.
+
+        Raises:
+            CommandError: an unknown, disallowed or signed-only verb, or a bad request.
+        """
+        from .config.commands import VERBS, CommandsConfig
+        from .control.commands import CommandError
+        from .control.handlers import CommandHandlers
+
+        policy = self.config.mqtt.commands if self.config.mqtt is not None else True
+        allow = VERBS if policy is True else () if policy is False else tuple(policy.allow)
+        signed = policy.signed if isinstance(policy, CommandsConfig) else []
+        if verb not in VERBS:
+            raise CommandError(f"unknown command {verb!r}; valid: {', '.join(VERBS)}")
+        if verb not in allow:
+            raise CommandError(f"command {verb!r} is not allowed on this device "
+                               f"(mqtt.commands.allow: {', '.join(allow) or 'none'})")
+        if verb in signed:
+            raise CommandError(f"command {verb!r} must be signed on this device "
+                               "(mqtt.commands.signed): send it over MQTT")
+        publish = self.link._publish_snapshot if self.link is not None else None
+        handlers = CommandHandlers(self, status=self.status, publish_snapshot=publish).table()
+        return handlers[verb](dict(request))
 
     def reload(self) -> dict[str, Any]:
         """Re-read the config file; restart only the pipelines whose config changed. A model
@@ -295,6 +347,8 @@ class Daemon:
                 notes.append("mqtt settings change on restart")
             if new.ota != self.config.ota:
                 notes.append("ota settings change on restart")
+            if new.http != self.config.http:
+                notes.append("http settings change on restart")
             self.config = new
             return {"restarted": sorted(rebuilt), "removed": sorted(p.name for p in removed),
                     "unchanged": sorted(keep - rebuilt), "notes": notes}

