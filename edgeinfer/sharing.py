@@ -113,6 +113,15 @@ class SharedModel(Model):
                 raise StateError(f"model {self.name!r} is closed")
             return self._shared_entry.submit(self, inputs)
 
+    def another(self, owner: str) -> SharedModel:
+        """A second handle on the same pooled model, scheduled with the others (the web view's
+        ``POST /v1/infer`` runs the pipeline's model through one, never racing the pipeline).
+        ``close()`` it when done."""
+        handle = SharedModel(self._shared_entry, self.name, self.version)
+        handle.owner = owner
+        self._shared_entry.attach(handle)
+        return handle
+
     def select_backend(self, gate: Any = None, *, background: bool = False,
                        budget_s: float | None = None) -> Any:
         """`Model.select_backend` of the pooled model: the winner serves every sharer. (Not

@@ -199,6 +199,11 @@ class Recorder:
         except OSError:
             return None
 
+    @property
+    def directory(self) -> Path:
+        """The pipeline's media folder (``snapshots/`` and ``clips/`` under it)."""
+        return Path(self._store.directory)
+
     def stats(self) -> dict[str, Any]:
         """Counters: frames kept, queued (or being encoded), encoded and dropped (queue, buffer),
         the ring's frames and encoded bytes, all buffered bytes, files written, disk use,

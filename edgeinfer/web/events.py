@@ -124,7 +124,7 @@ def media_root(p: Pipeline) -> Path | None:
     recorder = p.analytics.recorder if p.analytics is not None else None
     if recorder is None:
         return None
-    return Path(recorder._store.directory).resolve()  # = media_dir(state_dir, name)
+    return recorder.directory.resolve()  # = media_dir(state_dir, name)
 
 
 def _checked(p: Pipeline, named: Any) -> Path | None:

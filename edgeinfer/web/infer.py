@@ -171,13 +171,7 @@ def image_pipeline_problem(pipeline: Pipeline) -> str | None:
 
 def _handle(model: Any, pipeline: str) -> Any:
     """A second handle on ``model``'s pooled entry (closed by the caller)."""
-    from ..sharing import SharedModel
-
-    entry = model._shared_entry  # as the pool adds a user
-    handle = SharedModel(entry, model.name, model.version)
-    handle.owner = f"web:{pipeline}"
-    entry.attach(handle)
-    return handle
+    return model.another(f"web:{pipeline}")
 
 
 async def _multipart_file(request: web.Request) -> bytes | web.Response:
