@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from aiohttp import web
 
 from ..control.commands import CommandError
+from ..errors import EdgeInferError
 from .auth import Auth, error
 from .events import EventRoutes, Refused
 from .infer import ImageRefused, InferRequests, image_pipeline_problem
@@ -218,7 +219,7 @@ class WebApp:
             if len(body) > MAX_COMMAND_BYTES:
                 raise CommandError(f"a command is at most {MAX_COMMAND_BYTES} bytes")
             result = await self._blocking(self.host.command, verb, decode_request(body))
-        except CommandError as exc:
+        except EdgeInferError as exc:  # as over MQTT: e.g. set's ConfigError is a refusal
             return web.json_response({"ok": False, "error": str(exc)}, status=400)
         return web.json_response({"ok": True, "result": result}, dumps=_dumps)
 

@@ -206,7 +206,9 @@ def _paths() -> dict[str, Any]:
             "summary": "The pages' assets.", "security": [],
             "parameters": [{"name": "path", "in": "path", "required": True,
                             "schema": {"type": "string"}}],
-            "responses": {"200": {"description": "the file"}, "404": _err("no such file")}}},
+            "responses": {"200": {"description": "the file"}, "404": {
+                "description": "no such file",
+                "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
     }
 
 
