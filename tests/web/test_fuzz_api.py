@@ -5,8 +5,11 @@ the looping scene video (``edgeinfer.testing.scene_video``: a zone, a line and r
 so event routes have real ids to find). Schemathesis loads the document the daemon serves at
 ``/openapi.json`` and sends every operation generated requests, valid and invalid, checking:
 no 5xx, every status and response body as the document declares them, the declared content
-type. After the fuzzing the pipeline must still be running (``processed`` still growing), the
-daemon must not have restarted it, and its log must hold no traceback.
+type. Each operation gets valid requests, invalid ones where the document has rules to break,
+and valid ones naming the real pipeline and a real event (one with a clip when there is);
+``/v1/infer`` also gets real photographs (random bytes are never an image). After the fuzzing
+the pipeline must still be running (``processed`` still growing), the daemon must not have
+restarted it, and its log must hold no traceback or error. The same again without a token.
 
 Not fuzzed: ``GET /v1/pipelines/{name}/live.mjpg`` (an endless stream; a client reading it to
 the end never returns) is checked by hand below: an unknown name, and the first part of the
