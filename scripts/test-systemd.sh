@@ -585,5 +585,38 @@ else
 fi
 T=60 inside systemctl stop edgeinfer || true
 
+# The web view under the sandbox, and the port drop-in: with http: in the config, the drop-in
+# made by `edgeinfer validate-config --systemd-dropin` (as install.sh does) lets the service
+# bind its web port and no other; the web view answers through it.
+T=10 inside systemctl reset-failed edgeinfer 2>/dev/null || true
+write_config
+printf 'http: {port: 18080}\n' >>"$WORK/root/etc/edgeinfer/config.yaml"
+dropin=/etc/systemd/system/edgeinfer.service.d/50-listen.conf
+if T=60 inside sh -c "/opt/edgeinfer/venv/bin/edgeinfer validate-config --systemd-dropin \
+        /etc/edgeinfer/config.yaml >$dropin" && T=30 inside systemctl daemon-reload &&
+    T=180 inside systemctl start edgeinfer; then
+    if until_ok 30 inside "$PY" -c 'import json, urllib.request as u
+d = json.load(u.urlopen("http://127.0.0.1:18080/v1/status", timeout=5))
+assert d["stats"]["pipelines"]["faces"]["processed"] > 0'; then
+        pass "web view served under the sandbox on the configured port 18080"
+    else
+        fail "web view: no status on 127.0.0.1:18080: $(T=10 inside journalctl -u edgeinfer -n 8 --no-pager)"
+    fi
+    bind_other=$(T=20 inside sh -c "echo \$\$ >/sys/fs/cgroup/system.slice/edgeinfer.service/cgroup.procs &&
+        exec $PY -c 'import socket; socket.socket().bind((\"127.0.0.1\", 18081)); print(\"bound\")'" 2>&1 || true)
+    if [[ $(T=10 inside cat $dropin) != *"SocketBindAllow=tcp:18080"* ]]; then
+        fail "the drop-in does not allow the web port: $(T=10 inside cat $dropin)"
+    elif [[ $bind_other == *PermissionError* || $bind_other == *"Operation not permitted"* ]]; then
+        pass "SocketBindDeny=any: the service's cgroup may not bind port 18081 (only 18080 is allowed)"
+    elif [[ $bind_other == *bound* ]]; then
+        skip "SocketBindDeny= not enforced here (no cgroup BPF bind hook in this container): port 18081 could be bound"
+    else
+        fail "binding another port in the service's cgroup: ${bind_other:-no output}"
+    fi
+else
+    fail "start with http: failed: $(T=10 inside journalctl -u edgeinfer -n 15 --no-pager)"
+fi
+T=60 inside systemctl stop edgeinfer || true
+
 log "$PASSED passed, $FAILED failed, $SKIPPED skipped in $SECONDS s"
 ((FAILED == 0))

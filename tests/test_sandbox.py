@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -47,3 +48,18 @@ def test_the_cli_prints_it(tmp_path: Path) -> None:
                           timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("# Made by") and "SocketBindAllow=tcp:8088\n" in done.stdout
+
+
+def test_the_dropin_needs_no_credentials(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(BASE + "mqtt: {password: '${credential:mqtt_password}'}\n"
+                    "http: {bind: 0.0.0.0, port: 8443, token: '${credential:http_token}'}\n")
+    env = {k: v for k, v in os.environ.items() if k != "CREDENTIALS_DIRECTORY"}
+    done = subprocess.run([sys.executable, "-m", "edgeinfer", "validate-config",
+                           "--systemd-dropin", str(path)], capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "SocketBindAllow=tcp:8443\n" in done.stdout
+    plain = subprocess.run([sys.executable, "-m", "edgeinfer", "validate-config", str(path)],
+                           capture_output=True, text=True, timeout=60, env=env)
+    assert plain.returncode == 78 and "CREDENTIALS_DIRECTORY" in plain.stderr  # as before

@@ -19,12 +19,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
     printed as a warning (on stderr, never "OK"); ``--strict`` (on the device, before
     ``systemctl restart``) makes it an error, as ``edgeinfer run`` does.
     """
-    config = load_config(args.config)
     if getattr(args, "systemd_dropin", False):
         from ..sandbox import socket_bind_dropin
 
-        sys.stdout.write(socket_bind_dropin(config, args.config))
+        # The ports need no secrets: credentials the service alone can read are stood in for.
+        sys.stdout.write(socket_bind_dropin(load_config(args.config, stand_in_credentials=True),
+                                            args.config))
         return 0
+    config = load_config(args.config)
     problems = start_problems(config)
     if args.json:
         data = msgspec.to_builtins(config)

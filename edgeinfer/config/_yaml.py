@@ -65,6 +65,10 @@ def format_path(path: _Path) -> str:
     return out
 
 
+# What an unreadable credential reads as with ``stand_in_credentials`` (a value every secret
+# field accepts: printable, no spaces, 16+ characters).
+CREDENTIAL_STAND_IN = "credential-not-read-here"
+
 class YamlReader:
     """Builds plain data from one YAML text, remembering lines and credential values.
 
@@ -73,8 +77,9 @@ class YamlReader:
         lines: 1-based line of every path that was read (of the key, for a mapping entry).
     """
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, *, stand_in_credentials: bool = False) -> None:
         self.source = source
+        self.stand_in_credentials = stand_in_credentials
         self.lines: dict[_Path, int] = {}
         self._secrets: set[str] = set()
         self._active: set[int] = set()
@@ -263,6 +268,8 @@ class YamlReader:
         if not _CRED_NAME.fullmatch(name) or name in (".", ".."):
             raise self.error(path, line, f"invalid credential name {name!r}")
         directory = os.environ.get("CREDENTIALS_DIRECTORY")
+        if self.stand_in_credentials and not (directory and (Path(directory) / name).is_file()):
+            return CREDENTIAL_STAND_IN
         if not directory:
             raise self.error(
                 path, line, f"credential {name!r} needs $CREDENTIALS_DIRECTORY (systemd "

@@ -60,8 +60,12 @@ _PATTERN_MESSAGES = {
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
-def load_config(path: str | os.PathLike[str]) -> Config:
+def load_config(path: str | os.PathLike[str], *, stand_in_credentials: bool = False) -> Config:
     """Read and validate a config file.
+
+    ``stand_in_credentials``: a ``${credential:NAME}`` that cannot be read here (outside the
+    service, where ``$CREDENTIALS_DIRECTORY`` is not set) becomes a placeholder instead of an
+    error; for reading what a config does without its secrets (``--systemd-dropin``).
 
     Relative paths are taken from the folder the file is in: model paths,
     ``runtime.state_dir``/``cache_dir``, a ``video``/``images`` source's ``uri`` (unless it is a
@@ -81,10 +85,12 @@ def load_config(path: str | os.PathLike[str]) -> Config:
         raise ConfigError(f"{file}: not UTF-8 text (byte {exc.start})") from None
     except OSError as exc:
         raise ConfigError(f"{file}: cannot read config: {exc.strerror or exc}") from exc
-    return parse_config(text, source=str(file), base_dir=file.parent.absolute())
+    return parse_config(text, source=str(file), base_dir=file.parent.absolute(),
+                        stand_in_credentials=stand_in_credentials)
 
 
-def parse_config(text: str, *, source: str = "<string>", base_dir: Path | None = None) -> Config:
+def parse_config(text: str, *, source: str = "<string>", base_dir: Path | None = None,
+                 stand_in_credentials: bool = False) -> Config:
     """Validate config text (YAML).
 
     Args:
@@ -95,7 +101,7 @@ def parse_config(text: str, *, source: str = "<string>", base_dir: Path | None =
     Raises:
         ConfigError: invalid YAML, a failed substitution, or a value that does not validate.
     """
-    reader = YamlReader(source)
+    reader = YamlReader(source, stand_in_credentials=stand_in_credentials)
     try:
         data = reader.load(text)
     except RecursionError:
