@@ -166,6 +166,7 @@ class Result:
     latency_ms: tuple[float, float, float]  # pre, infer, post
     task: TaskResult
     events: tuple[dict[str, Any], ...] = ()  # scene analytics events since the last result
+    run_id: str = ""  # new at each pipeline start: (device, pipeline, run_id, seq) is unique
 
     def to_dict(self) -> dict[str, Any]:
         f = self.frame
@@ -177,6 +178,7 @@ class Result:
         pre, infer, post = self.latency_ms
         d: dict[str, Any] = {
             "seq": self.seq,
+            "run_id": self.run_id,
             "ts": round(self.ts, 6),
             "pipeline": self.pipeline,
             "frame": frame,

@@ -14,6 +14,7 @@ Per-stage latency and throughput are kept for stats with no logging on the per-f
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -95,6 +96,9 @@ class Pipeline:
         self._policy = Emission(self.emit)
         self._last: tuple[Frame, TaskResult] | None = None
         self._seq = seq_start
+        # New at every start of the pipeline: with it (device, pipeline, run_id, seq) names one
+        # result even where seq starts again (a device whose outbox was lost).
+        self.run_id = secrets.token_hex(8)
         self.analytics = analytics
         self._events: list[dict[str, Any]] = []  # events not yet carried by a result
         # Since the last swap_model: inferences decoded and errors (the OTA health gate reads them).
@@ -437,6 +441,7 @@ class Pipeline:
             seq=self._seq, ts=time.time(), pipeline=self.name, frame=frame, model=ref[0],
             provider=ref[1],
             latency_ms=(stats.pre.last, stats.infer.last, post_ms), task=part, events=events,
+            run_id=self.run_id,
         )
         stats.latency.add((time.monotonic() - frame.ts) * 1000)
         for sink in self.sinks:
@@ -461,6 +466,8 @@ class Pipeline:
         """Hand a frame's events to the sinks that publish them (the MQTT sink's outbox) and
         keep them for the next result."""
         stats = self.stats
+        for event in events:
+            event["run_id"] = self.run_id
         self._events.extend(events)
         if len(self._events) > _MAX_HELD_EVENTS:  # emission held back for long: keep the newest
             del self._events[:-_MAX_HELD_EVENTS]

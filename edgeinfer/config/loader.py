@@ -17,7 +17,7 @@ import types
 import typing
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -35,6 +35,8 @@ from .pipeline import (
     VideoSource,
 )
 from .schema import Config
+
+T = TypeVar("T")
 
 __all__ = ["config_schema", "load_config", "parse_config"]
 
@@ -118,6 +120,35 @@ def parse_config(text: str, *, source: str = "<string>", base_dir: Path | None =
     # msgspec's own message may quote a credential's value: raised here, outside the handler,
     # the error carries no __context__ holding it.
     raise error
+
+
+def load_struct(path: str | os.PathLike[str], root: type[T]) -> T:
+    """Read a YAML file of another config tree (``collect.yaml``: `CollectConfig`) with the
+    same rules as the device config: substitutions, credentials, errors naming the line and
+    the path.
+
+    Raises:
+        ConfigError: the file cannot be read, is not valid YAML, or does not validate.
+    """
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise ConfigError(f"{file}: no such config file") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{file}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise ConfigError(f"{file}: cannot read config: {exc.strerror or exc}") from exc
+    reader = YamlReader(str(file))
+    try:
+        data = reader.load(text)
+    except RecursionError:
+        raise ConfigError(f"{file}: config nested too deeply") from None
+    try:
+        return msgspec.convert(data, root, strict=True)
+    except msgspec.ValidationError as exc:
+        error = _validation_error(reader, exc, data, root)
+    raise error  # outside the handler: no __context__ holding a credential's value
 
 
 def config_schema() -> dict[str, Any]:
@@ -204,7 +235,8 @@ def _check_unique_names(reader: YamlReader, data: Any) -> None:
             raise reader.error(here, reader.lines.get(here), msg)
 
 
-def _validation_error(reader: YamlReader, exc: msgspec.ValidationError, data: Any) -> ConfigError:
+def _validation_error(reader: YamlReader, exc: msgspec.ValidationError, data: Any,
+                      root: Any = None) -> ConfigError:
     """Turn msgspec's "<message> - at `$.a.b`" into "<file>:<line>: $.a.b: <message>"."""
     text = str(exc)
     match = _MSGSPEC_AT.match(text)
@@ -218,13 +250,13 @@ def _validation_error(reader: YamlReader, exc: msgspec.ValidationError, data: An
     unknown = re.fullmatch(r"Object contains unknown field `(.*)`", message)
     if unknown:
         field = unknown[1]
-        message = _unknown_field_message(field, _type_at(path, data))
+        message = _unknown_field_message(field, _type_at(path, data, root))
         path += (field,)
         path_text += f".{field}" if field.isidentifier() else f"[{field!r}]"
     else:
-        message = _tagged_message(message, path, data) or _plain_message(message)
+        message = _tagged_message(message, path, data, root) or _plain_message(message)
         if message.startswith("invalid enum value"):
-            choices = typing.get_args(_type_at(path, data))
+            choices = typing.get_args(_type_at(path, data, root))
             if choices:
                 message += "; valid: " + ", ".join(map(str, choices))
     if match and match["key"]:
@@ -232,17 +264,17 @@ def _validation_error(reader: YamlReader, exc: msgspec.ValidationError, data: An
     return reader.error(path_text, reader.line_of(path), message)
 
 
-def _tagged_message(message: str, path: _Path, data: Any) -> str | None:
+def _tagged_message(message: str, path: _Path, data: Any, root: Any = None) -> str | None:
     """The message for a tagged union's missing, unknown or mistyped ``type:``, else None."""
     if path and isinstance(path[-1], str):  # at `$.source.type`: the union is at `$.source`
-        tags = _tags(_walk(path[:-1], data)[0])
+        tags = _tags(_walk(path[:-1], data, root)[0])
         if tags and path[-1] == tags[0]:
             valid = ", ".join(sorted(tags[1]))
             invalid = re.fullmatch(r"Invalid value (.*)", message, re.DOTALL)
             if invalid:
                 return f"unknown type {invalid[1]}; valid: {valid}"
             return f"{_plain_message(message)}; valid: {valid}"
-    tags = _tags(_walk(path, data)[0])  # at `$.source`: the union itself
+    tags = _tags(_walk(path, data, root)[0])  # at `$.source`: the union itself
     if not tags:
         return None
     valid = ", ".join(sorted(tags[1]))
@@ -283,19 +315,19 @@ def _unknown_field_message(field: str, struct: Any) -> str:
     return f"unknown field; {hint}"
 
 
-def _type_at(path: _Path, data: Any = None) -> Any:
+def _type_at(path: _Path, data: Any = None, root: Any = None) -> Any:
     """The type `Config` declares at ``path`` (``X | None`` unwrapped), or None.
 
     A tagged union (``source``, ``task``, ``sinks[i]``) is narrowed to the struct whose tag the
     YAML data at its path names; without a known tag it stays the union.
     """
-    tp, here = _walk(path, data)
+    tp, here = _walk(path, data, root)
     return _member(tp, here)
 
 
-def _walk(path: _Path, data: Any) -> tuple[Any, Any]:
+def _walk(path: _Path, data: Any, root: Any = None) -> tuple[Any, Any]:
     """The declared type at ``path`` (not narrowed by its own tag) and the data there."""
-    tp: Any = Config
+    tp: Any = Config if root is None else root
     for part in path:
         tp = _member(tp, data)
         if isinstance(part, int) and typing.get_origin(tp) is list:

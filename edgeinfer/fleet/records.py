@@ -1,0 +1,146 @@
+"""What the collector takes from the broker: device messages parsed into `Record`\\s, checked as
+untrusted input (any client on the broker may publish under the devices' prefix).
+
+Topics (``docs/mqtt.md``): ``<prefix>/<dev>/<pipeline>/result``, ``<prefix>/<dev>/<pipeline>/
+event`` and the retained ``<prefix>/<dev>/status``. A message that is not one of those, is not
+a JSON object, lacks its key fields or has them of the wrong type or size is *rejected*: it is
+acknowledged (so the broker does not send it again) and counted, never written.
+
+The keys that make writes idempotent: a result is ``(device, pipeline, run_id, seq)``, an event
+``(device, pipeline, event_id)``, a status the device (the newest wins).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+__all__ = ["MAX_PAYLOAD", "Delivery", "Record", "Rejected", "parse"]
+
+MAX_PAYLOAD = 1024 * 1024  # a device's message is a few KiB; anything this big is not one
+_MAX_NAME = 64
+_MAX_ID = 128
+_MAX_SEQ = 2**63 - 1
+
+Kind = Literal["result", "event", "status"]
+
+
+class Rejected(ValueError):
+    """A message that is not a device's result, event or status; the text says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One device message to write.
+
+    Attributes:
+        kind: ``result``, ``event`` or ``status``.
+        device: The device id (the topic level).
+        pipeline: The pipeline (``None`` for a status).
+        run_id: The pipeline run (results and events; ``""`` when an older device sends none).
+        seq: The result's seq (results), the event's seq (events; may be ``None``).
+        event_id: The event's id (events).
+        ts: The device's time of the message (Unix s): the result's or status's ``ts``, the
+            event's ``start``; the receive time when the device gave none.
+        received: When the collector received it (Unix s).
+        payload: The message's JSON text, as the device sent it.
+    """
+
+    kind: Kind
+    device: str
+    pipeline: str | None
+    run_id: str
+    seq: int | None
+    event_id: str | None
+    ts: float
+    received: float
+    payload: str
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """A message as a source hands it to the collector: the parsed record (``None``: rejected,
+    acknowledged without a write), the source's acknowledgement token, and whether the broker
+    said it may have been delivered before."""
+
+    record: Record | None
+    token: Any
+    redelivered: bool = False
+
+
+def parse(topic: str, payload: bytes, prefix: str, received: float) -> Record:
+    """The record of one message on ``topic``.
+
+    Args:
+        topic: The MQTT topic (``/`` separated; a NATS subject is converted by its source).
+        payload: The message body.
+        prefix: The devices' topic prefix (``edgeinfer``).
+        received: The receive time (Unix s).
+
+    Raises:
+        Rejected: not a device message edgeinfer makes, or malformed.
+    """
+    kind, device, pipeline = _topic(topic, prefix)
+    if len(payload) > MAX_PAYLOAD:
+        raise Rejected(f"payload of {len(payload)} bytes is over {MAX_PAYLOAD}")
+    try:
+        text = payload.decode("utf-8")
+        doc = json.loads(text)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise Rejected(f"not JSON: {type(exc).__name__}") from None
+    if not isinstance(doc, dict):
+        raise Rejected("not a JSON object")
+    if kind == "status":
+        return Record("status", device, None, "", None, None, _ts(doc.get("ts"), received),
+                      received, text)
+    run_id = _text(doc.get("run_id", ""), "run_id", _MAX_ID, allow_empty=True)
+    if kind == "result":
+        seq = _seq(doc.get("seq"))
+        return Record("result", device, pipeline, run_id, seq, None,
+                      _ts(doc.get("ts"), received), received, text)
+    event_id = _text(doc.get("event_id"), "event_id", _MAX_ID)
+    seq_value = doc.get("seq")
+    return Record("event", device, pipeline, run_id,
+                  _seq(seq_value) if seq_value is not None else None, event_id,
+                  _ts(doc.get("start", doc.get("ts")), received), received, text)
+
+
+def _topic(topic: str, prefix: str) -> tuple[Kind, str, str | None]:
+    if not topic.startswith(prefix + "/"):
+        raise Rejected(f"topic outside the prefix {prefix!r}")
+    levels = topic[len(prefix) + 1:].split("/")
+    if len(levels) == 2 and levels[1] == "status":
+        return "status", _name(levels[0], "device"), None
+    if len(levels) == 3 and levels[2] in ("result", "event"):
+        kind: Kind = "result" if levels[2] == "result" else "event"
+        return kind, _name(levels[0], "device"), _name(levels[1], "pipeline")
+    raise Rejected("not a result, event or status topic")
+
+
+def _name(value: str, what: str) -> str:
+    if not value or len(value) > _MAX_NAME or not value.isprintable():
+        raise Rejected(f"invalid {what} topic level")
+    return value
+
+
+def _text(value: Any, what: str, limit: int, *, allow_empty: bool = False) -> str:
+    if not isinstance(value, str) or len(value) > limit or (not value and not allow_empty) \
+            or not value.isprintable():
+        raise Rejected(f"{what}: expected a printable string of at most {limit} characters")
+    return value
+
+
+def _seq(value: Any) -> int:
+    if type(value) is not int or not 0 <= value <= _MAX_SEQ:
+        raise Rejected("seq: expected an integer from 0 to 2**63-1")
+    return value
+
+
+def _ts(value: Any, fallback: float) -> float:
+    # A device clock may be wrong; a value that is not a plausible Unix time is not stored as one.
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+            and 0 < value < 4_102_444_800:  # before 2100
+        return float(value)
+    return fallback
