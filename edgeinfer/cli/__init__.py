@@ -34,6 +34,10 @@ VERBS = {
     "cmd": ("edgeinfer.cli.cmd_cmd:cmd_cmd", "send a device a command (signed with --key)"),
     "reload": ("edgeinfer.cli.reload_cmd:cmd_reload",
                "make a running daemon reload its config and wait for the outcome"),
+    "collect": ("edgeinfer.cli.collect_cmd:cmd_collect",
+                "write a fleet's results, events and status into PostgreSQL (collect extra)"),
+    "fleet": ("edgeinfer.cli.fleet_cmd:cmd_fleet",
+              "list the devices on a broker from their retained status"),
 }
 
 EXIT_INTERNAL = 70
@@ -118,6 +122,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true",
                    help="one JSON object per message: topic, device, kind, retained, payload")
     p.add_argument("--count", type=int, metavar="N", help="exit after N results")
+
+    p = sub.add_parser("collect", help=VERBS["collect"][1],
+                       description="Read every device's results, events and status from the "
+                       "broker (an MQTT 5 shared subscription, or a NATS JetStream durable "
+                       "consumer) and write them into PostgreSQL exactly once: acknowledged only "
+                       "after the commit, duplicates dropped by key. Run one or more; SIGTERM "
+                       "stops after the batch in hand. See docs/fleet.md.")
+    p.add_argument("-c", "--config", required=True, help="collect.yaml")
+    p.add_argument("--migrate-only", action="store_true",
+                   help="apply the database schema migrations and exit")
+
+    p = sub.add_parser("fleet", help=VERBS["fleet"][1],
+                       description="List the devices that published a retained status under "
+                       "the prefix: online or not, pipelines, backends, model versions, fps, "
+                       "outbox depth, when last seen.")
+    p.add_argument("-c", "--config", help="YAML config whose mqtt: section names the broker")
+    p.add_argument("--prefix", help="first topic level (default: the config's, or edgeinfer)")
+    p.add_argument("--host", help="broker host (default: the config's, or 127.0.0.1)")
+    p.add_argument("--port", type=int, help="broker port (default: the config's, or 1883)")
+    p.add_argument("--wait", type=float, default=2.0, metavar="S",
+                   help="how long to gather retained status and stats (default: %(default)s s)")
+    p.add_argument("--json", action="store_true", help="one JSON document")
 
     p = sub.add_parser("bench", help=VERBS["bench"][1],
                        description="--providers all|auto: the candidate table the backend "
