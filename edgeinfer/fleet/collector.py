@@ -1,0 +1,262 @@
+"""The fleet collector's core: a source's deliveries go into a bounded queue; one writer thread
+groups them into batches (``batch.max_rows`` messages or ``batch.max_age_s`` of age), writes
+each batch in one database transaction and only then acknowledges it to the source, in
+delivery order. A message is therefore acknowledged only once its row is committed (or it was
+rejected as not a device message): a collector killed at any point loses nothing, and what it
+had not acknowledged comes again (the database drops duplicates by key).
+
+When the database fails, the writer keeps the batch, backs off, and writes it again until it
+succeeds or the collector is stopped; nothing is acknowledged meanwhile, and the full queue
+holds the source back (backpressure reaches the broker).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..errors import StorageError
+from .records import Delivery, Record
+
+if TYPE_CHECKING:
+    from ..config.collect import CollectConfig
+    from .db import Database, WriteResult
+
+__all__ = ["Collector", "Source"]
+
+logger = logging.getLogger(__name__)
+
+_LAG_SAMPLES = 8192  # recent messages the lag quantiles are taken over
+_RATE_WINDOW_S = 10.0
+_MAINTAIN_EVERY_S = 3600.0
+_BACKOFF_FIRST_S = 0.1
+_BACKOFF_MAX_S = 5.0
+
+
+class Source(Protocol):
+    """Where messages come from (`MqttSource`, `NatsSource`)."""
+
+    def start(self, deliver: Callable[[Delivery], None]) -> None:
+        """Start receiving; ``deliver`` is called for each message and may block."""
+
+    def ack(self, tokens: Sequence[Any]) -> None:
+        """Acknowledge messages after their commit, in delivery order (writer thread)."""
+
+    def stop(self) -> None:
+        """Stop receiving and disconnect."""
+
+    def stats(self) -> dict[str, Any]:
+        """The source's own counters."""
+
+
+class _Stats:
+    """Counters the writer updates once per batch (never per message from the network)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.received = 0
+        self.rejected = 0
+        self.redeliveries = 0
+        self.batches = 0
+        self.rows = 0
+        self.duplicates = 0
+        self.failures = 0
+        self.receive_lag: deque[float] = deque(maxlen=_LAG_SAMPLES)
+        self.device_lag: deque[float] = deque(maxlen=_LAG_SAMPLES)
+        self.commits: deque[tuple[float, int]] = deque()
+
+    def batch(self, deliveries: Sequence[Delivery], result: WriteResult, now: float) -> None:
+        rows = result.results + result.events + result.statuses
+        with self.lock:
+            self.batches += 1
+            self.rows += rows
+            self.duplicates += result.duplicates
+            for d in deliveries:
+                if d.redelivered:
+                    self.redeliveries += 1
+                record = d.record
+                if record is None:
+                    self.rejected += 1
+                else:
+                    self.receive_lag.append(now - record.received)
+                    self.device_lag.append(now - record.ts)
+            self.commits.append((now, rows))
+            while self.commits and self.commits[0][0] < now - _RATE_WINDOW_S:
+                self.commits.popleft()
+
+    def rate(self, now: float) -> float:
+        recent = [rows for t, rows in self.commits if t >= now - _RATE_WINDOW_S]
+        return sum(recent) / _RATE_WINDOW_S
+
+
+def quantile(samples: Sequence[float], q: float) -> float:
+    """The ``q`` quantile (0-1, nearest rank) of ``samples``; 0.0 when there are none."""
+    if not samples:
+        return 0.0
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class Collector:
+    """Moves a source's messages into the database, exactly once by key.
+
+    Args:
+        config: ``collect.yaml``; its ``batch`` section sizes the queue and the batches.
+        source: Where messages come from.
+        db: Where rows go (`Database`; connected by `run` if it is not).
+    """
+
+    def __init__(self, config: CollectConfig, source: Source, db: Database) -> None:
+        self.config = config
+        self.source = source
+        self.db = db
+        self._queue: queue.Queue[Delivery] = queue.Queue(maxsize=config.batch.queue)
+        self._stopping = threading.Event()
+        self._started = threading.Event()
+        self._stats = _Stats()
+        self._last_maintain = 0.0
+        self.maintenance: dict[str, Any] = {}
+
+    def deliver(self, delivery: Delivery) -> None:
+        """Take one message from the source (its network thread); blocks while the queue is
+        full. After `stop` messages are dropped unacknowledged: the broker sends them again."""
+        while not self._stopping.is_set():
+            try:
+                self._queue.put(delivery, timeout=0.5)
+                with self._stats.lock:
+                    self._stats.received += 1
+                return
+            except queue.Full:
+                continue
+
+    def run(self) -> None:
+        """Connect, start the source, and write batches until `stop`; the batch in hand when
+        stopped is written and acknowledged first (unless the database is down then).
+
+        Raises:
+            StorageError: never for a database that fails after the start (the writer retries);
+                only when `stop` comes before the first connection succeeded is it swallowed.
+        """
+        if not self._connect():
+            return
+        self._maintain(time.time())
+        self.source.start(self.deliver)
+        self._started.set()
+        try:
+            while not self._stopping.is_set():
+                batch = self._gather()
+                if batch:
+                    self._commit(batch)
+                self._maintain(time.time())
+        finally:
+            self.source.stop()
+            self.db.close()
+
+    def wait_started(self, timeout: float | None = None) -> bool:
+        """Whether the source was started (the database reached) within ``timeout`` s."""
+        return self._started.wait(timeout)
+
+    @property
+    def stopping(self) -> bool:
+        """Whether `stop` was called."""
+        return self._stopping.is_set()
+
+    def stop(self) -> None:
+        """Ask `run` to return after the batch in hand; safe from a signal handler."""
+        self._stopping.set()
+
+    def stats(self) -> dict[str, Any]:
+        """Counters and lag: received, rows (and rows/s over the last 10 s), batches,
+        duplicates, rejected, redeliveries, database failures, queue depth, and the p50/p99
+        lag in seconds from receive to commit and from the device's time to commit."""
+        s = self._stats
+        now = time.time()
+        with s.lock:
+            receive_lag, device_lag = list(s.receive_lag), list(s.device_lag)
+            out: dict[str, Any] = {
+                "received": s.received, "rows": s.rows, "rows_per_s": s.rate(now),
+                "batches": s.batches, "duplicates": s.duplicates, "rejected": s.rejected,
+                "redeliveries": s.redeliveries, "db_failures": s.failures,
+            }
+        out["queue_depth"] = self._queue.qsize()
+        out["lag_s"] = {"receive": {"p50": quantile(receive_lag, 0.5),
+                                    "p99": quantile(receive_lag, 0.99)},
+                        "device": {"p50": quantile(device_lag, 0.5),
+                                   "p99": quantile(device_lag, 0.99)}}
+        out["source"] = self.source.stats()
+        return out
+
+    def _connect(self) -> bool:
+        delay = _BACKOFF_FIRST_S
+        while not self._stopping.is_set():
+            try:
+                self.db.connect()
+                return True
+            except StorageError as exc:
+                logger.warning("database unreachable (%s); trying again in %.1f s", exc, delay)
+                self._stopping.wait(delay)
+                delay = min(delay * 2, _BACKOFF_MAX_S)
+        return False
+
+    def _gather(self) -> list[Delivery]:
+        """Messages for one batch: up to ``max_rows``, waiting at most ``max_age_s`` after the
+        first; returns early (possibly empty) when stopping."""
+        limit, max_age = self.config.batch.max_rows, self.config.batch.max_age_s
+        try:
+            first = self._queue.get(timeout=0.2)
+        except queue.Empty:
+            return []
+        batch = [first]
+        deadline = time.monotonic() + max_age
+        while len(batch) < limit:
+            try:
+                batch.append(self._queue.get_nowait())
+                continue
+            except queue.Empty:
+                pass
+            left = deadline - time.monotonic()
+            if left <= 0 or self._stopping.is_set():
+                break
+            try:
+                batch.append(self._queue.get(timeout=min(left, 0.05)))
+            except queue.Empty:
+                continue
+        return batch
+
+    def _commit(self, batch: list[Delivery]) -> None:
+        records: list[Record] = [d.record for d in batch if d.record is not None]
+        delay = _BACKOFF_FIRST_S
+        while True:
+            try:
+                result = self.db.write(records)
+                break
+            except StorageError as exc:
+                with self._stats.lock:
+                    self._stats.failures += 1
+                if self._stopping.is_set():
+                    # Not acknowledged: the broker hands these to the next collector run.
+                    logger.warning("stopping with %d messages unwritten (%s); the broker keeps "
+                                   "them", len(batch), exc)
+                    return
+                logger.warning("database write of %d rows failed (%s); retrying in %.1f s",
+                               len(records), exc, delay)
+                self._stopping.wait(delay)
+                # stopping: one last try for the batch in hand
+                delay = min(delay * 2, _BACKOFF_MAX_S)
+        self.source.ack([d.token for d in batch])
+        self._stats.batch(batch, result, time.time())
+
+    def _maintain(self, now: float) -> None:
+        if now - self._last_maintain < _MAINTAIN_EVERY_S:
+            return
+        try:
+            self.maintenance = self.db.maintain(now)
+            self._last_maintain = now
+        except StorageError as exc:
+            logger.warning("database maintenance failed (%s); trying again later", exc)
+            self._last_maintain = now - _MAINTAIN_EVERY_S + 60.0

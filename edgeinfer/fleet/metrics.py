@@ -1,0 +1,109 @@
+"""The collector's Prometheus endpoint (``metrics:`` in ``collect.yaml``): lag, rows/s, batches,
+duplicates skipped, redeliveries, rejected messages, queue depth and database failures.
+
+Like the daemon's endpoint (`edgeinfer.control.metrics`) it computes everything from
+`Collector.stats` when scraped, on its own registry, served by one thread; it binds loopback by
+default and has no authentication.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from ..control.metrics import _prometheus
+from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..config.collect import CollectMetricsConfig
+    from .collector import Collector
+
+__all__ = ["CollectorMetrics", "CollectMetricsServer"]
+
+logger = logging.getLogger(__name__)
+
+_COUNTERS = (
+    ("received", "edgeinfer_collect_received", "Messages received from the source."),
+    ("rows", "edgeinfer_collect_rows_written", "Rows inserted or updated in the database."),
+    ("batches", "edgeinfer_collect_batches", "Transactions committed."),
+    ("duplicates", "edgeinfer_collect_duplicates_skipped",
+     "Rows skipped as already in the database (redelivered messages)."),
+    ("rejected", "edgeinfer_collect_rejected",
+     "Messages that were not a device's result, event or status (acknowledged, not written)."),
+    ("redeliveries", "edgeinfer_collect_redeliveries",
+     "Messages the source marked as possibly delivered before."),
+    ("db_failures", "edgeinfer_collect_db_failures", "Database writes that failed (retried)."),
+)
+
+
+class CollectorMetrics:
+    """A prometheus_client custom collector reading `Collector.stats` at scrape time."""
+
+    def __init__(self, collector: Collector) -> None:
+        self.collector = collector
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        s = self.collector.stats()
+        for key, name, text in _COUNTERS:
+            yield CounterMetricFamily(name, text, value=s.get(key, 0))
+        yield GaugeMetricFamily("edgeinfer_collect_rows_per_second",
+                                "Rows written per second over the last 10 s.",
+                                value=s.get("rows_per_s", 0.0))
+        yield GaugeMetricFamily("edgeinfer_collect_queue_depth",
+                                "Messages received and not yet written.",
+                                value=s.get("queue_depth", 0))
+        lag = GaugeMetricFamily("edgeinfer_collect_lag_seconds",
+                                "Lag to the commit over recent messages: from the collector's "
+                                "receive (since=receive) or the device's time (since=device).",
+                                labels=["since", "quantile"])
+        for since, window in (s.get("lag_s") or {}).items():
+            lag.add_metric([since, "0.5"], window.get("p50", 0.0))
+            lag.add_metric([since, "0.99"], window.get("p99", 0.0))
+        yield lag
+        source = s.get("source") or {}
+        yield GaugeMetricFamily("edgeinfer_collect_source_connected",
+                                "1 while the source is connected.",
+                                value=1 if source.get("connected") else 0)
+
+
+class CollectMetricsServer:
+    """Serves ``/metrics`` for one collector on ``config.host:config.port`` until `stop`.
+
+    Raises:
+        ConfigError: prometheus_client is missing, or the address cannot be bound (`start`).
+    """
+
+    def __init__(self, collector: Collector, config: CollectMetricsConfig) -> None:
+        prometheus_client = _prometheus()
+        self.config = config
+        self.registry = prometheus_client.CollectorRegistry(auto_describe=False)
+        self.registry.register(CollectorMetrics(collector))
+        self._server: Any = None
+        self._thread: Any = None
+
+    @property
+    def port(self) -> int:
+        """The bound port (useful with port 0)."""
+        return int(self._server.server_address[1]) if self._server is not None \
+            else self.config.port
+
+    def start(self) -> None:
+        prometheus_client = _prometheus()
+        try:
+            self._server, self._thread = prometheus_client.start_http_server(
+                self.config.port, addr=self.config.host, registry=self.registry)
+        except OSError as exc:
+            raise ConfigError(f"metrics: cannot serve on {self.config.host}:{self.config.port}: "
+                              f"{exc}") from exc
+        logger.info("collector metrics on http://%s:%d/metrics", self.config.host, self.port)
+
+    def stop(self) -> None:
+        """Stop serving and close the port; idempotent."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.shutdown()
+        server.server_close()
