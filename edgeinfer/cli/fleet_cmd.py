@@ -1,0 +1,90 @@
+"""``edgeinfer fleet``: list the devices on a broker from their retained status and their stats.
+
+Subscribes to ``<prefix>/+/status`` (retained: every device that ever announced itself answers
+at once) and ``<prefix>/+/stats`` (every ``stats_interval_s``: fps and the outbox) for ``--wait``
+seconds, then prints a table, or with ``--json`` one document::
+
+    DEVICE  STATE   VERSION  PIPELINE  BACKEND         MODEL        FPS   OUTBOX  LAST SEEN  FAILED
+    cam1    online  0.1.0    faces     cpu fp32 1t     blazeface 1  29.8  0       1 s ago    -
+    cam2    offline 0.1.0    -         -               -            -     -       3 h ago    -
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import queue
+import sys
+import time
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..config.mqtt import MqttConfig
+    from ..mqtt.client import Message
+
+__all__ = ["cmd_fleet"]
+
+EXIT_UNREACHABLE = 69  # EX_UNAVAILABLE
+
+def cmd_fleet(args: argparse.Namespace) -> int:
+    """Gather for ``--wait`` seconds, print the devices; exit 69 when the broker is unreachable."""
+    from ..fleet.listing import Fleet, render_table
+    from ..mqtt.client import MqttClient
+
+    if not 0 < args.wait <= 3600:
+        raise ConfigError(f"--wait: {args.wait} is not between 0 and 3600 seconds")
+    config = _config(args)
+    try:
+        client = MqttClient(config, "fleet", announce=False)
+    except ValueError as exc:  # a --prefix that is no topic level
+        raise ConfigError(f"--prefix: {exc}") from exc
+    inbox: queue.Queue[Message] = queue.Queue(maxsize=100_000)
+    for kind in ("stats", "status"):
+        client.subscribe(f"{config.prefix}/+/{kind}", 1, inbox.put)
+    fleet = Fleet(config.prefix)
+    client.start()
+    try:
+        if not client.wait_connected(args.wait):
+            print(f"edgeinfer: error: broker {config.host}:{config.resolved_port()} not "
+                  f"reached in {args.wait:g} s: {client.last_error or client.state}",
+                  file=sys.stderr)
+            return EXIT_UNREACHABLE
+        deadline = time.monotonic() + args.wait
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                msg = inbox.get(timeout=min(left, 0.2))
+            except queue.Empty:
+                continue
+            fleet.add(msg.topic, msg.payload, retained=msg.retain)
+    finally:
+        client.stop(timeout_s=1.0)
+    devices = fleet.devices()
+    if args.json:
+        print(json.dumps({"prefix": config.prefix, "ts": round(time.time(), 3),
+                          "devices": [d.to_dict() for d in devices],
+                          "ignored": fleet.ignored}, indent=2))
+    elif devices:
+        print(render_table(devices))
+    else:
+        print(f"edgeinfer fleet: no device status under {config.prefix}/", file=sys.stderr)
+    return 0
+
+
+def _config(args: argparse.Namespace) -> MqttConfig:
+    from ._broker import client_base
+
+    config, changes = client_base(args.config, "fleet", instead="--host/--port",
+                                  initial_s=0.2, max_s=1.0)
+    if args.host:
+        changes["host"] = args.host
+    if args.port is not None:
+        if not 1 <= args.port <= 65535:
+            raise ConfigError(f"--port: {args.port} is not a TCP port (1-65535)")
+        changes["port"] = args.port
+    if args.prefix:
+        changes["prefix"] = args.prefix
+    return msgspec.structs.replace(config, **changes)
