@@ -1,0 +1,411 @@
+"""The fleet database: versioned migrations, idempotent batched writes, time partitions and
+retention, on PostgreSQL through psycopg 3 (``edgeinfer[collect]``; imported only here).
+
+Idempotence. A result's key is ``(device, pipeline, run_id, seq)`` and an event's
+``(device, pipeline, event_id)``; PostgreSQL wants the partition key (``ts``, the device's
+time) in every unique key of a partitioned table, so the primary keys end in ``ts``. That
+costs nothing for redeliveries: ``ts`` comes from the payload, so a message delivered again
+has the same ``ts``, lands in the same partition and is skipped there by
+``ON CONFLICT DO NOTHING``. Only a device that sent one key twice with different times would
+get two rows, and devices do not.
+
+Partitions. `Database.maintain` makes the partitions of the current and the next period
+(``day`` or ``month``, UTC). A row whose ``ts`` falls in no period partition (a device clock
+far off, or a write before ``maintain`` ran) goes to the ``DEFAULT`` partition. When
+`Database.maintain` later makes the partition of such a period, it moves that period's rows
+out of the default partition into the new one in the same transaction, so a key never lives
+in two partitions and redeliveries stay duplicates. Partitions wholly older than
+``retention_days`` are dropped, and default-partition rows older than it deleted.
+
+Writes. One transaction per `Database.write`: results and events by a multi-row
+``INSERT ... ON CONFLICT DO NOTHING`` for small batches, and for batches of at least
+``copy_from`` rows by COPY into a session temporary table (``ON COMMIT DELETE ROWS``: made
+once per connection rather than per batch, so the catalog does not churn) then
+``INSERT ... SELECT ... ON CONFLICT DO NOTHING``. Statuses are upserted; the newest
+``status_ts`` wins.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, LiteralString, TypeVar
+
+from ..config.collect import DatabaseConfig
+from ..errors import StorageError
+from .migrations import MIGRATIONS
+from .records import Record
+
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = ["Database", "WriteResult"]
+
+log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+_LOCK = 0x45494E46  # "EINF": advisory lock class of migrations and maintenance, per schema
+_CHUNK = 1000  # rows per multi-row INSERT (7-8 parameters a row; the protocol allows 65535)
+_UTC = dt.UTC
+
+# Per table: its columns as written, one row of a multi-row INSERT (ts and received come as
+# Unix seconds, the payload as JSON text), and the same conversion from the staging table.
+_TABLES: dict[str, tuple[LiteralString, LiteralString, LiteralString]] = {
+    "results": ("device, pipeline, run_id, seq, ts, received, payload",
+                "(%s, %s, %s, %s, to_timestamp(%s), to_timestamp(%s), %s::jsonb)",
+                "device, pipeline, run_id, seq, to_timestamp(ts), to_timestamp(received),"
+                " payload::jsonb"),
+    "events": ("device, pipeline, event_id, run_id, seq, ts, received, payload",
+               "(%s, %s, %s, %s, %s, to_timestamp(%s), to_timestamp(%s), %s::jsonb)",
+               "device, pipeline, event_id, run_id, seq, to_timestamp(ts),"
+               " to_timestamp(received), payload::jsonb"),
+}
+_STAGING: LiteralString = """
+CREATE TEMP TABLE IF NOT EXISTS ei_results_in (
+    device text, pipeline text, run_id text, seq bigint, ts float8, received float8,
+    payload text) ON COMMIT DELETE ROWS;
+CREATE TEMP TABLE IF NOT EXISTS ei_events_in (
+    device text, pipeline text, event_id text, run_id text, seq bigint, ts float8,
+    received float8, payload text) ON COMMIT DELETE ROWS;
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    """What one `Database.write` did.
+
+    Attributes:
+        results: Result rows inserted.
+        events: Event rows inserted.
+        statuses: Device statuses inserted or replaced by a newer one.
+        duplicates: Rows skipped: results and events already present (or twice in the
+            batch), and statuses no newer than the stored one.
+    """
+
+    results: int
+    events: int
+    statuses: int
+    duplicates: int
+
+
+class Database:
+    """The collector's connection to PostgreSQL; one writer thread uses it.
+
+    Args:
+        config: Where and how (``database:`` of ``collect.yaml``).
+        copy_from: Batches of at least this many results and events are written through COPY
+            (``batch.copy_from`` of ``collect.yaml``).
+    """
+
+    def __init__(self, config: DatabaseConfig, *, copy_from: int = 500) -> None:
+        self._config = config
+        self._copy_from = copy_from
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def connect(self) -> None:
+        """Connect, unless connected already.
+
+        Raises:
+            StorageError: PostgreSQL cannot be reached or refuses the login; a later call
+                tries again.
+        """
+        if self._conn is not None and not self._conn.closed:
+            return
+        import psycopg
+
+        try:
+            conn = psycopg.connect(
+                self._config.dsn, password=self._config.password, autocommit=True,
+                connect_timeout=max(2, math.ceil(self._config.connect_timeout_s)),
+                application_name="edgeinfer-collect")
+            conn.execute(_STAGING)
+        except psycopg.Error as exc:
+            # from None: the driver's text could quote the connection string
+            raise StorageError(self._scrub(
+                f"cannot connect to PostgreSQL at {self._where()}: {exc}")) from None
+        self._conn = conn
+        log.info("connected to PostgreSQL at %s", self._where())
+
+    def migrate(self) -> list[int]:
+        """Apply the migrations this database lacks, in one transaction under an advisory
+        lock (collectors starting together wait for each other, then find nothing to do).
+
+        Returns:
+            The versions applied by this call (empty when the schema was current).
+
+        Raises:
+            StorageError: a database failure; nothing was applied.
+        """
+        from psycopg import sql
+
+        def apply(conn: psycopg.Connection[Any]) -> list[int]:
+            s = sql.Identifier(self._config.schema)
+            conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))",
+                         (_LOCK, self._config.schema))
+            conn.execute(sql.SQL(
+                "CREATE SCHEMA IF NOT EXISTS {s};"
+                " CREATE TABLE IF NOT EXISTS {s}.schema_migrations (version integer PRIMARY KEY,"
+                " name text NOT NULL, applied timestamptz NOT NULL DEFAULT now())").format(s=s))
+            done = {row[0] for row in conn.execute(
+                sql.SQL("SELECT version FROM {s}.schema_migrations").format(s=s))}
+            applied = []
+            for version, name, text in MIGRATIONS:
+                if version not in done:
+                    conn.execute(sql.SQL(text).format(s=s))
+                    conn.execute(sql.SQL("INSERT INTO {s}.schema_migrations (version, name)"
+                                         " VALUES (%s, %s)").format(s=s), (version, name))
+                    applied.append(version)
+            return applied
+
+        applied = self._transaction("migrate", apply)
+        if applied:
+            log.info("schema %s migrated to version %d", self._config.schema, applied[-1])
+        return applied
+
+    def write(self, records: Sequence[Record]) -> WriteResult:
+        """Write a batch in one transaction, committed when this returns.
+
+        Writing the same records again (a redelivery after a lost commit reply) inserts
+        nothing twice: they count as duplicates.
+
+        Raises:
+            StorageError: any database failure; nothing of the batch was committed (or, if
+                the connection died during COMMIT, all of it may have been: writing the
+                batch again is safe). The next call reconnects.
+        """
+        results = [(r.device, r.pipeline, r.run_id, r.seq, r.ts, r.received, r.payload)
+                   for r in records if r.kind == "result"]
+        events = [(r.device, r.pipeline, r.event_id, r.run_id, r.seq, r.ts, r.received,
+                   r.payload) for r in records if r.kind == "event"]
+        newest: dict[str, Record] = {}
+        for r in records:
+            if r.kind == "status" and (r.device not in newest or newest[r.device].ts <= r.ts):
+                newest[r.device] = r
+        statuses = [(r.device, r.payload, r.ts) for r in newest.values()]
+        if not records:
+            return WriteResult(0, 0, 0, 0)
+        copy = len(results) + len(events) >= self._copy_from
+
+        def batch(conn: psycopg.Connection[Any]) -> WriteResult:
+            n_results = self._rows(conn, "results", results, copy)
+            n_events = self._rows(conn, "events", events, copy)
+            n_statuses = self._statuses(conn, statuses)
+            skipped = len(results) - n_results + len(events) - n_events
+            skipped += sum(r.kind == "status" for r in records) - n_statuses
+            return WriteResult(n_results, n_events, n_statuses, skipped)
+
+        return self._transaction("write", batch)
+
+    def maintain(self, now: float) -> dict[str, Any]:
+        """Make the partitions of the period holding ``now`` and of the next one (moving rows
+        of those periods out of the default partition), drop partitions wholly older than
+        ``retention_days`` and delete older rows of the default partitions.
+
+        Args:
+            now: The time to maintain for (Unix s).
+
+        Returns:
+            ``{"created": [table names], "moved": rows, "dropped": [table names],
+            "deleted": rows}``.
+
+        Raises:
+            StorageError: a database failure; nothing was changed.
+        """
+        def run(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+            conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))",
+                         (_LOCK, self._config.schema))
+            return _maintain(conn, self._config, now)
+
+        done = self._transaction("maintain", run)
+        if done["created"] or done["dropped"]:
+            log.info("partitions created %s, dropped %s", done["created"], done["dropped"])
+        return done
+
+    def close(self) -> None:
+        """Close the connection (a later call connects again)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+    def _rows(self, conn: psycopg.Connection[Any], table: LiteralString,
+              rows: list[tuple[Any, ...]], copy: bool) -> int:
+        if not rows:
+            return 0
+        from psycopg import sql
+
+        cols, values, staged = _TABLES[table]
+        target = sql.Identifier(self._config.schema, table)
+        with conn.cursor() as cur:
+            if copy:
+                staging = sql.Identifier(f"ei_{table}_in")
+                with cur.copy(sql.SQL("COPY {} FROM STDIN").format(staging)) as pipe:
+                    for row in rows:
+                        pipe.write_row(row)
+                cur.execute(sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {}"
+                                    " ON CONFLICT DO NOTHING").format(
+                    target, sql.SQL(cols), sql.SQL(staged), staging))
+                return max(cur.rowcount, 0)
+            inserted = 0
+            for start in range(0, len(rows), _CHUNK):
+                chunk = rows[start:start + _CHUNK]
+                cur.execute(sql.SQL("INSERT INTO {} ({}) VALUES {} ON CONFLICT DO NOTHING").format(
+                    target, sql.SQL(cols), sql.SQL(", ").join([sql.SQL(values)] * len(chunk))),
+                    [value for row in chunk for value in row])
+                inserted += max(cur.rowcount, 0)
+            return inserted
+
+    def _statuses(self, conn: psycopg.Connection[Any],
+                  statuses: list[tuple[str, str, float]]) -> int:
+        if not statuses:
+            return 0
+        from psycopg import sql
+
+        values = sql.SQL(", ").join([sql.SQL("(%s, %s::jsonb, to_timestamp(%s))")] * len(statuses))
+        with conn.cursor() as cur:
+            cur.execute(sql.SQL(
+                "INSERT INTO {t} AS d (device, status, status_ts) VALUES {v}"
+                " ON CONFLICT (device) DO UPDATE SET status = EXCLUDED.status,"
+                " status_ts = EXCLUDED.status_ts, updated = now()"
+                " WHERE d.status_ts < EXCLUDED.status_ts").format(
+                t=sql.Identifier(self._config.schema, "devices"), v=values),
+                [value for row in statuses for value in row])
+            return max(cur.rowcount, 0)
+
+    def _transaction(self, what: str, body: Callable[[psycopg.Connection[Any]], _T]) -> _T:
+        import psycopg
+
+        self.connect()
+        conn = self._conn
+        assert conn is not None
+        try:
+            with conn.transaction():
+                return body(conn)
+        except psycopg.Error as exc:
+            self._drop()
+            raise StorageError(self._scrub(
+                f"PostgreSQL {what} failed at {self._where()}: "
+                f"{type(exc).__name__}: {exc}")) from exc
+
+    def _drop(self) -> None:
+        # After a failure the connection may be dead or mid-protocol: start clean next time.
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # a broken connection may fail to close; it is gone either way
+                log.debug("closing a failed connection", exc_info=True)
+
+    def _where(self) -> str:
+        from psycopg.conninfo import conninfo_to_dict
+
+        try:
+            info = conninfo_to_dict(self._config.dsn)
+        except Exception:  # an unparsable dsn is reported by connect() itself
+            return "the configured dsn"
+        return f"{info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
+
+    def _scrub(self, text: str) -> str:
+        secrets = [self._config.password]
+        try:
+            from psycopg.conninfo import conninfo_to_dict
+
+            secrets.append(str(conninfo_to_dict(self._config.dsn).get("password") or ""))
+        except Exception:  # nothing to scrub from what cannot be parsed
+            pass
+        for secret in secrets:
+            if secret:
+                text = text.replace(secret, "***")
+        return text
+
+
+def _maintain(conn: psycopg.Connection[Any], config: DatabaseConfig, now: float) -> dict[str, Any]:
+    done: dict[str, Any] = {"created": [], "moved": 0, "dropped": [], "deleted": 0}
+    current = _period_start(dt.datetime.fromtimestamp(now, _UTC), config.partition)
+    nxt = _period_after(current, config.partition)
+    cutoff = (dt.datetime.fromtimestamp(now, _UTC) - dt.timedelta(days=config.retention_days)
+              if config.retention_days is not None else None)
+    for table in _TABLES:
+        for lo in (current, nxt):
+            moved = _make_partition(conn, config.schema, table, lo,
+                                    _period_after(lo, config.partition), config.partition)
+            if moved is not None:
+                done["created"].append(_partition_name(table, lo, config.partition))
+                done["moved"] += moved
+        if cutoff is not None:
+            done["dropped"] += _drop_older(conn, config.schema, table, cutoff)
+            done["deleted"] += _delete_default(conn, config.schema, table, cutoff)
+    return done
+
+
+def _make_partition(conn: psycopg.Connection[Any], schema: str, table: str, lo: dt.datetime,
+                    hi: dt.datetime, partition: str) -> int | None:
+    """Make one period's partition unless it exists; returns the rows moved into it out of
+    the default partition (``None``: it existed)."""
+    from psycopg import sql
+
+    name = _partition_name(table, lo, partition)
+    exists = conn.execute("SELECT to_regclass(%s)",
+                          (sql.Identifier(schema, name).as_string(conn),)).fetchone()
+    if exists is None or exists[0] is not None:
+        return None
+    new, parent = sql.Identifier(schema, name), sql.Identifier(schema, table)
+    default = sql.Identifier(schema, f"{table}_default")
+    # ATTACH refuses a range the default partition holds rows of: move them first.
+    conn.execute(sql.SQL("CREATE TABLE {} (LIKE {} INCLUDING DEFAULTS)").format(new, parent))
+    cur = conn.execute(sql.SQL(
+        "WITH moved AS (DELETE FROM {d} WHERE ts >= %s AND ts < %s RETURNING *)"
+        " INSERT INTO {n} SELECT * FROM moved").format(d=default, n=new), (lo, hi))
+    moved = max(cur.rowcount, 0)
+    conn.execute(sql.SQL("ALTER TABLE {} ATTACH PARTITION {} FOR VALUES FROM ({}) TO ({})").format(
+        parent, new, sql.Literal(lo), sql.Literal(hi)))
+    return moved
+
+
+def _drop_older(conn: psycopg.Connection[Any], schema: str, table: str,
+                cutoff: dt.datetime) -> list[str]:
+    from psycopg import sql
+
+    dropped = []
+    children = conn.execute(
+        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+        " WHERE i.inhparent = %s::regclass",
+        (sql.Identifier(schema, table).as_string(conn),)).fetchall()
+    for (name,) in children:
+        match = re.fullmatch(re.escape(table) + r"_p(\d{8}|\d{6})", name)
+        if match is None:
+            continue  # the default partition, or one someone else made
+        stamp = match.group(1)
+        lo = dt.datetime.strptime(stamp, "%Y%m%d" if len(stamp) == 8 else "%Y%m").replace(
+            tzinfo=_UTC)
+        if _period_after(lo, "day" if len(stamp) == 8 else "month") <= cutoff:
+            conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(schema, name)))
+            dropped.append(name)
+    return dropped
+
+
+def _delete_default(conn: psycopg.Connection[Any], schema: str, table: str,
+                    cutoff: dt.datetime) -> int:
+    from psycopg import sql
+
+    cur = conn.execute(sql.SQL("DELETE FROM {} WHERE ts < %s").format(
+        sql.Identifier(schema, f"{table}_default")), (cutoff,))
+    return max(cur.rowcount, 0)
+
+
+def _period_start(moment: dt.datetime, partition: str) -> dt.datetime:
+    start = moment.replace(hour=0, minute=0, second=0, microsecond=0)
+    return start.replace(day=1) if partition == "month" else start
+
+
+def _period_after(start: dt.datetime, partition: str) -> dt.datetime:
+    if partition == "day":
+        return start + dt.timedelta(days=1)
+    return (start.replace(day=28) + dt.timedelta(days=4)).replace(day=1)
+
+
+def _partition_name(table: str, start: dt.datetime, partition: str) -> str:
+    return f"{table}_p{start:%Y%m%d}" if partition == "day" else f"{table}_p{start:%Y%m}"
