@@ -54,6 +54,10 @@ class Source(Protocol):
         """The source's own counters."""
 
 
+class _Nothing:
+    results = events = statuses = duplicates = 0
+
+
 class _Stats:
     """Counters the writer updates once per batch (never per message from the network)."""
 
@@ -70,7 +74,8 @@ class _Stats:
         self.device_lag: deque[float] = deque(maxlen=_LAG_SAMPLES)
         self.commits: deque[tuple[float, int]] = deque()
 
-    def batch(self, deliveries: Sequence[Delivery], result: WriteResult, now: float) -> None:
+    def batch(self, deliveries: Sequence[Delivery], result: WriteResult | _Nothing,
+              now: float) -> None:
         rows = result.results + result.events + result.statuses
         with self.lock:
             self.batches += 1
@@ -230,8 +235,9 @@ class Collector:
 
     def _commit(self, batch: list[Delivery]) -> None:
         records: list[Record] = [d.record for d in batch if d.record is not None]
+        result: WriteResult | _Nothing = _Nothing()  # only rejected messages: nothing to write
         delay = _BACKOFF_FIRST_S
-        while True:
+        while records:
             try:
                 result = self.db.write(records)
                 break
