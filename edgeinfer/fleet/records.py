@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -25,6 +26,9 @@ _MAX_ID = 128
 _MAX_SEQ = 2**63 - 1
 
 Kind = Literal["result", "event", "status"]
+
+# What PostgreSQL's jsonb cannot hold: a message with it would fail its whole batch, forever.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 
 class Rejected(ValueError):
@@ -87,11 +91,15 @@ def parse(topic: str, payload: bytes, prefix: str, received: float) -> Record:
         raise Rejected(f"payload of {len(payload)} bytes is over {MAX_PAYLOAD}")
     try:
         text = payload.decode("utf-8")
-        doc = json.loads(text)
+        doc = json.loads(text, parse_constant=_constant, parse_float=_float)
+    except Rejected:
+        raise
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise Rejected(f"not JSON: {type(exc).__name__}") from None
     if not isinstance(doc, dict):
         raise Rejected("not a JSON object")
+    if "\\u" in text:
+        _storable(doc)
     if kind == "status":
         return Record("status", device, None, "", None, None, _ts(doc.get("ts"), received),
                       received, text)
@@ -105,6 +113,33 @@ def parse(topic: str, payload: bytes, prefix: str, received: float) -> Record:
     return Record("event", device, pipeline, run_id,
                   _seq(seq_value) if seq_value is not None else None, event_id,
                   _ts(doc.get("start", doc.get("ts")), received), received, text)
+
+
+def _constant(name: str) -> Any:
+    raise Rejected(f"not JSON: {name}")
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise Rejected("a number out of range")
+    return value
+
+
+def _storable(doc: Any) -> None:
+    # Only an escape can put NUL or a lone surrogate in decoded JSON; iterative, as deep
+    # documents are allowed up to json's own limit.
+    stack = [doc]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if _UNSTORABLE.search(item):
+                raise Rejected("a string with NUL or an unpaired surrogate")
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 def _topic(topic: str, prefix: str) -> tuple[Kind, str, str | None]:
