@@ -273,3 +273,40 @@ def test_exactly_once_through_kills_and_restarts(tmp_path: Path, broker: Mosquit
     # the group shared the load: both wrote rows in their last run
     assert summaries[0]["rows"] > 0 and summaries[1]["rows"] > 0
     assert sum(s["db_failures"] for s in summaries) >= 2  # both restarts were felt
+
+
+def test_acks_of_an_earlier_connection_are_never_sent() -> None:
+    from edgeinfer.config.collect import MqttSourceConfig
+    from edgeinfer.fleet.mqtt_source import MqttSource
+    from edgeinfer.fleet.records import Delivery
+
+    with Mosquitto(FLEET_BROKER, persistence=True) as own:
+        got: list[Delivery] = []
+        source = MqttSource(MqttSourceConfig(host=own.host, port=own.port, prefix=PREFIX,
+                                             client_id="acks", receive_maximum=50))
+        source.start(got.append)
+        try:
+            assert source.wait_connected(10)
+            pub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+            pub.connect(own.host, own.port)
+            pub.loop_start()
+            for seq in range(5):
+                pub.publish(f"{PREFIX}/d1/cam/result", json.dumps({"seq": seq}), qos=1) \
+                    .wait_for_publish(5)
+            _wait(lambda: len(got) == 5, 10)
+            own.wait_saved()
+            own.restart(kill=True)  # the session (and the 5 unacked messages) survive on disk
+            _wait(lambda: len(got) == 10 and source.stats()["connected"], 20)
+            source.ack([d.token for d in got[:5]])  # of the first connection: skipped
+            stats = source.stats()
+            assert stats["stale_acks"] == 5 and stats["acks"] == 0
+            assert stats["connects"] == 2 and stats["sessions_lost"] == 1  # only the first
+            again = got[5:]
+            assert all(d.redelivered for d in again)
+            assert [d.record.seq for d in again if d.record] == [0, 1, 2, 3, 4]
+            source.ack([d.token for d in again])
+            assert source.stats()["acks"] == 5
+            pub.loop_stop()
+            pub.disconnect()
+        finally:
+            source.stop()
