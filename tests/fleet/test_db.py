@@ -21,6 +21,7 @@ from edgeinfer.fleet.db import Database, WriteResult
 from edgeinfer.fleet.records import Record
 from edgeinfer.testing.postgres import Postgres
 
+_COLS = ("device", "pipeline", "run_id", "seq", "ts", "received", "payload")
 T0 = 1_760_000_000.0  # 2025-10-09 08:53:20 UTC
 
 
@@ -294,3 +295,60 @@ def test_results_flat_view(db: Database, postgres: Postgres) -> None:
     assert rows[0][:6] == ("d1", 1, pytest.approx(22.5), 2, "car", "yolov8n")
     assert rows[0][6] >= 0
     assert rows[1][:6] == ("d2", 5, None, None, "cat", None)
+
+
+def test_write_throughput(make_db: Callable[..., Database], postgres: Postgres) -> None:
+    """Rows/s of both write paths at 1,000 and 5,000 rows a batch (~560-byte payloads, fresh
+    keys), beside psycopg's executemany and a raw COPY of the same rows into an unkeyed table.
+    Printed (run with -s); no timing is asserted on a shared machine."""
+    rows_per_case = 20_000
+    records = [result(f"dev-{i % 200:04d}", i) for i in range(rows_per_case)]
+    rates: dict[str, float] = {}
+    for batch in (1000, 5000):
+        for name, copy_from in (("insert", 10**9), ("copy", 1)):
+            db = make_db(schema="t_" + uuid.uuid4().hex[:12], copy_from=copy_from)
+            db.migrate()
+            start = time.perf_counter()
+            inserted = sum(db.write(records[i:i + batch]).results
+                           for i in range(0, rows_per_case, batch))
+            rates[f"{name}@{batch}"] = rows_per_case / (time.perf_counter() - start)
+            assert inserted == rows_per_case
+    db = make_db(schema="t_" + uuid.uuid4().hex[:12])
+    db.migrate()
+    rows = [(r.device, r.pipeline, r.run_id, r.seq, r.ts, r.received, r.payload) for r in records]
+    with psycopg.connect(postgres.dsn) as conn:
+        s = schema_of(db)
+        start = time.perf_counter()
+        for i in range(0, rows_per_case, 1000):
+            with conn.transaction(), conn.cursor() as cur:
+                cur.executemany(
+                    f"INSERT INTO {s}.results (device, pipeline, run_id, seq, ts, received,"
+                    " payload) VALUES (%s, %s, %s, %s, to_timestamp(%s), to_timestamp(%s),"
+                    " %s::jsonb) ON CONFLICT DO NOTHING", rows[i:i + 1000])
+        rates["executemany@1000"] = rows_per_case / (time.perf_counter() - start)
+        # the same rows COPYed straight into a table: unlogged without a key (the ceiling), and
+        # logged with the results' key and columns (what the write path does less its staging)
+        conn.execute("CREATE UNLOGGED TABLE raw_copy (device text, pipeline text, run_id text,"
+                     " seq bigint, ts float8, received float8, payload jsonb)")
+        conn.execute(f"CREATE TABLE raw_keyed (LIKE {s}.results INCLUDING DEFAULTS"
+                     " INCLUDING INDEXES)")
+        conn.commit()
+        stamp = [(*r[:4], dt.datetime.fromtimestamp(r[4], dt.UTC),
+                  dt.datetime.fromtimestamp(r[5], dt.UTC), r[6]) for r in rows]
+        for table, data in (("raw_copy", rows), ("raw_keyed", stamp)):
+            for batch in (1000, 5000):
+                conn.execute(f"TRUNCATE {table}")
+                conn.commit()
+                start = time.perf_counter()
+                for i in range(0, rows_per_case, batch):
+                    with conn.transaction(), conn.cursor() as cur, cur.copy(
+                            f"COPY {table} ({', '.join(_COLS)}) FROM STDIN") as pipe:
+                        for row in data[i:i + batch]:
+                            pipe.write_row(row)
+                rates[f"{table}@{batch}"] = rows_per_case / (time.perf_counter() - start)
+        conn.execute("DROP TABLE raw_copy, raw_keyed")
+    print(f"\nwrite throughput, rows/s ({rows_per_case} rows of"
+          f" {len(records[0].payload)}-byte payloads each):")
+    for name, rate in rates.items():
+        print(f"  {name:18s} {rate:9,.0f}")
+    assert all(rate > 0 for rate in rates.values())
