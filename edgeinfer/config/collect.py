@@ -109,7 +109,7 @@ class BatchConfig(ConfigStruct, frozen=True):
 
     max_rows: Annotated[int, Meta(ge=1, le=100_000)] = 2000
     max_age_s: Annotated[float, Meta(ge=0.001, le=60)] = 0.2
-    copy_from: Annotated[int, Meta(ge=1, le=100_000)] = 500
+    copy_from: Annotated[int, Meta(ge=1, le=100_000)] = 50
     queue: Annotated[int, Meta(ge=1, le=1_000_000)] = 20_000
 
 
