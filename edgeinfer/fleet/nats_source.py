@@ -111,6 +111,7 @@ class NatsSource:
                         "acks": 0, "ack_errors": 0, "fetch_errors": 0, "connects": 0,
                         "disconnects": 0}
         self._server = ""
+        self._connected = False
         self.last_reject = ""
 
     def start(self, deliver: Callable[[Delivery], None]) -> None:
@@ -181,10 +182,13 @@ class NatsSource:
 
     def stats(self) -> dict[str, Any]:
         """Counters (fetched, redelivered, rejected, retained statuses read, acks sent, fetch
-        errors, connects, disconnects) and the server connected to."""
+        errors, connects, disconnects), the server connected to, whether connected now and
+        whether the durable is bound."""
         with self._lock:
             out: dict[str, Any] = dict(self._counts)
         out["server"] = self._server
+        out["connected"] = self._connected
+        out["bound"] = self._bound.is_set()
         out["durable"] = self.config.durable
         return out
 
@@ -234,11 +238,13 @@ class NatsSource:
 
         async def connected() -> None:
             self._count("connects")
+            self._connected = True
             self._server = str(nc.connected_url.netloc if nc.connected_url else "")
             logger.info("NATS connected to %s", self._server)
 
         async def disconnected() -> None:
             self._count("disconnects")
+            self._connected = False
             logger.warning("NATS disconnected from %s", self._server)
 
         async def error(exc: Exception) -> None:
