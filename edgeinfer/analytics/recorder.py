@@ -100,6 +100,7 @@ class Recorder:
         self._buf = FrameBuffer(self._pre, self._period, self._clip_cfg.buffer_mb * _MIB)
         self._open: PendingClip | None = None
         self._threads: list[threading.Thread] = []
+        self._deferred: list[_Event] = []  # snapshots waiting for a frame to be encoded
         self._hurry = threading.Event()  # closing took too long: clips end at their next frame
         self._state = "new"
         self._seq = 0
@@ -292,6 +293,8 @@ class Recorder:
         with self._lock:
             self._finish_clips()
             self._buf.clear()
+            self._n["snapshots_missed"] += len(self._deferred)
+            self._deferred.clear()
         self._jobs.put(None)
 
     def _encode(self, _seq: int, frame: Frame, clock: float, boxes: tuple[Boxed, ...]) -> None:
@@ -316,6 +319,11 @@ class Recorder:
             self._last_entry = time.monotonic()
             for clip in self._buf.add(entry):
                 self._jobs.put(clip)
+            deferred, self._deferred = self._deferred, []
+            for ev in deferred:  # their frames were dropped while the encoder lagged
+                snap = self._buf.best(ev.track_id)
+                if snap is not None and ev.snapshot is not None:
+                    self._jobs.put(_Snap(ev.snapshot, snap, ev.track_id))
 
     def _handle_event(self, ev: _Event) -> None:
         with self._lock:
@@ -324,8 +332,8 @@ class Recorder:
             if ev.snapshot is None:
                 return
             entry = self._buf.best(ev.track_id)
-            if entry is None:
-                self._n["snapshots_missed"] += 1
+            if entry is None:  # no frame kept yet (all dropped): the next one encoded serves
+                self._deferred.append(ev)
                 return
         self._jobs.put(_Snap(ev.snapshot, entry, ev.track_id))
 

@@ -405,3 +405,24 @@ def test_close_cuts_a_long_clip_short_instead_of_waiting(tmp_path: Path) -> None
     assert took < 5.0 and not any(t.is_alive() for t in rec._threads)
     frames, _ = _read_clip(str(media["ev"]["clip"]))
     assert frames  # a valid, shorter clip
+
+
+def test_an_event_whose_frames_were_dropped_still_gets_a_snapshot(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A starved encoder (a busy board) drops the queued frames an event came with; the event's
+    snapshot then takes the next frame encoded instead of being missed."""
+    import edgeinfer.analytics.recorder as recorder
+
+    monkeypatch.setattr(recorder, "_lower_priority", lambda increment: time.sleep(0.5))
+    rec = Recorder("p", _config(), tmp_path)
+    rec.start()
+    media = {}
+    for i in range(30):  # all offered before the encoder thread runs: most are dropped
+        frame, box = _frame(i)
+        rec.offer(frame, i / FPS * 3, [box])
+        if i == 10:
+            media = rec.on_event("ev", "enter", 1, i / FPS * 3)
+    rec.close()
+    stats = rec.stats()
+    assert stats["dropped_queue"] > 0 and stats["snapshots_missed"] == 0
+    assert Path(str(media["snapshot"])).is_file()
