@@ -89,9 +89,10 @@ while True:
 elapsed = time.monotonic() - start
 for info in infos:
     info.wait_for_publish(60)
+for _, c in clients:  # disconnect first: it wakes each network thread, loop_stop then joins
+    c.disconnect()
 for _, c in clients:
     c.loop_stop()
-    c.disconnect()
 print(json.dumps({"published": k, "seconds": elapsed, "seqs": seqs, "first": first,
                   "acked": sum(1 for i in infos if i.is_published())}))
 """
