@@ -60,7 +60,8 @@ class MqttSource:
         self._deliver: Callable[[Delivery], None] | None = None
         self._lock = threading.Lock()
         self._generation = 0
-        self._connected = threading.Event()
+        self._connected = threading.Event()  # connected and subscribed
+        self._subscribe_mid = -1
         self._counts = {"messages": 0, "rejected": 0, "connects": 0, "disconnects": 0,
                         "sessions_lost": 0, "acks": 0, "stale_acks": 0}
         self.last_reject = ""
@@ -89,6 +90,7 @@ class MqttSource:
         client.reconnect_delay_set(1, 30)
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
+        client.on_subscribe = self._on_subscribe
         client.on_message = self._on_message
         props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
         props.SessionExpiryInterval = c.session_expiry_s
@@ -101,7 +103,8 @@ class MqttSource:
         client.loop_start()
 
     def wait_connected(self, timeout: float | None = None) -> bool:
-        """Whether the broker accepted the connection within ``timeout`` s."""
+        """Whether the broker accepted the connection and the subscriptions within
+        ``timeout`` s (a message published before then may not reach a new session)."""
         return self._connected.wait(timeout)
 
     def ack(self, tokens: Sequence[Any]) -> None:
@@ -159,8 +162,13 @@ class MqttSource:
             # are gone with it (or were never sent); only a long session expiry prevents this.
             logger.info("new MQTT session for %s (no earlier session on the broker)",
                         self.config.client_id)
-        client.subscribe([(topic, self.config.qos) for topic in subscriptions(self.config)])
-        self._connected.set()
+        _, self._subscribe_mid = client.subscribe(
+            [(topic, self.config.qos) for topic in subscriptions(self.config)])
+
+    def _on_subscribe(self, client: Any, userdata: Any, mid: int, reasons: Any,
+                      properties: Any) -> None:
+        if mid == self._subscribe_mid:
+            self._connected.set()
 
     def _on_disconnect(self, client: Any, userdata: Any, flags: Any, reason: Any,
                        properties: Any) -> None:
