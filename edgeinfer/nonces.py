@@ -59,7 +59,7 @@ class NonceBook:
         Raises:
             NonceRefused: seen before, or the book is full.
         """
-        from .ota._durable import write_atomic
+        from ._durable import write_atomic
 
         now = time.time() if now is None else now
         with self._lock:

@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .._durable import write_atomic
+
 __all__ = ["LINE_KEYS", "ZONE_KEYS", "CounterStore"]
 
 logger = logging.getLogger(__name__)
@@ -93,7 +95,7 @@ class CounterStore:
     def _write(self, totals: dict[str, Any]) -> None:
         data = json.dumps({"format": FORMAT, "version": VERSION, **totals}, sort_keys=True)
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        _write_atomic(self.path, data.encode())
+        write_atomic(self.path, data.encode(), 0o600)
         self._saved = totals
 
     def flush(self, timeout: float = 10.0) -> bool:
@@ -187,22 +189,3 @@ def _table(table: Any, keys: tuple[str, ...], what: str) -> dict[str, dict[str, 
             raise ValueError(f"{what}.{name} holds a value that is not a count")
         out[name] = values
     return out
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

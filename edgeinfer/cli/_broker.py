@@ -34,3 +34,21 @@ def client_base(config_path: str | None, verb: str, *, instead: str, initial_s: 
         "client_id": f"edgeinfer-{verb}-{os.getpid()}-{uuid.uuid4().hex[:6]}",
         "reconnect": ReconnectConfig(initial_s=initial_s, max_s=max_s),
     }
+
+
+def listener_config(args: Any, verb: str, *, initial_s: float, max_s: float) -> MqttConfig:
+    """The broker of a listening client (``watch``, ``fleet``): ``-c CONFIG``'s ``mqtt:``
+    section or a plain connection, with ``--host``, ``--port`` and ``--prefix`` applied."""
+    import msgspec
+
+    config, changes = client_base(args.config, verb, instead="--host/--port",
+                                  initial_s=initial_s, max_s=max_s)
+    if args.host:
+        changes["host"] = args.host
+    if args.port is not None:
+        if not 1 <= args.port <= 65535:
+            raise ConfigError(f"--port: {args.port} is not a TCP port (1-65535)")
+        changes["port"] = args.port
+    if args.prefix:
+        changes["prefix"] = args.prefix
+    return msgspec.structs.replace(config, **changes)

@@ -18,7 +18,6 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-import msgspec
 
 from ..errors import ConfigError
 
@@ -75,16 +74,6 @@ def cmd_fleet(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace) -> MqttConfig:
-    from ._broker import client_base
+    from ._broker import listener_config
 
-    config, changes = client_base(args.config, "fleet", instead="--host/--port",
-                                  initial_s=0.2, max_s=1.0)
-    if args.host:
-        changes["host"] = args.host
-    if args.port is not None:
-        if not 1 <= args.port <= 65535:
-            raise ConfigError(f"--port: {args.port} is not a TCP port (1-65535)")
-        changes["port"] = args.port
-    if args.prefix:
-        changes["prefix"] = args.prefix
-    return msgspec.structs.replace(config, **changes)
+    return listener_config(args, "fleet", initial_s=0.2, max_s=1.0)

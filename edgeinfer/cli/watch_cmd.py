@@ -18,7 +18,6 @@ import queue
 import sys
 from typing import Any
 
-import msgspec
 
 from ..config.mqtt import MqttConfig
 from ..errors import ConfigError
@@ -86,19 +85,9 @@ def _say_state(client: Any, where: str) -> None:
 
 
 def _config(args: argparse.Namespace) -> MqttConfig:
-    from ._broker import client_base
+    from ._broker import listener_config
 
-    config, changes = client_base(args.config, "watch", instead="--host/--port",
-                                  initial_s=0.5, max_s=5.0)
-    if args.host:
-        changes["host"] = args.host
-    if args.port is not None:
-        if not 1 <= args.port <= 65535:
-            raise ConfigError(f"--port: {args.port} is not a TCP port (1-65535)")
-        changes["port"] = args.port
-    if args.prefix:
-        changes["prefix"] = args.prefix
-    return msgspec.structs.replace(config, **changes)
+    return listener_config(args, "watch", initial_s=0.5, max_s=5.0)
 
 
 def describe(topic: str, payload: bytes, prefix: str, *, as_json: bool = False,

@@ -79,14 +79,7 @@ def load_config(path: str | os.PathLike[str], *, stand_in_credentials: bool = Fa
         ConfigError: the file cannot be read, is not valid YAML, or does not validate.
     """
     file = Path(path)
-    try:
-        text = file.read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise ConfigError(f"{file}: no such config file") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{file}: not UTF-8 text (byte {exc.start})") from None
-    except OSError as exc:
-        raise ConfigError(f"{file}: cannot read config: {exc.strerror or exc}") from exc
+    text = _read(file)
     return parse_config(text, source=str(file), base_dir=file.parent.absolute(),
                         stand_in_credentials=stand_in_credentials)
 
@@ -131,14 +124,7 @@ def load_struct(path: str | os.PathLike[str], root: type[T]) -> T:
         ConfigError: the file cannot be read, is not valid YAML, or does not validate.
     """
     file = Path(path)
-    try:
-        text = file.read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise ConfigError(f"{file}: no such config file") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{file}: not UTF-8 text (byte {exc.start})") from None
-    except OSError as exc:
-        raise ConfigError(f"{file}: cannot read config: {exc.strerror or exc}") from exc
+    text = _read(file)
     reader = YamlReader(str(file))
     try:
         data = reader.load(text)
@@ -149,6 +135,17 @@ def load_struct(path: str | os.PathLike[str], root: type[T]) -> T:
     except msgspec.ValidationError as exc:
         error = _validation_error(reader, exc, data, root)
     raise error  # outside the handler: no __context__ holding a credential's value
+
+
+def _read(file: Path) -> str:
+    try:
+        return file.read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise ConfigError(f"{file}: no such config file") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{file}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise ConfigError(f"{file}: cannot read config: {exc.strerror or exc}") from exc
 
 
 def config_schema() -> dict[str, Any]:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import OtaRejected
-from ._durable import fsync_dir, remove_path, write_atomic
+from .._durable import fsync_dir, remove_path, write_atomic
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

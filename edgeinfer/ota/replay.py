@@ -23,7 +23,7 @@ import msgspec
 
 from ..errors import OtaRejected
 from ..nonces import NonceBook, NonceRefused
-from ._durable import write_atomic
+from .._durable import write_atomic
 
 __all__ = ["ReplayGuard"]
 

@@ -31,7 +31,7 @@ from typing import Any
 import msgspec
 
 from ..errors import OtaRejected
-from ._durable import fsync_dir, remove_path, write_atomic
+from .._durable import fsync_dir, remove_path, write_atomic
 from .manifest import decode_manifest
 
 __all__ = ["ModelStore", "StoreEntry"]

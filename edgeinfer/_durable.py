@@ -1,6 +1,6 @@
-"""Durable file operations for the OTA store, staging and keys: a file holds its new content or
-its old one, never a mix, even across a power cut (write a temporary file, fsync it, rename it
-over the target, fsync the folder)."""
+"""Durable file operations (the OTA store, staging and keys, command nonces, analytics
+counters): a file holds its new content or its old one, never a mix, even across a power cut
+(write a temporary file, fsync it, rename it over the target, fsync the folder)."""
 
 from __future__ import annotations
 
