@@ -231,16 +231,14 @@ def test_full_queue_holds_the_source_back_until_the_database_returns() -> None:
 
 def test_stop_writes_the_batch_in_hand_and_leaves_the_rest_unacknowledged() -> None:
     db = MemoryDatabase()
-    db.down = True
+    db.fail = 10**6  # every write fails (the connection works): the first batch stays in hand
     deliveries = _deliveries(_messages(devices=1, results=40, events=0))
     source = ListSource(deliveries, db)
     collector = Collector(_config(max_rows=5, max_age_s=0.01, queue=10), source, db)
-    db.down = False
     thread = _run(collector)
     assert collector.wait_started(5)
-    db.down = True
     _wait(lambda: collector.stats()["db_failures"] >= 1)
-    db.down = False
+    db.fail = 0  # back while the writer backs off; stop at once: the batch in hand is written
     collector.stop()
     thread.join(10)
     assert not thread.is_alive()

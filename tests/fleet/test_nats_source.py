@@ -77,8 +77,20 @@ class Device:
         self.publish(f"{self.prefix}/{self.name}/cam/result", doc)
 
     def publish(self, topic: str, doc: dict[str, Any], retain: bool = False) -> None:
-        info = self.client.publish(topic, json.dumps(doc), qos=1, retain=retain)
-        info.wait_for_publish(10)
+        # Like a device's outbox: a node that drops its MQTT clients while JetStream fails
+        # over (a killed peer) is retried until the message is acknowledged.
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                info = self.client.publish(topic, json.dumps(doc), qos=1, retain=retain)
+                info.wait_for_publish(10)
+                if info.is_published():
+                    return
+            except (RuntimeError, ValueError):
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.name}: {topic} not published within 30 s")
+            time.sleep(0.2)
 
     def close(self) -> None:
         self.client.disconnect()
