@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from collectors import CollectorProcess, wait
 
 from edgeinfer._net import free_port
 from edgeinfer.testing.mosquitto import Mosquitto
@@ -83,53 +82,6 @@ metrics:
 logging_level: info
 """)
     return path
-
-
-class CollectorProcess:
-    def __init__(self, config: Path, metrics: int) -> None:
-        self.config, self.metrics = config, metrics
-        self.proc: subprocess.Popen[str] | None = None
-        self.log = config.with_suffix(f".{time.monotonic_ns()}.log")
-
-    def start(self) -> None:
-        self.log = self.config.with_suffix(f".{time.monotonic_ns()}.log")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "edgeinfer", "collect", "-c", str(self.config)],
-            stdout=subprocess.DEVNULL, stderr=open(self.log, "w"), text=True)  # noqa: SIM115
-        _wait(lambda: self.scrape().get("edgeinfer_collect_source_connected") == 1.0, 20,
-              lambda: self.log.read_text())
-
-    def scrape(self) -> dict[str, float]:
-        try:
-            text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics}/metrics",
-                                          timeout=2).read().decode()
-        except OSError:
-            return {}
-        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-                for line in text.splitlines() if line and not line.startswith("#")}
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait(10)
-
-    def terminate(self) -> dict[str, Any]:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-        assert self.proc.wait(20) == 0, self.log.read_text()[-3000:]
-        last = [line for line in self.log.read_text().splitlines()
-                if line.startswith("edgeinfer collect: {")][-1]
-        summary: dict[str, Any] = json.loads(last.split(": ", 1)[1])
-        return summary
-
-
-def _wait(predicate: Callable[[], bool], timeout: float,
-          why: Callable[[], str] = lambda: "") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out; {why()[-3000:]}")
-        time.sleep(0.1)
 
 
 class Devices:
@@ -229,8 +181,8 @@ def test_unreachable_database_is_exit_73(tmp_path: Path, broker: Mosquitto) -> N
 
 def test_exactly_once_through_kills_and_restarts(tmp_path: Path, broker: Mosquitto,
                                                  pg: Postgres) -> None:
-    a = CollectorProcess(_config(tmp_path, broker, pg, "collector-a", pa := free_port()), pa)
-    b = CollectorProcess(_config(tmp_path, broker, pg, "collector-b", pb := free_port()), pb)
+    a = CollectorProcess(_config(tmp_path, broker, pg, "collector-a", pa := free_port()), pa, 20)
+    b = CollectorProcess(_config(tmp_path, broker, pg, "collector-b", pb := free_port()), pb, 20)
     a.start()
     b.start()
     devices = Devices(broker)
@@ -255,7 +207,7 @@ def test_exactly_once_through_kills_and_restarts(tmp_path: Path, broker: Mosquit
                 pg.start()
         hostile = devices.hostile()
         expected = (len(devices.results), len(devices.events), DEVICES)
-        _wait(lambda: _counts(pg) == expected, 60,
+        wait(lambda: _counts(pg) == expected, 60,
               lambda: f"{_counts(pg)} != {expected}; {a.log.read_text()}")
         time.sleep(0.5)  # the last acks and the rejected ones
         summaries = [a.terminate(), b.terminate()]
@@ -298,10 +250,10 @@ def test_acks_of_an_earlier_connection_are_never_sent() -> None:
             for seq in range(5):
                 pub.publish(f"{PREFIX}/d1/cam/result", json.dumps({"seq": seq}), qos=1) \
                     .wait_for_publish(5)
-            _wait(lambda: len(got) == 5, 10)
+            wait(lambda: len(got) == 5, 10)
             own.wait_saved()
             own.restart(kill=True)  # the session (and the 5 unacked messages) survive on disk
-            _wait(lambda: len(got) == 10 and source.stats()["connected"], 20)
+            wait(lambda: len(got) == 10 and source.stats()["connected"], 20)
             source.ack([d.token for d in got[:5]])  # of the first connection: skipped
             stats = source.stats()
             assert stats["stale_acks"] == 5 and stats["acks"] == 0

@@ -12,15 +12,13 @@ import asyncio
 import json
 import shutil
 import signal
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from collectors import CollectorProcess, wait
 
 from edgeinfer._net import free_port
 from edgeinfer.testing.nats_cluster import NatsCluster
@@ -42,15 +40,6 @@ DURABLE = "collectors"
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsCluster]:
     with NatsCluster(tmp_path_factory.mktemp("nats")) as c:
         yield c
-
-
-def _wait(predicate: Callable[[], bool], timeout: float,
-          why: Callable[[], str] = lambda: "") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out; {why()[-3000:]}")
-        time.sleep(0.1)
 
 
 def _js(cluster: NatsCluster, call: Callable[[Any], Any]) -> Any:
@@ -91,44 +80,6 @@ metrics:
 logging_level: info
 """)
     return path
-
-
-class CollectorProcess:
-    def __init__(self, config: Path, metrics: int) -> None:
-        self.config, self.metrics = config, metrics
-        self.proc: subprocess.Popen[str] | None = None
-        self.log = config.with_suffix(".log")
-
-    def start(self) -> None:
-        self.log = self.config.with_suffix(f".{time.monotonic_ns()}.log")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "edgeinfer", "collect", "-c", str(self.config)],
-            stdout=subprocess.DEVNULL, stderr=open(self.log, "w"), text=True)  # noqa: SIM115
-        _wait(lambda: self.scrape().get("edgeinfer_collect_source_connected") == 1.0, 30,
-              lambda: self.log.read_text())
-
-    def scrape(self) -> dict[str, float]:
-        try:
-            text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics}/metrics",
-                                          timeout=2).read().decode()
-        except OSError:
-            return {}
-        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-                for line in text.splitlines() if line and not line.startswith("#")}
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait(10)
-
-    def terminate(self) -> dict[str, Any]:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-        assert self.proc.wait(20) == 0, self.log.read_text()[-3000:]
-        last = [line for line in self.log.read_text().splitlines()
-                if line.startswith("edgeinfer collect: {")][-1]
-        summary: dict[str, Any] = json.loads(last.split(": ", 1)[1])
-        return summary
 
 
 class Devices:
@@ -208,7 +159,7 @@ def test_exactly_once_through_node_and_collector_kills(tmp_path: Path, cluster: 
         async def durable(js: Any) -> Any:
             return await js.consumer_info("$MQTT_msgs", DURABLE)
 
-        _wait(lambda: _js(cluster, durable) is not None, 20, lambda: a.log.read_text())
+        wait(lambda: _js(cluster, durable) is not None, 20, lambda: a.log.read_text())
         devices.status()
         steps = [(run, seq) for run in RUNS for seq in range(SEQS)]  # seq starts again at r2
         killed = -1
@@ -230,7 +181,7 @@ def test_exactly_once_through_node_and_collector_kills(tmp_path: Path, cluster: 
             elif i == 90:
                 cluster.restart(killed)
         expected = (len(devices.results), len(devices.events), DEVICES)
-        _wait(lambda: _counts(postgres) == expected, 60,
+        wait(lambda: _counts(postgres) == expected, 60,
               lambda: f"{_counts(postgres)} != {expected}; {b.log.read_text()}")
         time.sleep(0.5)  # the last acks
         summaries = [a.terminate(), b.terminate()]
