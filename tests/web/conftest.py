@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 import pytest
+from webscene import scene_pipeline
 
 from edgeinfer import Pipeline
 from edgeinfer._net import free_port
@@ -69,16 +70,7 @@ def pipeline(truth: SceneTruth, blazeface_path: Path,
     config = {
         "device_id": "web-test",
         "runtime": {"state_dir": str(folder / "state")},
-        "pipelines": [{
-            "name": PIPELINE,
-            "source": {"type": "video", "uri": str(truth.path), "fps": truth.fps, "loop": True},
-            "model": {"path": str(blazeface_path), "threads": 1, "probe": False},
-            "task": {"type": "detect", "decoder": "blazeface", "score_threshold": 0.6},
-            **truth.scene_config(),
-            "record": {"snapshots": True, "events": ["enter", "exit", "cross"],
-                       "clips": {"pre_s": 0.5, "post_s": 0.5, "fps": 7.5, "format": "mjpeg"}},
-            "sinks": [{"type": "jsonl", "path": str(folder / "results.jsonl")}],
-        }],
+        "pipelines": [scene_pipeline(PIPELINE, truth, blazeface_path, folder)],
     }
     path = folder / "web.json"
     path.write_text(json.dumps(config))

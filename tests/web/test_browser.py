@@ -33,7 +33,9 @@ import cv2
 import numpy as np
 import pytest
 
-from edgeinfer.testing.scene_video import SceneTruth, astronaut_face_box, make_scene_video
+from webscene import scene_pipeline
+
+from edgeinfer.testing.scene_video import SceneTruth
 
 ROOT = Path(__file__).resolve().parents[2]
 PIPELINE = "scene"
@@ -78,18 +80,7 @@ class Daemon:
             "runtime": {"state_dir": str(folder / "state")},
             "http": {"port": int(self.url.rsplit(":", 1)[1]), "bind": "127.0.0.1",
                      "token": TOKEN, "live_fps": 10},
-            "pipelines": [{
-                "name": PIPELINE,
-                "source": {"type": "video", "uri": str(truth.path), "fps": truth.fps,
-                           "loop": True},
-                "model": {"path": str(model), "threads": 1, "probe": False},
-                "task": {"type": "detect", "decoder": "blazeface", "score_threshold": 0.6},
-                **truth.scene_config(),
-                "record": {"snapshots": True, "events": ["enter", "exit", "cross"],
-                           "clips": {"pre_s": 0.5, "post_s": 0.5, "fps": 7.5,
-                                     "format": "auto"}},
-                "sinks": [{"type": "jsonl", "path": str(folder / "results.jsonl")}],
-            }],
+            "pipelines": [scene_pipeline(PIPELINE, truth, model, folder, "auto")],
         }
         path = folder / "config.json"
         path.write_text(json.dumps(config))
@@ -118,12 +109,6 @@ class Daemon:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(10)
-
-
-@pytest.fixture(scope="module")
-def truth(blazeface_path: Path, tmp_path_factory: pytest.TempPathFactory) -> SceneTruth:
-    folder = tmp_path_factory.mktemp("scene")
-    return make_scene_video(folder / "scene.avi", astronaut_face_box(blazeface_path))
 
 
 @pytest.fixture(scope="module")

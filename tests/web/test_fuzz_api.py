@@ -33,6 +33,7 @@ from typing import Any
 
 import cv2
 import pytest
+from webscene import scene_pipeline
 
 schemathesis = pytest.importorskip("schemathesis", reason="schemathesis (dev extra) is missing")
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
@@ -68,18 +69,7 @@ class Daemon:
             "device_id": "fuzz-test",
             "runtime": {"state_dir": str(folder / "state")},
             "http": http,
-            "pipelines": [{
-                "name": PIPELINE,
-                "source": {"type": "video", "uri": str(truth.path), "fps": truth.fps,
-                           "loop": True},
-                "model": {"path": str(model), "threads": 1, "probe": False},
-                "task": {"type": "detect", "decoder": "blazeface", "score_threshold": 0.6},
-                **truth.scene_config(),
-                "record": {"snapshots": True, "events": ["enter", "exit", "cross"],
-                           "clips": {"pre_s": 0.5, "post_s": 0.5, "fps": 7.5,
-                                     "format": "mjpeg"}},
-                "sinks": [{"type": "jsonl", "path": str(folder / "results.jsonl")}],
-            }],
+            "pipelines": [scene_pipeline(PIPELINE, truth, model, folder)],
         }
         path = folder / "config.json"
         path.write_text(json.dumps(config))
