@@ -85,6 +85,11 @@ class Pipeline:
         self._prepared: DropOldestQueue = DropOldestQueue(queue_size, drop=source.live)
         self._inferred: DropOldestQueue = DropOldestQueue(queue_size, drop=False)
         self._threads: list[threading.Thread] = []
+        # Stages still running; the last one to end finishes the pipeline. A count set before
+        # any stage starts, not a look at the thread list: a stage that ends at once (a source of
+        # one picture) must not see the others as "not alive" before they were even started.
+        self._stages_left = 0
+        self._stages_lock = threading.Lock()
         self._iter_queue: DropOldestQueue | None = None
         self._started = False
         self._closed = False
@@ -129,12 +134,19 @@ class Pipeline:
             self.analytics.start()
         self.source.__enter__()
         self.stats.start()
-        for target, stage in ((self._capture, "capture"), (self._infer, "infer"),
-                              (self._emit, "emit")):
+        stages = ((self._capture, "capture"), (self._infer, "infer"), (self._emit, "emit"))
+        self._stages_left = len(stages)
+        for target, stage in stages:
             t = threading.Thread(target=self._guard, args=(target,), daemon=True,
                                  name=f"edgeinfer-{self.name}-{stage}")
-            t.start()
             self._threads.append(t)
+        for started, t in enumerate(self._threads):
+            try:
+                t.start()
+            except RuntimeError as exc:  # "can't start new thread": out of threads or memory
+                self._abandon(len(self._threads) - started, exc)
+                raise EdgeInferError(f"pipeline {self.name!r}: cannot start its stage threads: "
+                                    f"{exc}") from exc
 
     def stop(self) -> None:
         """Ask the source to stop; frames already read are still processed. Idempotent."""
@@ -290,8 +302,23 @@ class Pipeline:
                 if self._iter_queue is not None:
                     self._iter_queue.close()
         finally:
-            if all(not t.is_alive() or t is threading.current_thread() for t in self._threads):
-                self._finish()
+            self._stage_ended()
+
+    def _stage_ended(self, count: int = 1) -> None:
+        with self._stages_lock:
+            self._stages_left -= count
+            last = self._stages_left == 0
+        if last:
+            self._finish()
+
+    def _abandon(self, never_started: int, exc: BaseException) -> None:
+        """Stages that could not start: end the started ones and count the rest as ended."""
+        if self.error is None:
+            self.error = exc
+        self.source.stop()
+        self._prepared.close()
+        self._inferred.close()
+        self._stage_ended(never_started)
 
     def _finish(self) -> None:
         if self._iter_queue is not None:

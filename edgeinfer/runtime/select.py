@@ -120,7 +120,7 @@ def measure(
         reference = [ref.run(f) for f in feeds]
         gate_ = _calibrated(spec, gate_, open_, feeds, reference)
         ref_row = Row(ref_choice, "ok", accuracy="reference")
-        _time(ref, feeds[0], ref_row, MIN_RUNS, t0 + min(SAMPLE_S, budget_s / 10))
+        _time(ref, feeds[0], ref_row, MIN_RUNS, t0 + min(SAMPLE_S, budget_s / 10), cancel)
         small = ref_row.p50_ms is not None and ref_row.p50_ms < SMALL_MS
         cands, rows = candidates(spec, small=small)
         if choices is not None:
@@ -137,7 +137,7 @@ def measure(
                 rows.append(Row(choice, "skipped", reason=f"probe budget {budget_s:g} s spent"))
                 continue
             slice_s = min(SAMPLE_S if small else 1.0, 0.6 * left / max(1, len(cands) - i))
-            row, session = _try(spec, choice, open_, feeds, reference, gate_, slice_s)
+            row, session = _try(spec, choice, open_, feeds, reference, gate_, slice_s, cancel)
             rows.append(row)
             if session is not None:
                 owned[choice] = session
@@ -243,7 +243,8 @@ def _inputs(spec: SessionSpec, gate: Gate, ref: Session
 
 def _try(spec: SessionSpec, choice: Choice, open_: Callable[[SessionSpec, Choice], Session],
          feeds: list[dict[str, np.ndarray]], reference: list[dict[str, np.ndarray]],
-         gate: Gate, slice_s: float) -> tuple[Row, Session | None]:
+         gate: Gate, slice_s: float, cancel: threading.Event | None = None
+         ) -> tuple[Row, Session | None]:
     """Open, check and time one candidate; its session comes back open when it passed."""
     row = Row(choice)
     meter = MemoryMeter()
@@ -257,8 +258,11 @@ def _try(spec: SessionSpec, choice: Choice, open_: Callable[[SessionSpec, Choice
     try:
         _check(session, choice, reference, feeds, row, gate, meter, spec)
         if row.status == "ok":
-            _time(session, feeds[0], row, MIN_RUNS, time.perf_counter() + slice_s)
+            _time(session, feeds[0], row, MIN_RUNS, time.perf_counter() + slice_s, cancel)
             return row, session
+    except Cancelled:
+        session.close()
+        raise
     except Exception as exc:
         row.status, row.reason = "failed", _why(exc)
     session.close()
@@ -291,10 +295,14 @@ def _check(session: Session, choice: Choice, reference: list[dict[str, np.ndarra
 
 
 def _time(session: Session, feeds: Mapping[str, np.ndarray], row: Row, min_runs: int,
-          until: float) -> None:
+          until: float, cancel: threading.Event | None = None) -> None:
     session.run(feeds)  # one untimed run: caches, lazy allocations
     n = 0
     while n < min_runs or (time.perf_counter() < until and n < MAX_RUNS):
+        # A closing model waits for this thread: a short script's close() must not wait out
+        # the sample window (it took 0.3 s of every one-picture run).
+        if cancel is not None and cancel.is_set():
+            raise Cancelled(f"measuring {row.choice.label()} was cancelled")
         t = time.perf_counter()
         session.run(feeds)
         row.samples.append((time.perf_counter() - t) * 1000)
