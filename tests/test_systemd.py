@@ -127,3 +127,19 @@ def test_config_error_at_boot_exits_78_with_one_line(tmp_path: Path) -> None:
     assert proc.stderr.startswith("edgeinfer: error: ") and "$.pipelines[0].bogus" in proc.stderr
     missing = _run_cli("run", "-c", str(tmp_path / "nope.yaml"))
     assert missing.returncode == 78 and missing.stderr.count("\n") == 1
+
+
+def test_run_takes_the_config_as_validate_config_does(tmp_path: Path) -> None:
+    """`edgeinfer run config.yaml` (positional, as `validate-config` takes it) runs the config;
+    no config, or two different ones, is one line naming the fix (was argparse's bare usage)."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("pipelines:\n  - name: p\n    source: {type: synthetic, frames: 3}\n"
+                   "    model: {path: missing.onnx}\n    task: {type: raw}\n")
+    positional, flag = _run_cli("run", str(cfg)), _run_cli("run", "-c", str(cfg))
+    assert positional.returncode == flag.returncode == 78  # the same check of the same file
+    assert positional.stderr == flag.stderr and "missing.onnx" in positional.stderr
+    none = _run_cli("run")
+    assert none.returncode == 78 and none.stderr.count("\n") == 1
+    assert "`edgeinfer run -c config.yaml`" in none.stderr and "usage:" not in none.stderr
+    two = _run_cli("run", "-c", str(cfg), str(tmp_path / "other.yaml"))
+    assert two.returncode == 78 and "two config files given" in two.stderr

