@@ -26,7 +26,7 @@ import os
 import platform
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -46,6 +46,7 @@ from ._qgraph import (
     prepare,
 )
 from .errors import BackendUnavailableError, ConfigError, ModelError, ModelFormatError
+from .runtime.ort_log import onnxruntime_quiet
 from .tasks.base import Task
 
 if TYPE_CHECKING:
@@ -186,31 +187,9 @@ def quantize_model(
                          reduce_range=reduce_range, input_shapes=input_shapes)
 
 
-class _FromOnnxruntime(logging.Filter):
-    """onnxruntime's quantization tooling warns through the root logger (``logging.warning``:
-    opset advice, "please use QDQ"): advice to its own API's callers, not to ours, who see what
-    matters in the card. Kept at debug level under this module's logger."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if f"{os.sep}onnxruntime{os.sep}" not in record.pathname:
-            return True
-        logger.debug("onnxruntime: %s", record.getMessage())
-        return False
-
-
-@contextlib.contextmanager
-def _onnxruntime_quiet() -> Iterator[None]:
-    import onnxruntime as ort
-
-    root, quiet = logging.getLogger(), _FromOnnxruntime()
-    root.addFilter(quiet)
-    # the sessions its pre-processing and calibration create log C++ warnings to stderr
-    ort.set_default_logger_severity(1 if logger.isEnabledFor(logging.DEBUG) else 3)
-    try:
-        yield
-    finally:
-        ort.set_default_logger_severity(2)
-        root.removeFilter(quiet)
+def _onnxruntime_quiet() -> contextlib.AbstractContextManager[None]:
+    """onnxruntime's advice while it quantizes for us: at debug level under this logger."""
+    return onnxruntime_quiet(logger)
 
 
 def _quantize(model: str | os.PathLike[str], output: str | os.PathLike[str],

@@ -177,27 +177,22 @@ def cache_path(spec: SessionSpec, key: str) -> Path | None:
     return spec.state_dir / "select" / f"{key}.json" if spec.state_dir is not None else None
 
 
-def load_cached(spec: SessionSpec, gate_key: str) -> Decision | None:
-    """The cached decision for ``spec`` under ``gate_key``, or None (none, or unreadable)."""
+def read_cached(spec: SessionSpec, gate_key: str) -> tuple[Decision, Path] | None:
+    """The decision file for ``spec`` under ``gate_key`` and where it lies, or None (none, or
+    unreadable). Only reads: whether its choice may be opened is the selector's question
+    (``select.load_cached``)."""
     key = cache_key(spec, gate_key)
     path = cache_path(spec, key)
     if path is None:
         return None
     try:
         with open(path, encoding="utf-8") as f:
-            decision = Decision.from_dict(json.load(f))
+            return Decision.from_dict(json.load(f)), path
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as exc:
         logger.warning("ignoring the damaged backend decision %s: %s", path, exc)
         return None
-    from .candidates import admissible  # (candidates imports this module)
-
-    why = admissible(spec, decision.choice)
-    if why:  # edited by hand, or written for other options: never load what was not offered
-        logger.warning("ignoring the backend decision %s: %s", path, why)
-        return None
-    return decision
 
 
 def store(spec: SessionSpec, decision: Decision) -> None:

@@ -37,6 +37,7 @@ from ..errors import (
 )
 from .base import Choice, Fallback, LoadReport, SessionSpec, format_shape, warm_up
 from .memory import MemoryMeter, process_budget
+from .ort_log import onnxruntime_quiet
 from .ort_types import load_error, run_error, spec_of
 from .providers import (
     CPU,
@@ -330,12 +331,10 @@ def _dynamic_int8(spec: SessionSpec) -> Path:
         return target
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from ..quantize import _onnxruntime_quiet  # its advice to pre-process goes to debug
-
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f"{target.name}.{os.getpid()}.{threading.get_ident()}.tmp.onnx")
     try:
-        with _onnxruntime_quiet():
+        with onnxruntime_quiet(logger):  # its advice to pre-process goes to debug
             quantize_dynamic(str(spec.path), str(tmp), weight_type=QuantType.QInt8)
         os.replace(tmp, target)
     except Exception as exc:  # onnxruntime.quantization's own errors: the candidate fails

@@ -32,14 +32,20 @@ import numpy as np
 from .._importer import resolve
 from ..errors import EdgeInferError, InvalidInputError
 from .base import Choice, Fallback, Session, SessionSpec, warmup_feeds
-from .candidates import backend_available, candidates, default_choice, reference_choice
+from .candidates import (
+    admissible,
+    backend_available,
+    candidates,
+    default_choice,
+    reference_choice,
+)
 from .decision import (
     DEFAULT_BUDGET_S,
     Decision,
     Row,
     cache_key,
     forget,
-    load_cached,
+    read_cached,
     store,
 )
 from .gate import Gate, OutputsGate, compare_arrays
@@ -69,6 +75,20 @@ BACKENDS = {
 
 
 Opener = Callable[[SessionSpec], Session]
+
+
+def load_cached(spec: SessionSpec, gate_key: str) -> Decision | None:
+    """The cached decision for ``spec`` under ``gate_key``, or None (none, unreadable, or a
+    choice that could never have been a candidate for these options)."""
+    found = read_cached(spec, gate_key)
+    if found is None:
+        return None
+    decision, path = found
+    why = admissible(spec, decision.choice)
+    if why:  # edited by hand, or written for other options: never load what was not offered
+        logger.warning("ignoring the backend decision %s: %s", path, why)
+        return None
+    return decision
 
 
 def open_choice(spec: SessionSpec, choice: Choice, *, warmup: bool = False) -> Session:
