@@ -45,7 +45,7 @@ from ..errors import (
 )
 from .base import Choice, LoadReport, SessionSpec, TensorSpec, format_shape, warm_up
 from .memory import MemoryMeter, default_threads
-from .tflite import _check_header, _quantize
+from .litert_common import check_header, quantize
 
 logger = logging.getLogger(__name__)
 
@@ -186,7 +186,7 @@ class ArmNNSession:
             for name, bid, info, dtype, quant in self._in:
                 x = feeds[name]
                 if quant is not None and x.dtype != dtype:
-                    x = _quantize(x, quant, dtype)
+                    x = quantize(x, quant, dtype)
                 # A view: pyarmnn marks the array it is given read-only, not the caller's.
                 x = np.ascontiguousarray(x, dtype).view()
                 tensors.append((bid, ann.ConstTensor(info, x)))
@@ -329,7 +329,7 @@ def open_session(spec: SessionSpec) -> ArmNNSession:
     threads = spec.threads if spec.threads > 0 else default_threads()
     choice = spec.choice or Choice("armnn", DEFAULT_DEVICE, "fp32", threads)
     _check_choice(spec, choice)
-    _check_header(spec)
+    check_header(spec)
     meter = MemoryMeter()
     t0 = time.perf_counter()
     report = LoadReport(backend="armnn", provider=choice.provider, choice=choice,

@@ -23,13 +23,13 @@ import numpy as np
 from .._stderr import native_logs_to_debug
 from ..errors import InferenceError, ModelLoadError, StateError
 from .base import LoadReport, SessionSpec
-from .tflite import (
-    _check_input_shape,
-    _model_error,
-    _quantization_of,
-    _quantize,
-    _tensor_spec,
-    _text,
+from .litert_common import (
+    check_input_shape,
+    model_error,
+    quantization_of,
+    quantize,
+    tensor_spec,
+    error_text,
 )
 
 # tensorflow/lite/delegates/xnnpack/xnnpack_delegate.h: QS8 | QU8 (LiteRT's defaults) | FORCE_FP16
@@ -90,18 +90,18 @@ class CompiledSession:
         try:
             details = mod.Interpreter(model_path=str(spec.path))  # not allocated: names only
             in_details, out_details = details.get_input_details(), details.get_output_details()
-            self.quantization = _quantization_of(details, in_details, out_details)
+            self.quantization = quantization_of(details, in_details, out_details)
             del details
             options = Options(cpu_options=CpuOptions(num_threads=threads,
                                                      xnnpack_flags=XNNPACK_FP16_FLAGS))
             model = CompiledModel.from_file(str(spec.path), environment=_environment(),
                                             options=options)
             for name, shape in spec.input_shapes.items():
-                _check_input_shape({d["name"]: d for d in in_details}, name, shape)
+                check_input_shape({d["name"]: d for d in in_details}, name, shape)
                 index = next(i for i, d in enumerate(in_details) if d["name"] == name)
                 model.resize_input_tensor(index, list(shape))
         except (ValueError, RuntimeError) as exc:
-            raise _model_error(spec, exc) from exc
+            raise model_error(spec, exc) from exc
         self._key = next(iter(model.get_signature_list()))
         for kind, want, got in (
             ("inputs", in_details, model.get_input_tensor_details(self._key)),
@@ -114,8 +114,8 @@ class CompiledSession:
         self._model: Any = model
         self.report = report
         self.threads = threads
-        self.inputs = tuple(_tensor_spec(d) for d in in_details)
-        self.outputs = tuple(_tensor_spec(d) for d in out_details)
+        self.inputs = tuple(tensor_spec(d) for d in in_details)
+        self.outputs = tuple(tensor_spec(d) for d in out_details)
         self._dequantize = spec.dequantize_outputs
         self._ran = False
         self._shapes: list[tuple[int, ...]] = []
@@ -153,7 +153,7 @@ class CompiledSession:
             for i, s in enumerate(self.inputs):
                 x = feeds[s.name]
                 if s.quantization is not None and x.dtype != np.dtype(s.dtype):
-                    x = _quantize(x, s.quantization, np.dtype(s.dtype))
+                    x = quantize(x, s.quantization, np.dtype(s.dtype))
                 if x.shape != self._shapes[i]:
                     m.resize_input_tensor(i, list(x.shape))
                     self._buffers()
@@ -170,7 +170,7 @@ class CompiledSession:
                 out[s.name] = y
             return out
         except (ValueError, RuntimeError) as exc:
-            raise InferenceError(f"LiteRT failed to run the model: {_text(exc)}") from exc
+            raise InferenceError(f"LiteRT failed to run the model: {error_text(exc)}") from exc
 
     def close(self) -> None:
         """Release the compiled model and its buffers. Idempotent."""

@@ -37,8 +37,8 @@ from ..errors import (
 )
 from .base import Choice, Dim, LoadReport, SessionSpec, TensorSpec, format_shape, warm_up
 from .memory import MemoryMeter
-from .tflite import _import_interpreter, _quantization_of, _quantize
-from .tflite import _tensor_spec as litert_spec
+from .litert_common import import_interpreter, quantization_of, quantize
+from .litert_common import tensor_spec as litert_spec
 
 logger = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ class OpenVinoSession:
         for i, name, quant, dtype in self._in:
             x = feeds[name]
             if quant is not None and dtype is not None and x.dtype != dtype:
-                x = _quantize(x, quant, dtype)
+                x = quantize(x, quant, dtype)
             values[i] = x
         try:
             result = request.infer(values, share_inputs=True, share_outputs=False)
@@ -330,10 +330,10 @@ def _litert_view(spec: SessionSpec, inputs: tuple[TensorSpec, ...],
     inputs and outputs, which the selector needs to compare against LiteRT's float outputs.
     """
     try:
-        mod, _ = _import_interpreter()
+        mod, _ = import_interpreter()
         interp = mod.Interpreter(model_path=str(spec.path))  # not allocated: details only
         in_details, out_details = interp.get_input_details(), interp.get_output_details()
-        quantization = _quantization_of(interp, in_details, out_details)
+        quantization = quantization_of(interp, in_details, out_details)
         lite_in = [litert_spec(d) for d in in_details]
         lite_out = [litert_spec(d) for d in out_details]
     except BackendUnavailableError:

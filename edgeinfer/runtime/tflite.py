@@ -24,81 +24,47 @@ from __future__ import annotations
 
 import functools
 import logging
-import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from .._stderr import native_logs_to_debug  # "INFO: Created TensorFlow Lite XNNPACK ..."
 from ..errors import (
     BackendUnavailableError,
     ConfigError,
     InferenceError,
     ModelFormatError,
     ModelLoadError,
-    ModelNotFoundError,
     ProviderFallbackError,
     StateError,
 )
 from . import memory
-from .base import Choice, Fallback, LoadReport, Session, SessionSpec, TensorSpec, warm_up
+from .base import Choice, Fallback, LoadReport, Session, SessionSpec, warm_up
 from .delegates import KNOWN_DELEGATES, check_plugin, delegate_name, find_delegates
+from .litert_common import (
+    check_header,
+    check_input_shape,
+    error_text,
+    import_interpreter,
+    model_error,
+    quantization_of,
+    quantize,
+    runtime_version,
+    tensor_spec,
+    tflite_quantization,
+)
+from .litert_fp16 import CompiledSession
+
+__all__ = ["CPU_PROVIDER", "TFLiteSession", "available", "open_session", "precisions",
+           "runtime_version", "tflite_quantization"]
 
 logger = logging.getLogger(__name__)
 
 # The default op resolver applies XNNPACK; with BUILTIN_WITHOUT_DEFAULT_DELEGATES (never used here)
 # the plain kernels would run and the provider would be "litert-cpu".
 CPU_PROVIDER = "xnnpack"
-_QUANTIZED_KINDS = ("int8", "uint8")
-
-
-def runtime_version() -> tuple[str, str]:
-    """The TFLite runtime module in use and its version, e.g. ``("ai_edge_litert", "2.3.0")``.
-
-    Raises:
-        BackendUnavailableError: neither ai-edge-litert nor tflite-runtime is installed.
-    """
-    _, package = _import_interpreter()
-    return package, str(getattr(sys.modules.get(package), "__version__", "unknown"))
-
-
-def tflite_quantization(
-    tensors: Sequence[Mapping[str, Any]],
-    inputs: Sequence[Mapping[str, Any]] = (),
-    outputs: Sequence[Mapping[str, Any]] = (),
-    ops: Sequence[Mapping[str, Any]] | None = None,
-) -> str:
-    """How a TFLite model is quantized, from the interpreter's tensor (and op) details.
-
-    Returns:
-        ``"int8"`` when activations are int8/uint8 (full integer quantization),
-        ``"int8-dynamic"`` when only weights are int8 and activations float (dynamic range),
-        ``"float16"`` when float16 weights are dequantized at load, else ``"float"``.
-    """
-    quantized = {t["index"] for t in tensors if _kind(t) in _QUANTIZED_KINDS and _scaled(t)}
-    # An int32 tensor with a scale is the bias of an integer conv/fc: only full-int8 models have it.
-    if any(_kind(t) == "int32" and _scaled(t) for t in tensors):
-        return "int8"
-    if quantized:
-        activations = {t["index"] for t in (*inputs, *outputs)}
-        if ops is not None:
-            activations.update(int(i) for op in ops for i in op["outputs"])
-        return "int8" if quantized & activations else "int8-dynamic"
-    if any(_kind(t) == "float16" for t in tensors):
-        return "float16"
-    return "float"
-
-
-def _kind(detail: Mapping[str, Any]) -> str:
-    return str(np.dtype(detail["dtype"]).name)
-
-
-def _scaled(detail: Mapping[str, Any]) -> bool:
-    scales = detail.get("quantization_parameters", {}).get("scales")
-    if scales is not None and len(scales):
-        return bool(np.any(scales != 0))
-    return bool(detail.get("quantization", (0.0, 0))[0])
 
 
 class TFLiteSession:
@@ -120,8 +86,8 @@ class TFLiteSession:
         self.threads = threads
         in_details = interpreter.get_input_details()
         out_details = interpreter.get_output_details()
-        self.inputs = tuple(_tensor_spec(d) for d in in_details)
-        self.outputs = tuple(_tensor_spec(d) for d in out_details)
+        self.inputs = tuple(tensor_spec(d) for d in in_details)
+        self.outputs = tuple(tensor_spec(d) for d in out_details)
         # Per-frame plans, precomputed: (name, index, dtype, quantization) and current shapes.
         self._in = [
             (s.name, int(d["index"]), np.dtype(d["dtype"]), s.quantization)
@@ -134,7 +100,7 @@ class TFLiteSession:
             (s.name, int(d["index"]), s.quantization if dequantize else None)
             for s, d in zip(self.outputs, out_details)
         ]
-        self.quantization = _quantization_of(interpreter, in_details, out_details)
+        self.quantization = quantization_of(interpreter, in_details, out_details)
 
     @property
     def provider(self) -> str:
@@ -155,7 +121,7 @@ class TFLiteSession:
             for name, index, dtype, quant in self._in:
                 x = feeds[name]
                 if quant is not None and x.dtype != dtype:
-                    x = _quantize(x, quant, dtype)
+                    x = quantize(x, quant, dtype)
                 if x.shape != self._shapes[index]:
                     self._shapes[index] = None  # unknown until the resize has succeeded
                     interp.resize_tensor_input(index, x.shape, strict=True)
@@ -172,119 +138,28 @@ class TFLiteSession:
                 out[name] = y
             return out
         except (ValueError, RuntimeError) as exc:
-            raise InferenceError(f"LiteRT failed to run the model: {_text(exc)}") from exc
+            raise InferenceError(f"LiteRT failed to run the model: {error_text(exc)}") from exc
 
     def close(self) -> None:
         """Release the interpreter (and its delegate). Idempotent."""
         self._interp = None
 
 
-def _tensor_spec(detail: Mapping[str, Any]) -> TensorSpec:
-    sig = detail.get("shape_signature")
-    dims = detail["shape"] if sig is None or len(sig) != len(detail["shape"]) else sig
-    scale, zero_point = detail.get("quantization", (0.0, 0))
-    return TensorSpec(
-        name=str(detail["name"]),
-        shape=tuple(None if int(d) < 0 else int(d) for d in dims),
-        dtype=np.dtype(detail["dtype"]).name,
-        quantization=(float(scale), int(zero_point)) if scale else None,
-    )
-
-
-def _quantize(x: np.ndarray, quant: tuple[float, int], dtype: np.dtype[Any]) -> np.ndarray:
-    info = np.iinfo(dtype)
-    q: np.ndarray = np.divide(x, quant[0], dtype=np.float32)
-    q += quant[1]
-    np.rint(q, out=q)
-    np.clip(q, info.min, info.max, out=q)
-    out: np.ndarray = q.astype(dtype)
-    return out
-
-
-def _quantization_of(interp: Any, inputs: list[Any], outputs: list[Any]) -> str:
-    try:
-        # Op details are private API; without them the activation test uses the model's I/O only.
-        ops = interp._get_ops_details()
-    except Exception:
-        ops = None
-    return tflite_quantization(interp.get_tensor_details(), inputs, outputs, ops)
-
-
-def _text(exc: BaseException) -> str:
-    return " | ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-
-
-def _import_interpreter() -> tuple[Any, str]:
-    try:
-        from ai_edge_litert import interpreter
-    except ImportError as exc:
-        if exc.name != "ai_edge_litert":
-            raise BackendUnavailableError(f"ai-edge-litert failed to import: {exc}") from exc
-    else:
-        return interpreter, "ai_edge_litert"
-    try:
-        from tflite_runtime import interpreter as legacy
-    except ImportError:
-        raise BackendUnavailableError(
-            "TFLite models need LiteRT: pip install ai-edge-litert"
-        ) from None
-    return legacy, "tflite_runtime"
-
-
-def _check_header(spec: SessionSpec) -> None:
-    try:
-        size = spec.path.stat().st_size
-        with open(spec.path, "rb") as f:
-            head = f.read(8)
-    except FileNotFoundError:
-        raise ModelNotFoundError(f"model file {spec.path} does not exist") from None
-    except OSError as exc:
-        raise ModelNotFoundError(f"cannot read model file {spec.path}: {exc}") from exc
-    if len(head) < 8 or head[4:8] != b"TFL3":
-        raise ModelFormatError(f"{spec.path} is not a TFLite model (no TFL3 identifier)")
-    root = int.from_bytes(head[:4], "little")
-    if not 8 <= root <= size - 4:
-        raise ModelFormatError(
-            f"{spec.path} is truncated or corrupt: its root table offset {root} lies outside the "
-            f"{size}-byte file"
-        )
-
-
 def _build(mod: Any, spec: SessionSpec, threads: int, delegates: list[Any]) -> Any:
-    from .._stderr import native_logs_to_debug  # "INFO: Created TensorFlow Lite XNNPACK ..."
-
     with native_logs_to_debug():
         interp = mod.Interpreter(
             model_path=str(spec.path), num_threads=threads,
             experimental_delegates=delegates or None)
         details = {d["name"]: d for d in interp.get_input_details()}
         for name, shape in spec.input_shapes.items():
-            _check_input_shape(details, name, shape)
+            check_input_shape(details, name, shape)
             interp.resize_tensor_input(details[name]["index"], list(shape), strict=True)
         interp.allocate_tensors()
     return interp
 
 
-def _check_input_shape(details: Mapping[str, Any], name: str, shape: Sequence[int]) -> None:
-    if name not in details:
-        raise ConfigError(f"input_shapes names {name!r}; the model's inputs are {sorted(details)}")
-    sig = details[name]["shape_signature"]
-    if len(sig) != len(shape) or any(s >= 0 and s != n for s, n in zip(sig, shape)):
-        raise ConfigError(
-            f"input_shapes[{name!r}] = {tuple(shape)} does not fit the model's shape "
-            f"{[None if s < 0 else int(s) for s in sig]}"
-        )
-
-
-def _model_error(spec: SessionSpec, exc: Exception) -> Exception:
-    text = _text(exc)
-    if any(k in text for k in ("Flatbuffer", "allocation is null", "identifier", "mmap")):
-        return ModelFormatError(f"{spec.path} is not a valid TFLite model: {text}")
-    return ModelLoadError(f"LiteRT refused {spec.path}: {text}")
-
-
 def _fallback(report: LoadReport, spec: SessionSpec, library: str, exc: Exception) -> None:
-    reason = _text(exc)
+    reason = error_text(exc)
     if spec.strict_providers:
         raise ProviderFallbackError(
             f"delegate {library} could not run {spec.path} and strict_providers is on: {reason}"
@@ -315,7 +190,7 @@ def _open_interpreter(mod: Any, spec: SessionSpec, threads: int, report: LoadRep
         except ConfigError:
             raise
         except (ValueError, RuntimeError) as exc:
-            err = _model_error(spec, exc)
+            err = model_error(spec, exc)
             if isinstance(err, ModelFormatError):
                 raise err from exc
             _fallback(report, spec, d.library, exc)
@@ -325,7 +200,7 @@ def _open_interpreter(mod: Any, spec: SessionSpec, threads: int, report: LoadRep
     try:
         interp = _build(mod, spec, threads, [])
     except (ValueError, RuntimeError) as exc:
-        raise _model_error(spec, exc) from exc
+        raise model_error(spec, exc) from exc
     report.provider = CPU_PROVIDER
     return interp
 
@@ -340,10 +215,10 @@ def open_session(spec: SessionSpec) -> Session:
         ConfigError: ``input_shapes`` names an unknown input or does not fit it.
         ProviderFallbackError: a delegate failed and ``strict_providers`` is on.
     """
-    mod, _ = _import_interpreter()
+    mod, _ = import_interpreter()
     start = time.perf_counter()
     meter = memory.MemoryMeter()
-    _check_header(spec)
+    check_header(spec)
     if spec.choice is not None:
         return _open_choice(mod, spec, spec.choice, start, meter)
     threads = spec.threads if spec.threads > 0 else memory.default_threads()
@@ -364,7 +239,7 @@ def open_session(spec: SessionSpec) -> Session:
 def available() -> bool:
     """Whether ai-edge-litert (or tflite-runtime) imports here."""
     try:
-        _import_interpreter()
+        import_interpreter()
     except BackendUnavailableError:
         return False
     return True
@@ -412,8 +287,6 @@ def _open_choice(mod: Any, spec: SessionSpec, choice: Choice, start: float,
         if "fp16" not in precisions():
             raise ModelLoadError("LiteRT cannot run fp16 here: the CPU has no FP16 arithmetic "
                                  "or ai-edge-litert lacks the CompiledModel API")
-        from .litert_fp16 import CompiledSession
-
         session = CompiledSession(mod, spec, choice.threads, report)
     elif choice.device == CPU_PROVIDER:
         if choice.precision != "fp32":
@@ -421,7 +294,7 @@ def _open_choice(mod: Any, spec: SessionSpec, choice: Choice, start: float,
         try:
             interp = _build(mod, spec, choice.threads, [])
         except (ValueError, RuntimeError) as exc:
-            raise _model_error(spec, exc) from exc
+            raise model_error(spec, exc) from exc
         session = TFLiteSession(interp, report, choice.threads, spec.dequantize_outputs)
     else:
         interp = _build_with_delegate(mod, spec, choice)
@@ -446,12 +319,12 @@ def _build_with_delegate(mod: Any, spec: SessionSpec, choice: Choice) -> Any:
         check_plugin(library)
         delegate = mod.load_delegate(library, options or None)
     except (ValueError, RuntimeError, OSError, AttributeError) as exc:
-        raise ModelLoadError(f"delegate {library} cannot be loaded: {_text(exc)}") from exc
+        raise ModelLoadError(f"delegate {library} cannot be loaded: {error_text(exc)}") from exc
     try:
         return _build(mod, spec, choice.threads, [delegate])
     except (ValueError, RuntimeError) as exc:
-        err = _model_error(spec, exc)
+        err = model_error(spec, exc)
         if isinstance(err, ModelFormatError):
             raise err from exc
         raise ModelLoadError(f"delegate {library} could not run {spec.path.name}: "
-                             f"{_text(exc)}") from exc
+                             f"{error_text(exc)}") from exc
