@@ -24,16 +24,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ..errors import StorageError
 
-if TYPE_CHECKING:
-    from .outbox import Outbox
-
 logger = logging.getLogger(__name__)
 
-__all__ = ["Salvage", "adopt_legacy", "is_full", "open_file", "set_aside_others"]
+__all__ = ["Salvage", "is_full", "open_file"]
 
 _DAMAGE_CODES = frozenset({sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB})
 _CHUNK = 1024  # ids per range query
@@ -318,60 +314,3 @@ def _batches(src: sqlite3.Connection, gaps: list[bool]) -> Iterator[list[Row]]:
                 yield rows
     finally:
         src.close()
-
-
-def adopt_legacy(outbox: Outbox, legacy: Path, topic_prefix: str) -> int:
-    """Move into ``outbox`` the results waiting in ``legacy`` (the one ``outbox.sqlite3`` that
-    versions before per-device outboxes shared) whose topic starts with ``topic_prefix``
-    (``<prefix>/<device>/``), oldest first. The seqs it remembers per pipeline are taken too
-    (they were not kept per device: a seq may jump ahead, never go back). ``legacy`` stays, for
-    the other devices that shared it. Returns how many results moved."""
-    from .outbox import Outbox
-
-    moved = 0
-    with Outbox(legacy) as old:
-        conn = old._conn
-        outbox.copy_in([], conn.execute("SELECT pipeline, seq FROM last_seq").fetchall())
-        while True:
-            rows = conn.execute(
-                "SELECT id, pipeline, seq, topic, payload, qos, created FROM messages "
-                "WHERE substr(topic, 1, ?) = ? ORDER BY id LIMIT 500",
-                (len(topic_prefix), topic_prefix)).fetchall()
-            if not rows:
-                break
-            outbox.copy_in([r[1:] for r in rows])
-            conn.execute("BEGIN")
-            conn.executemany("DELETE FROM messages WHERE id = ?", [(r[0],) for r in rows])
-            conn.execute("COMMIT")  # a crash before this only means duplicates (QoS 1)
-            moved += len(rows)
-    return moved
-
-
-def set_aside_others(outbox: Outbox, device: str) -> tuple[Path, int] | None:
-    """Move the results in ``outbox`` that another device made (their topic's device level,
-    ``<prefix>/<device>/<pipeline>/result``, is not ``device``) into ``<name>.foreign-<UTC
-    time>``, kept there and never published by this one. Only a file written before outboxes
-    recorded their owner can hold such rows (one ``mqtt.outbox.path`` shared by two configs).
-    Returns that file and how many moved, or ``None`` when there were none."""
-    from .outbox import Outbox
-
-    conn = outbox._conn
-    with outbox._lock:
-        others = [msg_id for msg_id, topic in conn.execute("SELECT id, topic FROM messages")
-                  if topic.rsplit("/", 3)[-3:-2] != [device]]
-    if not others:
-        return None
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    aside = outbox.path.with_name(f"{outbox.path.name}.foreign-{stamp}")
-    with Outbox(aside) as kept:
-        for i in range(0, len(others), 500):
-            part = others[i:i + 500]
-            marks = ",".join("?" * len(part))
-            with outbox._lock:
-                rows = conn.execute(f"SELECT pipeline, seq, topic, payload, qos, created FROM "
-                                    f"messages WHERE id IN ({marks}) ORDER BY id", part).fetchall()
-                kept.copy_in(rows)
-                with outbox._transaction():
-                    outbox._delete(f"id IN ({marks})", part)
-    os.unlink(f"{aside}.lock")  # a name nobody else has opened: its lock file is only litter
-    return aside, len(others)

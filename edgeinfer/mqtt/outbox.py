@@ -46,7 +46,7 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -227,9 +227,9 @@ class Outbox:
         if cut is not None:
             self.dropped[reason] += self._delete("id <= ?", (cut,))
 
-    def _delete(self, where: str, args: Iterable[Any]) -> int:
-        """Delete rows inside the caller's transaction, keeping the counters and ``last_seq``
-        right; returns how many went."""
+    def _delete(self, where: str, args: Iterable[Any], *, remember: bool = True) -> int:
+        """Delete rows inside the caller's transaction, keeping the counters and (with
+        ``remember``) ``last_seq`` right; returns how many went."""
         gone = self._conn.execute(f"DELETE FROM messages WHERE {where} {_RETURNING}",
                                   tuple(args)).fetchall()
         if not gone:
@@ -241,6 +241,8 @@ class Outbox:
             self._bytes -= size
             self._in_flight.discard(msg_id)
         self._depth -= len(gone)
+        if not remember:
+            return len(gone)
         # A row leaving the table takes its seq with it: remember the highest per pipeline.
         self._conn.executemany(
             "INSERT INTO last_seq (pipeline, seq) VALUES (?, ?) ON CONFLICT (pipeline) "
@@ -260,6 +262,44 @@ class Outbox:
                     "DO UPDATE SET seq = max(seq, excluded.seq)", list(seqs))
                 self._depth += len(rows)
                 self._bytes += sum(len(r[3]) for r in rows)
+
+    def remembered_seqs(self) -> list[tuple[str, int]]:
+        """The ``(pipeline, seq)`` pairs this file remembers as put (``copy_in``'s ``seqs``)."""
+        with self._lock:
+            self._check_open()
+            rows = self._conn.execute("SELECT pipeline, seq FROM last_seq").fetchall()
+        return [(str(p), int(q)) for p, q in rows]
+
+    def topics(self, *, prefix: str = "", limit: int | None = None) -> list[tuple[int, str]]:
+        """``(id, topic)`` of the waiting results whose topic starts with ``prefix``, oldest
+        first, at most ``limit``."""
+        with self._lock:
+            self._check_open()
+            rows = self._conn.execute(
+                "SELECT id, topic FROM messages WHERE substr(topic, 1, ?) = ? ORDER BY id "
+                "LIMIT ?", (len(prefix), prefix, -1 if limit is None else limit)).fetchall()
+        return [(int(i), str(t)) for i, t in rows]
+
+    def move_to(self, target: Outbox, ids: Sequence[int], *, remember: bool = True) -> int:
+        """Move the results ``ids`` into ``target``, in id order: copied there in one
+        transaction, then deleted here in another (a crash between the two only means
+        duplicates, as QoS 1 allows). With ``remember`` their seqs stay this file's
+        ``last_seq`` (they were put here); without, they leave with the rows (a file shared by
+        devices, whose seqs were never this file's own). Returns how many moved."""
+        moved = 0
+        with self._lock:
+            self._check_open()
+            for i in range(0, len(ids), 500):  # SQLite caps the number of parameters
+                part = list(ids[i:i + 500])
+                marks = ",".join("?" * len(part))
+                rows = self._conn.execute(
+                    f"SELECT pipeline, seq, topic, payload, qos, created FROM messages WHERE id "
+                    f"IN ({marks}) ORDER BY id", part).fetchall()
+                target.copy_in(rows)
+                with self._transaction():
+                    self._delete(f"id IN ({marks})", part, remember=remember)
+                moved += len(rows)
+        return moved
 
     # -- expiry ---------------------------------------------------------------------------------
     def expire(self) -> int:

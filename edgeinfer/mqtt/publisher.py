@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from ..errors import EdgeInferError, StateError
 from ..paths import outbox_path
-from ._outbox_file import adopt_legacy, set_aside_others
+from .outbox_migrate import adopt_legacy, set_aside_others
 from .outbox import Outbox
 
 if TYPE_CHECKING:
