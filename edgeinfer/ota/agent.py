@@ -13,16 +13,15 @@ transfer, and the status topic. Verification and the swap run on one worker thre
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import shutil
-import signal
 import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import EdgeInferError, OtaRejected
+from ._crash import crash_point
 from .protocol import (
     FINAL_STATES,
     ModelInfo,
@@ -40,25 +39,17 @@ if TYPE_CHECKING:
     from .manifest import Manifest, Offer
     from .receiver import StagedTransfer
 
-__all__ = ["OtaAgent", "crash_point"]
+__all__ = ["OtaAgent"]
 
 logger = logging.getLogger(__name__)
 
 RESEND_AFTER_S = 2.0  # no chunk for this long while some are missing: say which again
 PROGRESS_EVERY_S = 0.5  # status updates while chunks arrive, at most this often
-CRASH_ENV = "EDGEINFER_OTA_CRASH_AT"
 FREE_MARGIN = 16 * 1024 * 1024  # what an update leaves free on the state filesystem, at least
 # Refusals anyone holding a capture can provoke at will: published, but not retained, so that
 # they never displace the retained status of a real update.
 REPLAY_REASONS = frozenset({"wrong_target", "downgrade", "replayed", "superseded",
                             "expired_manifest", "not_yet_valid"})
-
-
-def crash_point(name: str) -> None:
-    """Test hook: SIGKILL this process at ``name`` when ``EDGEINFER_OTA_CRASH_AT`` says so."""
-    if os.environ.get(CRASH_ENV) == name:
-        logger.warning("%s=%s: killing the daemon here (crash test)", CRASH_ENV, name)
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class OtaAgent:
@@ -69,7 +60,7 @@ class OtaAgent:
     """
 
     def __init__(self, daemon: Daemon, config: Config) -> None:
-        from .keys import load_trusted_keys
+        from ..keys import load_trusted_keys
         from .replay import ReplayGuard
         from .store import ModelStore
         from .updater import Updater

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from ..errors import EdgeInferError, ModelMemoryError, OtaRejected
-from .agent import crash_point
+from ._crash import crash_point
 
 if TYPE_CHECKING:
     import numpy as np
