@@ -1,4 +1,5 @@
-"""Ed25519 keys for signed model updates: generation, loading, trusted public keys.
+"""Ed25519 keys for signed model updates and signed commands: generation, loading, trusted
+public keys (used by ``ota/``, ``control/``, the config's start checks and ``edgeinfer keygen``).
 
 A public key travels as one line, ``ed25519:<base64 of the 32 raw bytes> <key id>``, where the
 key id is the first 16 hex digits of the sha256 of the raw bytes (``docs/ota.md``). Private keys
@@ -19,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError
-from .._durable import write_atomic, write_new
+from .errors import ConfigError
+from ._durable import write_atomic, write_new
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -35,7 +36,7 @@ __all__ = [
     "parse_public_keys",
 ]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("edgeinfer.ota.keys")  # its name before it moved; users filter on it
 
 _PREFIX = "ed25519:"
 _PEM_BEGIN = "-----BEGIN PUBLIC KEY-----"

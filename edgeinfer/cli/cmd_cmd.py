@@ -79,7 +79,7 @@ def _payload(args: argparse.Namespace, body: dict[str, Any], request_id: str) ->
     if not args.key:
         return json.dumps({**body, "id": request_id}).encode()
     from ..control.signed import make_command
-    from ..ota.keys import load_private_key
+    from ..keys import load_private_key
 
     return make_command(args.device, args.command, body, load_private_key(args.key),
                         request_id=request_id)

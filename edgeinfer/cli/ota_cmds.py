@@ -39,7 +39,7 @@ _BAR_WIDTH = 30
 
 def cmd_keygen(args: argparse.Namespace) -> int:
     """Write the key pair; refuse to overwrite without ``--force``."""
-    from ..ota.keys import generate_keypair
+    from ..keys import generate_keypair
 
     private, public, key_id = generate_keypair(args.out, force=args.force)
     print(f"wrote {private} (private key, mode 0600: keep it secret) and {public}")
@@ -125,7 +125,7 @@ def _check(args: argparse.Namespace) -> None:
 
 def _key(args: argparse.Namespace) -> Any:
     if args.key:
-        from ..ota.keys import load_private_key
+        from ..keys import load_private_key
 
         return load_private_key(args.key)
     print("edgeinfer: WARNING: no --key: this push is UNSIGNED; only devices with "

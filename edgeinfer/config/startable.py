@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError, ModelError
+from ..keys import load_trusted_keys
 from .schema import Config
 
 __all__ = ["StartProblem", "start_problems"]
@@ -99,8 +100,6 @@ def _tls_problems(config: Config) -> list[StartProblem]:
 def _ota_problems(config: Config) -> list[StartProblem]:
     if config.ota is None:
         return []
-    from ..ota.keys import load_trusted_keys
-
     try:
         load_trusted_keys(config.ota.trusted_keys)
     except ConfigError as exc:

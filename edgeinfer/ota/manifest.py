@@ -34,7 +34,7 @@ import msgspec
 from .. import _json
 from ..errors import OtaRejected, UnsafeModelError
 from . import protocol
-from .keys import PrivateKey, PublicKey
+from ..keys import PrivateKey, PublicKey
 
 __all__ = [
     "DOMAIN",

@@ -42,7 +42,7 @@ from .protocol import (
 
 if TYPE_CHECKING:
     from ..mqtt.client import Message, MqttClient
-    from .keys import PrivateKey
+    from ..keys import PrivateKey
 
 __all__ = ["PAST_RECEIVING", "Pusher"]
 

@@ -31,7 +31,7 @@ from .._durable import fsync_dir, remove_path, write_atomic
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from .keys import PublicKey
+    from ..keys import PublicKey
     from .manifest import Manifest, Offer
 
 __all__ = ["StagedTransfer"]

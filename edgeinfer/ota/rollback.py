@@ -30,7 +30,7 @@ from .manifest import (
 )
 
 if TYPE_CHECKING:
-    from .keys import PrivateKey, PublicKey
+    from ..keys import PrivateKey, PublicKey
 
 __all__ = ["RollbackRequest", "make_rollback", "open_rollback", "parse_rollback"]
 
