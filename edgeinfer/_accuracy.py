@@ -26,13 +26,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .errors import ConfigError, EdgeInferError
+from .tasks.metrics import PRED_THRESHOLD, average_precision, box_iou, cosine, mean_ap
 
 if TYPE_CHECKING:
     from .model import Model
     from .tasks.base import Task
 
 __all__ = ["MIN_SAMPLES", "PRED_THRESHOLD", "Samples", "accuracy_report", "average_precision",
-           "box_iou", "collect", "cosine", "mean_ap", "measure", "read_samples", "report_kind",
+           "box_iou", "collect", "cosine", "mean_ap", "measure", "read_samples",
            "split_held_out"]
 
 logger = logging.getLogger(__name__)
@@ -40,10 +41,6 @@ logger = logging.getLogger(__name__)
 MIN_SAMPLES = 20
 """Fewer calibration samples than this give a warning: ranges from a handful of inputs rarely
 cover what a camera sees."""
-
-PRED_THRESHOLD = 0.001
-"""Score threshold of the INT8 detections for ``map50`` (as COCO evaluation decodes at 0.001):
-low-scoring extra boxes only extend the precision-recall curve, they never lower AP."""
 
 Feeds = dict[str, np.ndarray]
 
@@ -181,150 +178,30 @@ def split_held_out(feeds: Sequence[Feeds], samples: int) -> tuple[list[Feeds], l
     return calib, [feeds[i] for i in sorted(held)]
 
 
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    """Cosine similarity of two tensors, flattened (1.0 when both are all zeros)."""
-    x = np.asarray(a, np.float64).ravel()
-    y = np.asarray(b, np.float64).ravel()
-    nx, ny = float(np.linalg.norm(x)), float(np.linalg.norm(y))
-    if nx == 0.0 or ny == 0.0:
-        return 1.0 if nx == ny else 0.0
-    return float(np.dot(x, y) / (nx * ny))
-
-
-def box_iou(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
-    """IoU of one ``x1, y1, x2, y2`` box with each row of ``boxes``."""
-    b = np.asarray(boxes, np.float64).reshape(-1, 4)
-    w = np.clip(np.minimum(box[2], b[:, 2]) - np.maximum(box[0], b[:, 0]), 0, None)
-    h = np.clip(np.minimum(box[3], b[:, 3]) - np.maximum(box[1], b[:, 1]), 0, None)
-    inter = w * h
-    area = (box[2] - box[0]) * (box[3] - box[1])
-    areas = (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])
-    union = area + areas - inter
-    return np.where(union > 0, inter / np.where(union > 0, union, 1), 0.0)
-
-
-def average_precision(recall: np.ndarray, precision: np.ndarray) -> float:
-    """All-point interpolated AP: precision made non-increasing from the right, summed over
-    the recall steps."""
-    r = np.concatenate(([0.0], recall, [1.0]))
-    p = np.concatenate(([0.0], precision, [0.0]))
-    p = np.maximum.accumulate(p[::-1])[::-1]
-    steps = np.nonzero(r[1:] != r[:-1])[0]
-    return float(np.sum((r[steps + 1] - r[steps]) * p[steps + 1]))
-
-
-Dets = tuple[np.ndarray, np.ndarray, np.ndarray]  # boxes (N, 4), scores (N,), class ids (N,)
-
-
-def mean_ap(truth: Sequence[Dets], preds: Sequence[Dets], iou: float = 0.5
-            ) -> tuple[float | None, dict[int, float]]:
-    """mAP over images: ``truth[i]`` and ``preds[i]`` are one image's boxes, scores, classes.
-
-    Each prediction, best score first, matches the unmatched truth box of its class with the
-    highest IoU at or above ``iou`` (a true positive), else it is a false positive.
-
-    Returns:
-        The mean AP over classes with truth boxes (``None`` when there are none) and the AP per
-        class.
-    """
-    classes = sorted({int(c) for _, _, ids in truth for c in ids})
-    per_class: dict[int, float] = {}
-    for c in classes:
-        n_truth = 0
-        scored: list[tuple[float, bool]] = []
-        for (tb, _, tc), (pb, ps, pc) in zip(truth, preds):
-            gt = np.asarray(tb)[np.asarray(tc) == c]
-            n_truth += len(gt)
-            used = np.zeros(len(gt), bool)
-            mine = np.nonzero(np.asarray(pc) == c)[0]
-            for k in mine[np.argsort(-np.asarray(ps)[mine], kind="stable")]:
-                hit = False
-                if len(gt):
-                    ious = np.where(used, -1.0, box_iou(np.asarray(pb[k], np.float64), gt))
-                    best = int(np.argmax(ious))
-                    if ious[best] >= iou:
-                        used[best] = hit = True
-                scored.append((float(ps[k]), hit))
-        scored.sort(key=lambda t: -t[0])
-        tp = np.cumsum([h for _, h in scored], dtype=np.float64)
-        fp = np.cumsum([not h for _, h in scored], dtype=np.float64)
-        recall = tp / n_truth if len(scored) else np.zeros(0)
-        precision = tp / np.maximum(tp + fp, 1e-12) if len(scored) else np.zeros(0)
-        per_class[c] = average_precision(recall, precision)
-    if not per_class:
-        return None, per_class
-    return float(np.mean(list(per_class.values()))), per_class
-
-
 def _outputs(model: Model, task: Task, feeds: Feeds) -> dict[str, np.ndarray]:
     # A stateful task (VAD) adds its state; each held-out input starts from a fresh one.
     task.reset()
     return model.run(task.inject_state(dict(feeds)))
 
 
-def accuracy_report(float_model: Model, int8_model: Model, task: Task, kind: str,
-                    feeds: Sequence[Feeds], low_task: Task | None = None) -> dict[str, Any]:
+def accuracy_report(float_model: Model, int8_model: Model, task: Task,
+                    feeds: Sequence[Feeds]) -> dict[str, Any]:
     """Compare the two models on ``feeds`` (held-out inputs, preprocessed by ``task``).
 
     Args:
         float_model, int8_model: The original and the quantized model.
-        task: The task built on the float model (its ``select``/outputs decide the metric).
-        kind: ``detect``, ``classify`` or ``outputs``.
+        task: The task built on the float model: its ``gate_key`` names the report's kind and
+            its ``accuracy_metrics`` give the task's own measures (mAP, top-1 agreement...).
         feeds: The held-out inputs.
-        low_task: For ``detect``, the same task with the score threshold ``PRED_THRESHOLD``.
 
     Returns:
-        The report: ``kind``, ``samples`` and the metrics of that kind.
+        The report: ``kind``, ``samples``, the task's metrics and ``outputs`` (per tensor).
     """
     pairs = [(_outputs(float_model, task, f), _outputs(int8_model, task, f)) for f in feeds]
-    report: dict[str, Any] = {"kind": kind, "samples": len(pairs)}
-    if kind == "detect":
-        report.update(_detect_report(task, low_task or task, pairs))
-    elif kind == "classify":
-        report.update(_classify_report(pairs))
+    report: dict[str, Any] = {"kind": task.gate_key, "samples": len(pairs)}
+    report.update(task.accuracy_metrics(pairs))
     report["outputs"] = _output_report(pairs)
     return report
-
-
-def _detect_report(task: Task, low_task: Task, pairs: Sequence[tuple[Mapping[str, np.ndarray],
-                                                                       Mapping[str, np.ndarray]]]
-                   ) -> dict[str, Any]:
-    from .tasks.detect import DetectTask
-
-    assert isinstance(task, DetectTask) and isinstance(low_task, DetectTask)
-    truth: list[Dets] = []
-    same: list[Dets] = []
-    low: list[Dets] = []
-    for ref, q in pairs:
-        for out, d in ((truth, task.select(ref)), (same, task.select(q)),
-                       (low, low_task.select(q))):
-            out.append((d.boxes, d.scores, d.class_ids))
-    map50, per_class = mean_ap(truth, low)
-    map50_same, _ = mean_ap(truth, same)
-    counts = np.bincount(np.concatenate([t[2] for t in truth]).astype(np.intp)) if truth \
-        else np.zeros(0, np.intp)
-    return {
-        "map50": map50,
-        "map50_same_threshold": map50_same,
-        "ap50_per_class": {str(c): round(v, 4) for c, v in per_class.items()},
-        "float_boxes_per_class": {str(c): int(n) for c, n in enumerate(counts) if n},
-        "score_threshold": float(task.config.score_threshold),
-        "pred_threshold": PRED_THRESHOLD,
-        "float_boxes": int(sum(len(t[0]) for t in truth)),
-        "int8_boxes": int(sum(len(t[0]) for t in same)),
-    }
-
-
-def _classify_report(pairs: Sequence[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]]
-                     ) -> dict[str, Any]:
-    agree, cos = [], []
-    for ref, q in pairs:
-        (a,), (b,) = ref.values(), q.values()
-        agree.append(float(np.argmax(a) == np.argmax(b)))
-        cos.append(cosine(a, b))
-    return {"top1_agreement": float(np.mean(agree)) if agree else None,
-            "cosine_mean": float(np.mean(cos)) if cos else None,
-            "cosine_min": float(np.min(cos)) if cos else None}
 
 
 def _output_report(pairs: Sequence[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]]
@@ -394,7 +271,7 @@ def collect(task: Task, model: Model, calibration: Any, held_out: Any, samples: 
     return calib_feeds, held_feeds, card
 
 
-def measure(path: Path, float_model: Model, task: Task, task_cfg: Any, held: Sequence[Feeds],
+def measure(path: Path, float_model: Model, task: Task, held: Sequence[Feeds],
             load_opts: Mapping[str, Any]) -> dict[str, Any]:
     """Load the quantized model at ``path`` as a pipeline would and compare it with
     ``float_model`` on ``held`` (a report with ``samples: 0`` and a note when there is none).
@@ -405,28 +282,13 @@ def measure(path: Path, float_model: Model, task: Task, task_cfg: Any, held: Seq
     from .errors import ModelLoadError
     from .model import load_model
 
-    kind = report_kind(task_cfg)
     try:
         with load_model(path, optimized_model_cache=False, **load_opts) as q_model:
             if held:
-                low = _low_threshold_task(task_cfg, float_model) if kind == "detect" else None
-                report = accuracy_report(float_model, q_model, task, kind, held, low)
+                report = accuracy_report(float_model, q_model, task, held)
             else:
-                report = {"kind": kind, "samples": 0,
+                report = {"kind": task.gate_key, "samples": 0,
                           "note": "no held-out inputs (give held_out or calibration data)"}
     except ModelLoadError as exc:
         raise ModelLoadError(f"the quantized model does not load: {exc}") from exc
     return report
-
-
-def report_kind(task_cfg: Any) -> str:
-    tag = str(type(task_cfg).__struct_config__.tag)
-    return tag if tag in ("detect", "classify") else "outputs"
-
-
-def _low_threshold_task(task_cfg: Any, model: Model) -> Task:
-    import msgspec
-
-    from .tasks import make_task
-
-    return make_task(msgspec.structs.replace(task_cfg, score_threshold=PRED_THRESHOLD), model)

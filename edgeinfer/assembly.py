@@ -107,9 +107,7 @@ def assemble(pc: PipelineConfig, model: Model, *, on_result: ResultCallback | No
     task = make_task(pc.task, model)
     analytics = _analytics(pc, task, state_dir, where)
     if model.probe and model.worker_pid is None and model.selection is None:
-        from .tasks.gates import gate_for
-
-        model.select_backend(gate_for(task), background=True)  # swaps between two frames
+        model.select_backend(task.accuracy_gate(), background=True)  # swaps between frames
     sinks = [make_sink(s, **context) for s in pc.sinks]
     source = open_source(_sample_video(pc.source), **context)
     return Pipeline(pc.name, source, model, task, sinks, emit=pc.emit, queue_size=pc.queue_size,

@@ -565,7 +565,7 @@ def _card(src: Path, info: ModelFileInfo, tmp: Path, out: Path, float_model: Mod
     if quantization == "float":
         raise ModelError(f"nothing in {src.name} was quantized (every quantizable node is "
                          "excluded?)")
-    report = measure(tmp, float_model, task, task_cfg, held, load_opts)
+    report = measure(tmp, float_model, task, held, load_opts)
     return {
         "format": CARD_FORMAT,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -10,14 +10,16 @@ the next frame early never reads a stale state. Quantization calibration reuses
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from ..errors import ConfigError
 from ..frames import Frame, TaskResult
+from ..runtime.gate import Gate, OutputsGate
+from .metrics import OutputPair
 
 if TYPE_CHECKING:
     from ..model import Model
@@ -32,6 +34,9 @@ class Task(ABC):
     """
 
     stateful: bool = False
+    gate_key: ClassVar[str] = "outputs"
+    """The kind of answer this task gives, as the backend selector caches its decisions and the
+    quantization report names its kind (known before a task is built, so a class attribute)."""
 
     def __init__(self, config: Any, model: Model) -> None:
         self.config = config
@@ -56,6 +61,19 @@ class Task(ABC):
     def postprocess(self, outputs: Mapping[str, np.ndarray], frame: Frame, context: Any
                     ) -> TaskResult:
         """Turn the model's outputs for ``frame`` into a ``TaskResult``."""
+
+    def accuracy_gate(self) -> Gate:
+        """What a candidate backend must agree on with the reference to be picked (see
+        ``tasks.gates``); by default every output close. A task that gives a kind of answer
+        (detections, a top class) compares those instead, on a task of its own built from the
+        same config and model: measuring runs in another thread than the pipeline."""
+        return OutputsGate()
+
+    def accuracy_metrics(self, pairs: Sequence[OutputPair]) -> dict[str, Any]:
+        """How far the compared outputs' answers are from the reference's, in this task's own
+        terms (``edgeinfer quantize``'s report adds them beside the per-tensor measures);
+        ``pairs`` holds the reference model's and the compared model's outputs per input."""
+        return {}
 
 
 def load_labels(labels: str | list[str] | None) -> list[str] | None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -11,7 +11,10 @@ from ..config.pipeline import ClassifyTask as ClassifyConfig
 from ..errors import ConfigError, InvalidInputError
 from ..frames import Classification, Frame, TaskResult
 from ..runtime.base import format_shape
+from ..runtime.gate import Gate
 from .base import Task, label_of, load_labels
+from .gates import ClassifyGate
+from .metrics import OutputPair, cosine
 from .preprocess import Preprocessor, Transform
 
 if TYPE_CHECKING:
@@ -42,6 +45,8 @@ class ClassifyTask(Task):
         ConfigError: the model has more than one input or output, the output is not one score
             per class, or the labels do not match the class count.
     """
+
+    gate_key: ClassVar[str] = "classify"
 
     def __init__(self, config: ClassifyConfig, model: Model) -> None:
         super().__init__(config, model)
@@ -88,6 +93,22 @@ class ClassifyTask(Task):
         thr = cfg.score_threshold if cfg.score_threshold > 0 else -np.inf
         return tuple(Classification(label_of(self.labels, int(i)), int(i), float(x[i]))
                      for i in top if x[i] >= thr)
+
+
+    def accuracy_gate(self) -> Gate:
+        """The same top-1 class on the sample photographs (``tasks.gates.ClassifyGate``)."""
+        return ClassifyGate(ClassifyTask(self.config, self.model), self.model.outputs[0].name)
+
+    def accuracy_metrics(self, pairs: Sequence[OutputPair]) -> dict[str, Any]:
+        """Top-1 agreement and the cosine similarity of the score vectors."""
+        agree, cos = [], []
+        for ref, q in pairs:
+            (a,), (b,) = ref.values(), q.values()
+            agree.append(float(np.argmax(a) == np.argmax(b)))
+            cos.append(cosine(a, b))
+        return {"top1_agreement": float(np.mean(agree)) if agree else None,
+                "cosine_mean": float(np.mean(cos)) if cos else None,
+                "cosine_min": float(np.min(cos)) if cos else None}
 
 
 def _names(specs: Any) -> str:

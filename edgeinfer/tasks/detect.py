@@ -3,8 +3,8 @@ source-image pixels."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import msgspec
 import numpy as np
@@ -13,8 +13,11 @@ from ..config.pipeline import DetectTask as DetectConfig
 from ..config.pipeline import PreprocessConfig
 from ..errors import ConfigError
 from ..frames import Detection, Frame, TaskResult
+from ..runtime.gate import Gate
 from .base import Task, label_of, load_labels
 from .decoders import Decoded, Decoder, make_decoder
+from .gates import DetectGate
+from .metrics import PRED_THRESHOLD, Dets, OutputPair, mean_ap
 from .nms import nms, weighted_nms
 from .preprocess import Preprocessor, Transform
 
@@ -39,6 +42,8 @@ class DetectTask(Task):
         ConfigError: the model does not have one image input, its outputs do not fit the
             decoder (the shapes are named), or labels/classes do not match its classes.
     """
+
+    gate_key: ClassVar[str] = "detect"
 
     def __init__(self, config: DetectConfig, model: Model) -> None:
         super().__init__(config, model)
@@ -99,6 +104,39 @@ class DetectTask(Task):
         merged = Decoded(boxes, scores, np.zeros(len(scores), np.intp),
                          None if kps is None else kps.reshape(len(scores), -1, 2))
         return _take(merged, slice(0, limit))
+
+
+    def accuracy_gate(self) -> Gate:
+        """The same detections on the sample photographs (``tasks.gates.DetectGate``)."""
+        return DetectGate(DetectTask(self.config, self.model))
+
+    def accuracy_metrics(self, pairs: Sequence[OutputPair]) -> dict[str, Any]:
+        """mAP@0.5 of the compared model's detections (decoded at ``PRED_THRESHOLD``, as COCO
+        evaluation does, and at this task's threshold), the reference model's detections at
+        this task's threshold taken as the truth."""
+        cfg: DetectConfig = self.config
+        low = DetectTask(msgspec.structs.replace(cfg, score_threshold=PRED_THRESHOLD), self.model)
+        truth: list[Dets] = []
+        same: list[Dets] = []
+        lowered: list[Dets] = []
+        for ref, q in pairs:
+            for out, d in ((truth, self.select(ref)), (same, self.select(q)),
+                           (lowered, low.select(q))):
+                out.append((d.boxes, d.scores, d.class_ids))
+        map50, per_class = mean_ap(truth, lowered)
+        map50_same, _ = mean_ap(truth, same)
+        counts = np.bincount(np.concatenate([t[2] for t in truth]).astype(np.intp)) if truth \
+            else np.zeros(0, np.intp)
+        return {
+            "map50": map50,
+            "map50_same_threshold": map50_same,
+            "ap50_per_class": {str(c): round(v, 4) for c, v in per_class.items()},
+            "float_boxes_per_class": {str(c): int(n) for c, n in enumerate(counts) if n},
+            "score_threshold": float(cfg.score_threshold),
+            "pred_threshold": PRED_THRESHOLD,
+            "float_boxes": int(sum(len(t[0]) for t in truth)),
+            "int8_boxes": int(sum(len(t[0]) for t in same)),
+        }
 
 
 def _take(d: Decoded, idx: Any) -> Decoded:

@@ -17,19 +17,23 @@ inputs and the outputs gate decide, since a detector finds nothing in noise.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from ..runtime.select import Gate, OutputsGate, compare_arrays
+from .._importer import resolve
+from ..frames import Frame
+from ..runtime.gate import Gate, OutputsGate, compare_arrays
+from ..samples import PHOTOS, SAMPLES, samples_dir
+from . import TASKS
 
 if TYPE_CHECKING:
     from ..runtime.base import TensorSpec
     from .base import Task
-    from .classify import ClassifyTask
-    from .detect import DetectTask
+    from .decoders import Decoded
 
 logger = logging.getLogger(__name__)
 
@@ -38,30 +42,31 @@ IOU = 0.5
 AGREEMENT = 0.99
 
 
+class Preprocessing(Protocol):
+    def preprocess(self, frame: Frame) -> tuple[dict[str, np.ndarray], Any]: ...
+
+
+class Selecting(Preprocessing, Protocol):
+    """What the detections gate needs of a detect task: its preprocessing and its selection
+    (threshold, class filter, NMS) of one output set."""
+
+    def select(self, outputs: Mapping[str, np.ndarray]) -> Decoded: ...
+
+
 def gate_key(task_kind: str) -> str:
     """The key a task kind's gate caches decisions under (known before the task is built)."""
-    return task_kind if task_kind in ("detect", "classify") else "outputs"
+    task_class: type[Task] = resolve(TASKS, task_kind, "task type")
+    return task_class.gate_key
 
 
 def gate_for(task: Task) -> Gate:
-    """The gate for ``task``'s kind. It works on a task of its own, built from the same config
-    and model: measuring runs in another thread than the pipeline, and a task's preprocessor
-    reuses its buffers from frame to frame."""
-    from .classify import ClassifyTask
-    from .detect import DetectTask
-
-    if isinstance(task, DetectTask):
-        return DetectGate(DetectTask(task.config, task.model))
-    if isinstance(task, ClassifyTask):
-        return ClassifyGate(ClassifyTask(task.config, task.model))
-    return OutputsGate()
+    """The gate for ``task``'s kind: ``task.accuracy_gate()``."""
+    return task.accuracy_gate()
 
 
 def local_photos(limit: int = MAX_SAMPLES) -> list[np.ndarray]:
     """The sample photographs present on this device (BGR), at most ``limit``."""
     import cv2
-
-    from ..samples import PHOTOS, SAMPLES, samples_dir
 
     folder = samples_dir()
     names = [e.filename for e in (*SAMPLES.values(), *PHOTOS.values())]
@@ -78,11 +83,7 @@ def local_photos(limit: int = MAX_SAMPLES) -> list[np.ndarray]:
     return out
 
 
-def _image_feeds(task: Any) -> list[dict[str, np.ndarray]]:
-    import time
-
-    from ..frames import Frame
-
+def _image_feeds(task: Preprocessing) -> list[dict[str, np.ndarray]]:
     feeds = []
     for i, image in enumerate(local_photos()):
         f, _ = task.preprocess(Frame(i, time.monotonic(), time.time(), image))
@@ -95,7 +96,7 @@ class DetectGate:
 
     key = "detect"
 
-    def __init__(self, task: DetectTask) -> None:
+    def __init__(self, task: Selecting) -> None:
         self._task = task
         self._fallback = OutputsGate()
         self._photos = 0
@@ -169,9 +170,9 @@ class ClassifyGate:
     key = "classify"
     cosine = 0.999
 
-    def __init__(self, task: ClassifyTask) -> None:
+    def __init__(self, task: Preprocessing, output: str) -> None:
         self._task = task
-        self._output = task.model.outputs[0].name
+        self._output = output
 
     def sample_feeds(self, inputs: Sequence[TensorSpec]) -> list[dict[str, np.ndarray]]:
         return _image_feeds(self._task)
