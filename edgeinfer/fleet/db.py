@@ -62,7 +62,6 @@ _T = TypeVar("_T")
 _LOCK = 0x45494E46  # "EINF": advisory lock class of migrations and maintenance, per schema
 _CHUNK = 250  # rows per multi-row INSERT: longer statements plan slower per row (measured)
 _UTC = dt.UTC
-_REJECTED_KEEP = 64 * 1024  # bytes of a rejected payload kept (its size is kept too)
 
 # Per table: its columns as written, one row of a multi-row INSERT (ts and received come as
 # Unix seconds, the payload as JSON text), and the same conversion from the staging table.
@@ -374,13 +373,12 @@ class Database:
 
 
 def _rejected_rows(rejected: Sequence[Rejection]) -> list[tuple[Any, ...]]:
-    """One row per distinct (topic, payload): a message twice in a batch is one row, as
+    """One row per distinct (topic, payload kept): a message twice in a batch is one row, as
     ON CONFLICT DO UPDATE may not touch a row twice in one statement."""
     rows: dict[bytes, tuple[Any, ...]] = {}
     for r in rejected:
         digest = hashlib.sha256(r.topic.encode("utf-8", "replace") + b"\0" + r.payload).digest()
-        rows[digest] = (digest, r.topic, r.reason, r.payload[:_REJECTED_KEEP], len(r.payload),
-                        r.received, r.received)
+        rows[digest] = (digest, r.topic, r.reason, r.payload, r.size, r.received, r.received)
     return list(rows.values())
 
 

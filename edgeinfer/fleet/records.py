@@ -21,10 +21,11 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["MAX_CLOCK_SKEW_S", "MAX_PAYLOAD", "Delivery", "Record", "Rejected", "Rejection",
+__all__ = ["MAX_CLOCK_SKEW_S", "MAX_PAYLOAD", "REJECTED_KEEP", "Delivery", "Record", "Rejected", "Rejection",
            "parse", "rejection"]
 
 MAX_PAYLOAD = 1024 * 1024  # a device's message is a few KiB; anything this big is not one
+REJECTED_KEEP = 64 * 1024  # bytes of a rejected message's payload kept (and parked)
 _MAX_NAME = 64
 _MAX_ID = 128
 _MAX_SEQ = 2**63 - 1
@@ -83,15 +84,18 @@ class Rejection:
 
     Attributes:
         topic: The topic it came on (unstorable characters replaced).
-        payload: Its body as received (the database keeps the first 64 KiB).
+        payload: Its body as received, the first ``REJECTED_KEEP`` bytes of it (a flood of
+            big junk must not fill the collector's queue).
         reason: Why it was refused (the parser's or the database's words).
         received: When the collector received it (Unix s).
+        size: The whole payload's size in bytes.
     """
 
     topic: str
     payload: bytes
     reason: str
     received: float
+    size: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,8 +115,8 @@ def rejection(topic: str, payload: bytes, exc: BaseException, received: float) -
     """The `Rejection` of a message ``parse`` (or anything after it) refused with ``exc``:
     a `Rejected` gives its text, any other exception its type and text."""
     reason = str(exc) if isinstance(exc, Rejected) else f"{type(exc).__name__}: {exc}"
-    return Rejection(_UNSTORABLE.sub("\ufffd", topic), bytes(payload),
-                     _UNSTORABLE.sub("\ufffd", reason)[:_MAX_REASON], received)
+    return Rejection(_UNSTORABLE.sub("\ufffd", topic), bytes(payload[:REJECTED_KEEP]),
+                     _UNSTORABLE.sub("\ufffd", reason)[:_MAX_REASON], received, len(payload))
 
 
 def parse(topic: str, payload: bytes, prefix: str, received: float) -> Record:

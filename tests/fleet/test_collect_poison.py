@@ -81,7 +81,8 @@ metrics: {{port: {metrics}}}
 
 def _query(pg: Postgres, text: str) -> list[tuple[Any, ...]]:
     with psycopg.connect(pg.dsn, connect_timeout=2) as conn:
-        return conn.execute(text).fetchall()  # type: ignore[arg-type]
+        rows: list[tuple[Any, ...]] = conn.execute(text).fetchall()
+        return rows
 
 
 def _count(pg: Postgres, schema: str) -> int:
@@ -222,11 +223,15 @@ class _Feed:
     """A source handing over prepared deliveries from its own thread."""
 
     def __init__(self, deliveries: list[Delivery]) -> None:
-        self.deliveries, self.acked = deliveries, []  # type: list[Delivery], list[Any]
+        self.deliveries = deliveries
+        self.acked: list[Any] = []
 
     def start(self, deliver: Callable[[Delivery], None]) -> None:
-        threading.Thread(target=lambda: [deliver(d) for d in self.deliveries],
-                         daemon=True).start()
+        def feed() -> None:
+            for d in self.deliveries:
+                deliver(d)
+
+        threading.Thread(target=feed, daemon=True).start()
 
     def ack(self, tokens: Sequence[Any]) -> None:
         self.acked.extend(tokens)

@@ -18,7 +18,7 @@ import pytest
 from edgeinfer.config.collect import DatabaseConfig
 from edgeinfer.errors import StorageDataError, StorageError
 from edgeinfer.fleet.db import Database, WriteResult
-from edgeinfer.fleet.records import Record, Rejection, parse
+from edgeinfer.fleet.records import Record, Rejected, Rejection, parse, rejection
 from edgeinfer.testing.postgres import Postgres
 
 _COLS = ("device", "pipeline", "run_id", "seq", "ts", "received", "payload")
@@ -368,8 +368,8 @@ def test_values_the_database_refuses_are_a_data_error(db: Database, postgres: Po
 
 def test_rejected_messages_are_parked_once_per_payload(db: Database,
                                                        postgres: Postgres) -> None:
-    junk = Rejection("fleet/d1/cam/result", b"\xff" + b"x" * 100_000, "not JSON", T0)
-    other = Rejection("fleet/d1/status", b'{"ts": 1e-400}', "a number too small", T0)
+    junk = rejection("fleet/d1/cam/result", b"\xff" + b"x" * 100_000, Rejected("not JSON"), T0)
+    other = Rejection("fleet/d1/status", b'{"ts": 1e-400}', "a number too small", T0, 14)
     assert db.write([result("d1", 1)], [junk, other, junk]).rejected == 2
     db.write([], [junk])
     rows = query(postgres, f"SELECT topic, reason, length(payload), size, times"
@@ -402,7 +402,7 @@ def test_retention_runs_on_receive_time(make_db: Callable[..., Database],
               result("d1", 3, ts=old_day, received=now),  # old device time, received now
               result("d1", 4, ts=old_day + 1, received=old_day + 1),  # truly old
               result("d1", 5, ts=946_684_801.0, received=old_day)],  # old both ways
-             [Rejection("fleet/x", b"{", "not JSON", old_day)])
+             [Rejection("fleet/x", b"{", "not JSON", old_day, 1)])
     done = db.maintain(now)
     s = schema_of(db)
     assert query(postgres, f"SELECT seq FROM {s}.results ORDER BY seq") == [(1,), (2,), (3,)]
