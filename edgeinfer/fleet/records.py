@@ -169,14 +169,15 @@ def _constant(name: str) -> Any:
 def _float(text: str) -> float:
     if len(text) > _MAX_FLOAT_TEXT:  # numeric keeps at most 16383 digits after the point
         raise Rejected(f"a number of {len(text)} characters: {text[:40]}...")
-    _, e, exponent = text.lower().partition("e")
-    if e and abs(int(exponent)) > _MAX_EXPONENT:  # even 0e-20000 overflows numeric
-        raise Rejected(f"a number out of range: {text[:40]}")
     value = float(text)
     if not math.isfinite(value):
         raise Rejected(f"a number out of range: {text[:40]}")
-    if value == 0.0 and _NONZERO_MANTISSA.match(text):
-        raise Rejected(f"a number too small for double precision: {text[:40]}")
+    if value == 0.0:  # (only then can the text hide what float() rounded away)
+        if _NONZERO_MANTISSA.match(text):
+            raise Rejected(f"a number too small for double precision: {text[:40]}")
+        _, e, exponent = text.lower().partition("e")
+        if e and abs(int(exponent)) > _MAX_EXPONENT:  # even 0e-20000 overflows numeric
+            raise Rejected(f"a number out of range: {text[:40]}")
     return value
 
 
