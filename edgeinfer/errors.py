@@ -24,6 +24,8 @@ caught, with ``raise X from exc`` so the original stays in the chain::
     ├── StateError                      exit 70  a closed model used, a resource misused
     ├── AlreadyRunningError             exit 75  (EX_TEMPFAIL) another process holds the state dir
     ├── StorageError                    exit 73  (EX_CANTCREAT) state (the outbox) cannot be created
+    │   └── StorageDataError                     the database refused the data itself, not the
+    │                                            connection: writing it again fails the same way
     └── OtaError                        exit 65  a model update cannot be sent or applied
         └── OtaRejected                          a device refuses an update; ``.reason`` says why
 """
@@ -50,6 +52,7 @@ __all__ = [
     "ProviderFallbackError",
     "SourceError",
     "StateError",
+    "StorageDataError",
     "StorageError",
     "UnsafeModelError",
     "WorkerCrashed",
@@ -165,6 +168,12 @@ class StorageError(EdgeInferError):
     the message names the file."""
 
     exit_code = 73
+
+
+class StorageDataError(StorageError):
+    """The database refused what was written (a value out of a column's range, a character it
+    cannot store), not the connection: retrying the same rows fails the same way, so the rows
+    are isolated and set aside instead (the fleet collector's ``rejected`` table)."""
 
 
 class OtaError(EdgeInferError):

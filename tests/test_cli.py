@@ -120,6 +120,24 @@ def test_validate_config_ok_and_error_with_path_and_line(tmp_path: Path) -> None
     assert "Traceback" not in r.stderr
 
 
+def test_validate_config_recognizes_a_collector_config(tmp_path: Path) -> None:
+    # It read collect.yaml as a device config: "$.database: unknown field".
+    ok = cli("validate-config", "configs/collect.yaml")
+    assert ok.returncode == 0 and "OK (collector: mqtt" in ok.stdout, ok.stderr
+    secret = tmp_path / "c.yaml"
+    secret.write_text("source: {type: nats, servers: [nats://127.0.0.1:4222], password: s3}\n"
+                      "database: {dsn: 'postgresql://x@db/fleet', password: pw}\n")
+    shown = cli("validate-config", "--json", str(secret))
+    assert shown.returncode == 0 and "s3" not in shown.stdout and "pw" not in shown.stdout
+    assert json.loads(shown.stdout)["source"]["servers"] == ["nats://127.0.0.1:4222"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("database: {dsn: x}\nsource: {type: mqtt, tls: {ca: /ca.crt}}\n")
+    r = cli("validate-config", str(bad))
+    assert r.returncode == 78 and "$.source.tls.ca: unknown field" in r.stderr, r.stderr
+    forced = cli("validate-config", "--kind", "collect", "configs/example.yaml")
+    assert forced.returncode == 78 and "valid: database, source" in forced.stderr
+
+
 def test_the_public_api_names_of_the_readme_and_architecture_resolve_lazily() -> None:
     """README's tour calls ``edgeinfer.Pipeline.from_config(...)``; it was missing from the
     package (``module 'edgeinfer' has no attribute 'Pipeline'``). Still nothing heavy is

@@ -106,6 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strict", action="store_true",
                    help="also fail (exit 78) when the config cannot start here: a missing model "
                    "or key file, no pipelines (without it these are warnings)")
+    p.add_argument("--kind", choices=("auto", "device", "collect"), default="auto",
+                   help="which config: a device's (edgeinfer run) or a collector's (edgeinfer "
+                   "collect); auto: a collector's when its top level has database: or source: "
+                   "and no device key (default)")
     p.add_argument("--systemd-dropin", action="store_true",
                    help="print a systemd drop-in that lets the service bind exactly the ports "
                    "this config listens on (web view, metrics, embedded broker) and no other")

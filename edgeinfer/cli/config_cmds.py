@@ -8,6 +8,8 @@ import sys
 import msgspec
 
 from ..config import load_config
+from ..config.collect import CollectConfig, MqttSourceConfig
+from ..config.loader import config_kind, load_struct
 from ..config.startable import start_problems
 
 
@@ -26,6 +28,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
         sys.stdout.write(socket_bind_dropin(load_config(args.config, stand_in_credentials=True),
                                             args.config))
         return 0
+    kind = getattr(args, "kind", "auto")
+    if kind == "collect" or (kind == "auto" and config_kind(args.config) == "collect"):
+        return _validate_collect(args)
     config = load_config(args.config)
     problems = start_problems(config)
     if args.json:
@@ -51,4 +56,25 @@ def cmd_validate(args: argparse.Namespace) -> int:
         names = ", ".join(p.name for p in config.pipelines) or "none"
         print(f"{args.config}: OK (device {config.resolved_device_id()}, "
               f"{len(config.pipelines)} pipeline(s): {names})")
+    return 0
+
+
+def _validate_collect(args: argparse.Namespace) -> int:
+    """A collector's ``collect.yaml`` (``edgeinfer collect -c``)."""
+    config = load_struct(args.config, CollectConfig)
+    if args.json:
+        data = msgspec.to_builtins(config)
+        for section in ("database", "source"):
+            for key in ("password", "token"):
+                if data[section].get(key):
+                    data[section][key] = "<redacted>"  # never print a secret
+        sys.stdout.write(msgspec.json.format(msgspec.json.encode(data)).decode() + "\n")
+        return 0
+    source = config.source
+    if isinstance(source, MqttSourceConfig):
+        where = f"mqtt {source.host}:{source.port or (8883 if source.tls else 1883)}"
+    else:
+        where = f"nats {', '.join(source.servers)}"
+    print(f"{args.config}: OK (collector: {where}, prefix {source.prefix}, "
+          f"schema {config.database.schema})")
     return 0

@@ -18,7 +18,6 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
@@ -28,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["cmd_fleet"]
 
 EXIT_UNREACHABLE = 69  # EX_UNAVAILABLE
+
 
 def cmd_fleet(args: argparse.Namespace) -> int:
     """Gather for ``--wait`` seconds, print the devices; exit 69 when the broker is unreachable."""
@@ -62,14 +62,18 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     finally:
         client.stop(timeout_s=1.0)
     devices = fleet.devices()
+    broker = f"{config.host}:{config.resolved_port()}"
     if args.json:
-        print(json.dumps({"prefix": config.prefix, "ts": round(time.time(), 3),
+        print(json.dumps({"broker": broker, "prefix": config.prefix, "ts": round(time.time(), 3),
                           "devices": [d.to_dict() for d in devices],
                           "ignored": fleet.ignored}, indent=2))
     elif devices:
+        print(f"edgeinfer fleet: broker {broker}, prefix {config.prefix}/, {len(devices)} "
+              f"device(s)", file=sys.stderr)
         print(render_table(devices))
     else:
-        print(f"edgeinfer fleet: no device status under {config.prefix}/", file=sys.stderr)
+        print(f"edgeinfer fleet: no device status under {config.prefix}/ on the broker "
+              f"{broker} (another broker: --host/--port or -c config.yaml)", file=sys.stderr)
     return 0
 
 

@@ -29,7 +29,8 @@ class DatabaseConfig(ConfigStruct, frozen=True):
         schema: The schema the tables live in (created if missing).
         partition: Results and events tables are partitioned by ``day`` or ``month`` of their
             device time.
-        retention_days: Partitions wholly older than this are dropped (``None``: kept).
+        retention_days: Rows received longer ago than this are deleted (whole partitions
+            dropped when every row of theirs is), parked rejected messages too (``None``: kept).
         connect_timeout_s: How long a connection attempt may take.
     """
 

@@ -137,6 +137,23 @@ def load_struct(path: str | os.PathLike[str], root: type[T]) -> T:
     raise error  # outside the handler: no __context__ holding a credential's value
 
 
+_COLLECT_KEYS = re.compile(r"^(database|source)\s*:", re.M)
+_DEVICE_KEYS = re.compile(r"^(pipelines|mqtt|device|runtime)\s*:", re.M)
+
+
+def config_kind(path: str | os.PathLike[str]) -> str:
+    """``collect`` for a collector config (top-level ``database:``/``source:`` and none of a
+    device config's keys), else ``device``.
+
+    Raises:
+        ConfigError: the file cannot be read.
+    """
+    text = _read(Path(path))
+    if _COLLECT_KEYS.search(text) and not _DEVICE_KEYS.search(text):
+        return "collect"
+    return "device"
+
+
 def _read(file: Path) -> str:
     try:
         return file.read_text(encoding="utf-8-sig")

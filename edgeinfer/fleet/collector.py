@@ -5,9 +5,17 @@ delivery order. A message is therefore acknowledged only once its row is committ
 rejected as not a device message): a collector killed at any point loses nothing, and what it
 had not acknowledged comes again (the database drops duplicates by key).
 
-When the database fails, the writer keeps the batch, backs off, and writes it again until it
-succeeds or the collector is stopped; nothing is acknowledged meanwhile, and the full queue
-holds the source back (backpressure reaches the broker).
+Two kinds of failure, kept apart. When the *database* fails (connection, timeout,
+serialization: `StorageError`), the writer keeps the batch, backs off, and writes it again until
+it succeeds or the collector is stopped; nothing is acknowledged meanwhile, and the full queue
+holds the source back (backpressure reaches the broker). When the *data* fails (the database
+or the driver refuses a value: `StorageDataError`), retrying cannot help: the writer splits the
+batch in halves until it has the rows that fail, parks each in the ``rejected`` table with the
+database's reason, writes the rest and acknowledges them all. Messages the source could not
+parse arrive already rejected and are parked the same way. No single message stalls the fleet.
+
+A source whose receiving thread died (`Source.failure`) or a writer that raised ends `run` with
+the error (the CLI exits non-zero): never a collector that is up but deaf.
 """
 
 from __future__ import annotations
@@ -20,8 +28,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..errors import StorageError
-from .records import Delivery, Record
+from ..errors import SourceError, StorageDataError, StorageError
+from .records import Delivery, Record, Rejection, rejection
 
 if TYPE_CHECKING:
     from ..config.collect import CollectConfig
@@ -53,6 +61,10 @@ class Source(Protocol):
     def stats(self) -> dict[str, Any]:
         """The source's own counters."""
 
+    def failure(self) -> str | None:
+        """Why the source stopped receiving for good (a thread of its own died); ``None``
+        while it works (a lost connection it is retrying is no failure)."""
+
 
 class _Nothing:
     results = events = statuses = duplicates = 0
@@ -75,12 +87,13 @@ class _Stats:
         self.commits: deque[tuple[float, int]] = deque()
 
     def batch(self, deliveries: Sequence[Delivery], result: WriteResult | _Nothing,
-              now: float) -> None:
+              now: float, refused: int) -> None:
         rows = result.results + result.events + result.statuses
         with self.lock:
             self.batches += 1
             self.rows += rows
             self.duplicates += result.duplicates
+            self.rejected += refused
             for d in deliveries:
                 if d.redelivered:
                     self.redeliveries += 1
@@ -105,6 +118,11 @@ def quantile(samples: Sequence[float], q: float) -> float:
         return 0.0
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _sum(a: WriteResult, b: WriteResult) -> WriteResult:
+    return type(a)(a.results + b.results, a.events + b.events, a.statuses + b.statuses,
+                   a.duplicates + b.duplicates, a.rejected + b.rejected)
 
 
 class Collector:
@@ -146,6 +164,7 @@ class Collector:
         Raises:
             StorageError: never for a database that fails after the start (the writer retries);
                 only when `stop` comes before the first connection succeeded is it swallowed.
+            SourceError: the source's receiving thread died (`Source.failure`).
         """
         if not self._connect():
             return
@@ -158,6 +177,12 @@ class Collector:
                 if batch:
                     self._commit(batch)
                 self._maintain(time.time())
+                why = self.source.failure()
+                if why is not None:
+                    raise SourceError(f"the source stopped receiving: {why}")
+        except Exception as exc:
+            logger.error("collector stopped: %s: %s", type(exc).__name__, exc)
+            raise
         finally:
             self.source.stop()
             self.db.close()
@@ -235,27 +260,65 @@ class Collector:
 
     def _commit(self, batch: list[Delivery]) -> None:
         records: list[Record] = [d.record for d in batch if d.record is not None]
-        result: WriteResult | _Nothing = _Nothing()  # only rejected messages: nothing to write
+        parked = [d.rejection for d in batch if d.record is None and d.rejection is not None]
+        result: WriteResult | _Nothing = _Nothing()  # nothing to write
+        refused: list[Rejection] = []
+        if records or parked:
+            written = self._isolate(records, parked, refused)
+            if written is None:
+                # Not acknowledged: the broker hands these to the next collector run.
+                logger.warning("stopping with %d messages unwritten; the broker keeps them",
+                               len(batch))
+                return
+            result = written
+        self.source.ack([d.token for d in batch])
+        self._stats.batch(batch, result, time.time(), len(refused))
+
+    def _isolate(self, records: list[Record], parked: Sequence[Rejection],
+                 refused: list[Rejection]) -> WriteResult | None:
+        """Write ``records`` and park ``parked``; when the database refuses the data, split
+        the records in halves until the refused ones are found, and park those (appended to
+        ``refused``). ``None``: stopped while the database was failing."""
+        try:
+            return self._retrying(records, parked)
+        except StorageDataError as exc:
+            if not records:
+                raise  # a rejected message the database refuses: a bug, not a message's fault
+            if len(records) > 1:
+                half = len(records) // 2
+                first = self._isolate(records[:half], parked, refused)
+                if first is None:
+                    return None
+                second = self._isolate(records[half:], (), refused)
+                return _sum(first, second) if second is not None else None
+            record = records[0]
+            logger.warning("message on %s refused by the database, parked in rejected: %s",
+                           record.topic, exc)
+            bad = rejection(record.topic, record.payload.encode("utf-8", "replace"), exc,
+                            record.received)
+            refused.append(bad)
+            return self._isolate([], [*parked, bad], refused)
+
+    def _retrying(self, records: list[Record], parked: Sequence[Rejection]) -> WriteResult | None:
+        """One write, tried again with backoff while the database (not the data) fails;
+        ``None`` when stopped meanwhile (after one last try)."""
         delay = _BACKOFF_FIRST_S
-        while records:
+        while True:
             try:
-                result = self.db.write(records)
-                break
+                return self.db.write(records, parked)
+            except StorageDataError:
+                raise
             except StorageError as exc:
                 with self._stats.lock:
                     self._stats.failures += 1
                 if self._stopping.is_set():
-                    # Not acknowledged: the broker hands these to the next collector run.
-                    logger.warning("stopping with %d messages unwritten (%s); the broker keeps "
-                                   "them", len(batch), exc)
-                    return
+                    logger.warning("database write failed while stopping (%s)", exc)
+                    return None
                 logger.warning("database write of %d rows failed (%s); retrying in %.1f s",
-                               len(records), exc, delay)
+                               len(records) + len(parked), exc, delay)
                 self._stopping.wait(delay)
                 # stopping: one last try for the batch in hand
                 delay = min(delay * 2, _BACKOFF_MAX_S)
-        self.source.ack([d.token for d in batch])
-        self._stats.batch(batch, result, time.time())
 
     def _maintain(self, now: float) -> None:
         if now - self._last_maintain < _MAINTAIN_EVERY_S:

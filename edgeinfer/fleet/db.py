@@ -21,13 +21,24 @@ Writes. One transaction per `Database.write`: results and events by a multi-row
 ``INSERT ... ON CONFLICT DO NOTHING`` for small batches, and for batches of at least
 ``copy_from`` rows by COPY into a session temporary table (``ON COMMIT DELETE ROWS``: made
 once per connection rather than per batch, so the catalog does not churn) then
-``INSERT ... SELECT ... ON CONFLICT DO NOTHING``. Statuses are upserted; the newest
-``status_ts`` wins.
+``INSERT ... SELECT ... ON CONFLICT DO NOTHING``. Statuses are upserted; the last received
+wins (``status_received``, then the device's ``status_ts``). Rejected messages go to
+``rejected`` in the same transaction, once per distinct topic and payload (``times`` counts
+them).
+
+Failures. A failure of the database (connection, timeout, serialization) raises
+`StorageError`: the same batch can be written again later. A refusal of the data (a value
+out of a column's range, a character it cannot store, a value the driver cannot convert)
+raises `StorageDataError`: the same rows fail again, so the caller isolates them.
+
+Retention runs on the receive time: a device whose clock is far behind does not have its
+rows deleted as soon as they arrive.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import logging
 import math
 import re
@@ -36,9 +47,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, LiteralString, TypeVar
 
 from ..config.collect import DatabaseConfig
-from ..errors import StorageError
+from ..errors import StorageDataError, StorageError
 from .migrations import MIGRATIONS
-from .records import Record
+from .records import Record, Rejection
 
 if TYPE_CHECKING:
     import psycopg
@@ -84,12 +95,14 @@ class WriteResult:
         statuses: Device statuses inserted or replaced by a newer one.
         duplicates: Rows skipped: results and events already present (or twice in the
             batch), and statuses no newer than the stored one.
+        rejected: Rejected messages parked (or counted again) in ``rejected``.
     """
 
     results: int
     events: int
     statuses: int
     duplicates: int
+    rejected: int = 0
 
 
 class Database:
@@ -170,18 +183,22 @@ class Database:
             log.info("schema %s migrated to version %d", self._config.schema, applied[-1])
         return applied
 
-    def write(self, records: Sequence[Record]) -> WriteResult:
-        """Write a batch in one transaction, committed when this returns.
+    def write(self, records: Sequence[Record],
+              rejected: Sequence[Rejection] = ()) -> WriteResult:
+        """Write a batch (and park the rejected messages) in one transaction, committed when
+        this returns.
 
         Writing the same records again (a redelivery after a lost commit reply) inserts
         nothing twice: they count as duplicates.
 
         Raises:
-            StorageError: any database failure; nothing of the batch was committed (or, if
-                the connection died during COMMIT, all of it may have been: writing the
+            StorageDataError: the database (or the driver) refused a value of these records;
+                nothing was committed, and writing them again fails the same way.
+            StorageError: any other database failure; nothing of the batch was committed (or,
+                if the connection died during COMMIT, all of it may have been: writing the
                 batch again is safe). The next call reconnects.
         """
-        if not records:
+        if not records and not rejected:
             return WriteResult(0, 0, 0, 0)
         results = [(r.device, r.pipeline, r.run_id, r.seq, r.ts, r.received, r.payload)
                    for r in records if r.kind == "result"]
@@ -189,18 +206,21 @@ class Database:
                    r.payload) for r in records if r.kind == "event"]
         newest: dict[str, Record] = {}
         for r in records:
-            if r.kind == "status" and (r.device not in newest or newest[r.device].ts <= r.ts):
+            if r.kind == "status" and (r.device not in newest or (
+                    newest[r.device].received, newest[r.device].ts) <= (r.received, r.ts)):
                 newest[r.device] = r
-        statuses = [(r.device, r.payload, r.ts) for r in newest.values()]
+        statuses = [(r.device, r.payload, r.ts, r.received) for r in newest.values()]
         copy = len(results) + len(events) >= self._copy_from
+        parked = _rejected_rows(rejected)
 
         def batch(conn: psycopg.Connection[Any]) -> WriteResult:
             n_results = self._rows(conn, "results", results, copy)
             n_events = self._rows(conn, "events", events, copy)
             n_statuses = self._statuses(conn, statuses)
+            n_rejected = self._rejected(conn, parked)
             skipped = len(results) - n_results + len(events) - n_events
             skipped += sum(r.kind == "status" for r in records) - n_statuses
-            return WriteResult(n_results, n_events, n_statuses, skipped)
+            return WriteResult(n_results, n_events, n_statuses, skipped, n_rejected)
 
         return self._transaction("write", batch)
 
@@ -263,20 +283,41 @@ class Database:
             return inserted
 
     def _statuses(self, conn: psycopg.Connection[Any],
-                  statuses: list[tuple[str, str, float]]) -> int:
+                  statuses: list[tuple[str, str, float, float]]) -> int:
         if not statuses:
             return 0
         from psycopg import sql
 
-        values = sql.SQL(", ").join([sql.SQL("(%s, %s::jsonb, to_timestamp(%s))")] * len(statuses))
+        values = sql.SQL(", ").join(
+            [sql.SQL("(%s, %s::jsonb, to_timestamp(%s), to_timestamp(%s))")] * len(statuses))
+        # Receive time orders them (a row of before migration 3 has none: any status is newer).
         with conn.cursor() as cur:
             cur.execute(sql.SQL(
-                "INSERT INTO {t} AS d (device, status, status_ts) VALUES {v}"
+                "INSERT INTO {t} AS d (device, status, status_ts, status_received) VALUES {v}"
                 " ON CONFLICT (device) DO UPDATE SET status = EXCLUDED.status,"
-                " status_ts = EXCLUDED.status_ts, updated = now()"
-                " WHERE d.status_ts < EXCLUDED.status_ts").format(
+                " status_ts = EXCLUDED.status_ts, status_received = EXCLUDED.status_received,"
+                " updated = now()"
+                " WHERE d.status_received IS NULL OR (d.status_received, d.status_ts)"
+                " < (EXCLUDED.status_received, EXCLUDED.status_ts)").format(
                 t=sql.Identifier(self._config.schema, "devices"), v=values),
                 [value for row in statuses for value in row])
+            return max(cur.rowcount, 0)
+
+    def _rejected(self, conn: psycopg.Connection[Any], rows: list[tuple[Any, ...]]) -> int:
+        if not rows:
+            return 0
+        from psycopg import sql
+
+        values = sql.SQL(", ").join(
+            [sql.SQL("(%s, %s, %s, %s, %s, to_timestamp(%s), to_timestamp(%s))")] * len(rows))
+        with conn.cursor() as cur:
+            cur.execute(sql.SQL(
+                "INSERT INTO {t} AS r (digest, topic, reason, payload, size, received,"
+                " last_received) VALUES {v} ON CONFLICT (digest) DO UPDATE"
+                " SET times = r.times + 1, reason = EXCLUDED.reason,"
+                " last_received = greatest(r.last_received, EXCLUDED.last_received)").format(
+                t=sql.Identifier(self._config.schema, "rejected"), v=values),
+                [value for row in rows for value in row])
             return max(cur.rowcount, 0)
 
     def _transaction(self, what: str, body: Callable[[psycopg.Connection[Any]], _T]) -> _T:
@@ -288,6 +329,11 @@ class Database:
         try:
             with conn.transaction():
                 return body(conn)
+        except (psycopg.DataError, psycopg.IntegrityError, ValueError, TypeError,
+                OverflowError) as exc:
+            # The data's fault, not the connection's: the same rows would fail again.
+            raise StorageDataError(self._scrub(
+                f"PostgreSQL {what} refused the data: {type(exc).__name__}: {exc}")) from exc
         except psycopg.Error as exc:
             self._drop()
             raise StorageError(self._scrub(
@@ -326,6 +372,16 @@ class Database:
         return text
 
 
+def _rejected_rows(rejected: Sequence[Rejection]) -> list[tuple[Any, ...]]:
+    """One row per distinct (topic, payload kept): a message twice in a batch is one row, as
+    ON CONFLICT DO UPDATE may not touch a row twice in one statement."""
+    rows: dict[bytes, tuple[Any, ...]] = {}
+    for r in rejected:
+        digest = hashlib.sha256(r.topic.encode("utf-8", "replace") + b"\0" + r.payload).digest()
+        rows[digest] = (digest, r.topic, r.reason, r.payload, r.size, r.received, r.received)
+    return list(rows.values())
+
+
 def _maintain(conn: psycopg.Connection[Any], config: DatabaseConfig, now: float) -> dict[str, Any]:
     done: dict[str, Any] = {"created": [], "moved": 0, "dropped": [], "deleted": 0}
     current = _period_start(dt.datetime.fromtimestamp(now, _UTC), config.partition)
@@ -340,8 +396,13 @@ def _maintain(conn: psycopg.Connection[Any], config: DatabaseConfig, now: float)
                 done["created"].append(_partition_name(table, lo, config.partition))
                 done["moved"] += moved
         if cutoff is not None:
-            done["dropped"] += _drop_older(conn, config.schema, table, cutoff)
-            done["deleted"] += _delete_default(conn, config.schema, table, cutoff)
+            dropped, deleted = _drop_older(conn, config.schema, table, cutoff)
+            done["dropped"] += dropped
+            done["deleted"] += deleted + _delete_received(
+                conn, config.schema, f"{table}_default", "received", cutoff)
+    if cutoff is not None:
+        done["deleted"] += _delete_received(conn, config.schema, "rejected",
+                                            "last_received", cutoff)
     return done
 
 
@@ -370,10 +431,13 @@ def _make_partition(conn: psycopg.Connection[Any], schema: str, table: str, lo: 
 
 
 def _drop_older(conn: psycopg.Connection[Any], schema: str, table: str,
-                cutoff: dt.datetime) -> list[str]:
+                cutoff: dt.datetime) -> tuple[list[str], int]:
+    """Drop the partitions wholly older than ``cutoff`` by device time whose rows were all
+    received before it too; in the others (a device clock far behind) delete only the rows
+    received before it. Returns the partitions dropped and the rows deleted."""
     from psycopg import sql
 
-    dropped = []
+    dropped, deleted = [], 0
     children = conn.execute(
         "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
         " WHERE i.inhparent = %s::regclass",
@@ -385,18 +449,24 @@ def _drop_older(conn: psycopg.Connection[Any], schema: str, table: str,
         stamp = match.group(1)
         lo = dt.datetime.strptime(stamp, "%Y%m%d" if len(stamp) == 8 else "%Y%m").replace(
             tzinfo=_UTC)
-        if _period_after(lo, "day" if len(stamp) == 8 else "month") <= cutoff:
+        if _period_after(lo, "day" if len(stamp) == 8 else "month") > cutoff:
+            continue
+        recent = conn.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE received >= %s)")
+                              .format(sql.Identifier(schema, name)), (cutoff,)).fetchone()
+        if recent is not None and recent[0]:
+            deleted += _delete_received(conn, schema, name, "received", cutoff)
+        else:
             conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(schema, name)))
             dropped.append(name)
-    return dropped
+    return dropped, deleted
 
 
-def _delete_default(conn: psycopg.Connection[Any], schema: str, table: str,
-                    cutoff: dt.datetime) -> int:
+def _delete_received(conn: psycopg.Connection[Any], schema: str, table: str, column: str,
+                     cutoff: dt.datetime) -> int:
     from psycopg import sql
 
-    cur = conn.execute(sql.SQL("DELETE FROM {} WHERE ts < %s").format(
-        sql.Identifier(schema, f"{table}_default")), (cutoff,))
+    cur = conn.execute(sql.SQL("DELETE FROM {} WHERE {} < %s").format(
+        sql.Identifier(schema, table), sql.Identifier(column)), (cutoff,))
     return max(cur.rowcount, 0)
 
 

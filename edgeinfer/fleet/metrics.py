@@ -30,7 +30,8 @@ _COUNTERS = (
     ("duplicates", "edgeinfer_collect_duplicates_skipped",
      "Rows skipped as already in the database (redelivered messages)."),
     ("rejected", "edgeinfer_collect_rejected",
-     "Messages that were not a device's result, event or status (acknowledged, not written)."),
+     "Messages that are no row (not a device's result, event or status, or refused by the "
+     "database): parked in the rejected table and acknowledged."),
     ("redeliveries", "edgeinfer_collect_redeliveries",
      "Messages the source marked as possibly delivered before."),
     ("db_failures", "edgeinfer_collect_db_failures", "Database writes that failed (retried)."),

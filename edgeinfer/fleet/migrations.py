@@ -9,6 +9,7 @@ Tables: ``results`` and ``events`` are partitioned by range of the device's time
 a ``DEFAULT`` partition for rows no period partition holds yet (a device clock far off); their
 primary keys end in ``ts`` because PostgreSQL requires the partition key in every unique key.
 ``devices`` holds each device's newest status. ``results_flat`` is a view for dashboards.
+``rejected`` holds the messages that are no row (one per distinct topic and payload).
 """
 
 from __future__ import annotations
@@ -90,8 +91,35 @@ SELECT r.device,
   FROM {s}.results AS r;
 """
 
+# Statuses are ordered by receive time (a device clock far ahead must not win for good);
+# rejected messages are parked, once per distinct (topic, payload), with why; json_num gives
+# NULL for a number double precision cannot hold instead of failing the whole query.
+_V3_REJECTED = """
+ALTER TABLE {s}.devices ADD COLUMN status_received timestamptz;
+
+CREATE TABLE {s}.rejected (
+    digest bytea PRIMARY KEY,
+    topic text NOT NULL,
+    reason text NOT NULL,
+    payload bytea NOT NULL,
+    size integer NOT NULL,
+    received timestamptz NOT NULL,
+    last_received timestamptz NOT NULL,
+    times bigint NOT NULL DEFAULT 1
+);
+CREATE INDEX rejected_last_received ON {s}.rejected (last_received);
+
+CREATE OR REPLACE FUNCTION {s}.json_num(value jsonb) RETURNS double precision
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS 'SELECT CASE WHEN jsonb_typeof(value) = ''number''
+                     AND abs(value::numeric) < 1e308
+                     AND (value::numeric = 0 OR abs(value::numeric) > 1e-307)
+                    THEN value::double precision END';
+"""
+
 MIGRATIONS: tuple[tuple[int, str, LiteralString], ...] = (
     (1, "tables", _V1_TABLES),
     (2, "results_flat", _V2_VIEW),
+    (3, "rejected", _V3_REJECTED),
 )
 """``(version, name, sql)`` in the order they are applied."""

@@ -12,6 +12,12 @@ unacknowledged messages in flight; keep it at least twice ``batch.max_rows`` and
 `deliver` and keeps the connection alive (a thread blocked longer than 1.5 keepalives would be
 disconnected by the broker; nothing is lost then, the messages come again).
 
+A message that does not parse (anything it raises) is delivered as rejected: parked and
+acknowledged by the collector, never retried. An exception anywhere else in paho's network
+thread would end that thread and leave the collector connected to nothing: it is caught,
+logged, and reported by `MqttSource.failure`, which stops the collector. A connection that
+cannot be made is logged (address and reason; the first, then at most every 30 s).
+
 Each token carries the connection's generation. After any disconnect the broker resends what
 was unacknowledged (with the same session) or dropped it (a new session), and its packet ids
 may be reused for other messages: acknowledgements of an earlier connection are never sent.
@@ -20,13 +26,14 @@ may be reused for other messages: acknowledgements of an earlier connection are 
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
-from .records import Delivery, Rejected, parse
+from .records import Delivery, parse, rejection
 
 if TYPE_CHECKING:
     from ..config.collect import MqttSourceConfig
@@ -36,6 +43,7 @@ __all__ = ["MqttSource", "subscriptions"]
 logger = logging.getLogger(__name__)
 
 _KEEPALIVE_S = 30
+_CONNECT_LOG_EVERY_S = 30.0
 
 
 def subscriptions(config: MqttSourceConfig) -> list[str]:
@@ -65,6 +73,9 @@ class MqttSource:
         self._counts = {"messages": 0, "rejected": 0, "connects": 0, "disconnects": 0,
                         "sessions_lost": 0, "acks": 0, "stale_acks": 0}
         self.last_reject = ""
+        self._failure: str | None = None
+        self._connect_failures = 0
+        self._connect_logged = 0.0
 
     def start(self, deliver: Callable[[Delivery], None]) -> None:
         """Connect (in the background; paho reconnects on its own) and start delivering."""
@@ -88,10 +99,11 @@ class MqttSource:
 
             client.tls_set_context(ssl_context(c.tls))
         client.reconnect_delay_set(1, 30)
-        client.on_connect = self._on_connect
-        client.on_disconnect = self._on_disconnect
-        client.on_subscribe = self._on_subscribe
-        client.on_message = self._on_message
+        client.on_connect = self._guarded(self._on_connect)
+        client.on_connect_fail = self._on_connect_fail
+        client.on_disconnect = self._guarded(self._on_disconnect)
+        client.on_subscribe = self._guarded(self._on_subscribe)
+        client.on_message = self._guarded(self._on_message)
         props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
         props.SessionExpiryInterval = c.session_expiry_s
         props.ReceiveMaximum = c.receive_maximum
@@ -136,13 +148,46 @@ class MqttSource:
         client.loop_stop()
 
     def stats(self) -> dict[str, Any]:
-        """Messages, rejected, connects, disconnects, sessions lost, acks sent and acks skipped
-        as stale; whether connected now."""
+        """Messages, rejected, connects, disconnects, failed connection attempts, sessions
+        lost, acks sent and acks skipped as stale; whether connected now (never after a
+        `failure`)."""
         with self._lock:
             out: dict[str, Any] = dict(self._counts)
             out["generation"] = self._generation
-        out["connected"] = self._connected.is_set()
+            out["connect_failures"] = self._connect_failures
+        out["connected"] = self._connected.is_set() and self._failure is None
         return out
+
+    def failure(self) -> str | None:
+        """What broke paho's network thread (an exception in a callback), or ``None``."""
+        return self._failure
+
+    def _guarded(self, callback: Callable[..., None]) -> Callable[..., None]:
+        def guarded(*args: Any) -> None:
+            try:
+                callback(*args)
+            except Exception as exc:  # paho would end its thread on it: report, never deaf
+                self._failure = f"{callback.__name__}: {type(exc).__name__}: {exc}"
+                self._connected.clear()
+                logger.error("MQTT source failed in %s", callback.__name__, exc_info=True)
+
+        return guarded
+
+    def _on_connect_fail(self, client: Any, userdata: Any) -> None:
+        # paho calls this inside its `except OSError`: the exception in hand is the reason.
+        reason = sys.exc_info()[1]
+        now = time.monotonic()
+        with self._lock:
+            self._connect_failures += 1
+            failures = self._connect_failures
+            due = failures == 1 or now - self._connect_logged >= _CONNECT_LOG_EVERY_S
+            if due:
+                self._connect_logged = now
+        if due:
+            c = self.config
+            logger.warning("cannot connect to the MQTT broker at %s:%d (%s); %d attempts so "
+                           "far, retrying", c.host, c.port or (8883 if c.tls else 1883),
+                           reason or "no reason given", failures)
 
     # paho's network thread from here on
 
@@ -183,14 +228,17 @@ class MqttSource:
         with self._lock:
             generation = self._generation
             self._counts["messages"] += 1
+        received = time.time()
+        topic, parked = "(a topic that is not UTF-8)", None
         try:
-            record = parse(message.topic, message.payload, self.config.prefix, time.time())
-        except (Rejected, UnicodeDecodeError) as exc:
-            record = None
+            topic = message.topic  # paho decodes it here: it may raise
+            record = parse(topic, message.payload, self.config.prefix, received)
+        except Exception as exc:  # whatever one message makes parse raise: that message's fault
+            record, parked = None, rejection(topic, message.payload, exc, received)
             with self._lock:
                 self._counts["rejected"] += 1
-            self.last_reject = str(exc)
+            self.last_reject = parked.reason
         deliver = self._deliver
         if deliver is not None:
             deliver(Delivery(record, (generation, message.mid, message.qos),
-                             bool(message.dup)))
+                             bool(message.dup), parked))

@@ -24,6 +24,10 @@ Topics: a NATS subject separates levels with ``.``, so ``.`` in an MQTT topic is
 turn back into a device topic is delivered as rejected (acknowledged, never written). The
 prefix itself must not contain ``.``.
 
+A message that does not parse (anything it raises) is delivered as rejected, exactly as from
+the MQTT source: the collector parks it and acknowledges it. If the loop thread ends while the
+collector runs, `NatsSource.failure` says why and the collector stops: never up but deaf.
+
 The nats-py client runs its asyncio loop in a thread of its own. `deliver` runs on a second
 thread, one fetched batch at a time, so a blocked `deliver` (the collector's queue is full)
 stops the fetching but not the connection's pings or the acks.
@@ -43,7 +47,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, SourceError
-from .records import Delivery, Rejected, parse
+from .records import Delivery, Rejected, parse, rejection
 
 if TYPE_CHECKING:
     from ..config.collect import NatsSourceConfig
@@ -113,6 +117,7 @@ class NatsSource:
         self._server = ""
         self._connected = False
         self.last_reject = ""
+        self._failure: str | None = None
 
     def start(self, deliver: Callable[[Delivery], None]) -> None:
         """Connect, create or bind the durable, deliver the retained statuses, then fetch in
@@ -187,10 +192,14 @@ class NatsSource:
         with self._lock:
             out: dict[str, Any] = dict(self._counts)
         out["server"] = self._server
-        out["connected"] = self._connected
+        out["connected"] = self._connected and self._failure is None
         out["bound"] = self._bound.is_set()
         out["durable"] = self.config.durable
         return out
+
+    def failure(self) -> str | None:
+        """Why the loop thread ended while not stopping, or ``None``."""
+        return self._failure
 
     def _count(self, key: str, n: int = 1) -> None:
         with self._lock:
@@ -207,8 +216,11 @@ class NatsSource:
                 self._error = exc
             else:
                 logger.error("NATS source stopped: %s", exc)
+                self._failure = f"{type(exc).__name__}: {exc}"
         finally:
             loop.close()
+            if self._ready.is_set() and not self._stopping.is_set() and self._failure is None:
+                self._failure = "the NATS loop thread ended"
 
     async def _main(self) -> None:
         self._wake = asyncio.Event()
@@ -329,7 +341,7 @@ class NatsSource:
             return None
         try:
             record = parse(topic, payload, self.config.prefix, time.time())
-        except Rejected:
+        except Exception:  # a retained status that is no status: no token, nothing to park
             return None
         self._count("retained")
         return Delivery(record, None)
@@ -376,10 +388,11 @@ class NatsSource:
             self._count("redelivered")
         try:
             record = parse(subject_to_topic(msg.subject), msg.data, self.config.prefix, received)
-        except Rejected as exc:
+        except Exception as exc:  # whatever one message makes parse raise: that message's fault
             self._count("rejected")
-            self.last_reject = f"{msg.subject}: {exc}"
-            return Delivery(None, msg, redelivered)
+            parked = rejection(str(msg.subject), msg.data or b"", exc, received)
+            self.last_reject = f"{msg.subject}: {parked.reason}"
+            return Delivery(None, msg, redelivered, parked)
         return Delivery(record, msg, redelivered)
 
     async def _hand_over(self, deliveries: list[Delivery]) -> None:

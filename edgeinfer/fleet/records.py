@@ -3,11 +3,14 @@ untrusted input (any client on the broker may publish under the devices' prefix)
 
 Topics (``docs/mqtt.md``): ``<prefix>/<dev>/<pipeline>/result``, ``<prefix>/<dev>/<pipeline>/
 event`` and the retained ``<prefix>/<dev>/status``. A message that is not one of those, is not
-a JSON object, lacks its key fields or has them of the wrong type or size is *rejected*: it is
-acknowledged (so the broker does not send it again) and counted, never written.
+a JSON object, lacks its key fields, has them of the wrong type or size, or holds a value the
+database cannot store (a number outside double precision's range, NUL) is *rejected*: it is
+parked in the ``rejected`` table (a `Rejection`), acknowledged so the broker does not send it
+again, and counted.
 
 The keys that make writes idempotent: a result is ``(device, pipeline, run_id, seq)``, an event
-``(device, pipeline, event_id)``, a status the device (the newest wins).
+```(device, pipeline, event_id)``, a status the device (the last received wins; the device's
+``ts`` is kept as data, bounded to ``MAX_CLOCK_SKEW_S`` past the receive time).
 """
 
 from __future__ import annotations
@@ -18,17 +21,27 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["MAX_PAYLOAD", "Delivery", "Record", "Rejected", "parse"]
+__all__ = ["MAX_CLOCK_SKEW_S", "MAX_PAYLOAD", "REJECTED_KEEP", "Delivery", "Record", "Rejected", "Rejection",
+           "parse", "rejection"]
 
 MAX_PAYLOAD = 1024 * 1024  # a device's message is a few KiB; anything this big is not one
+REJECTED_KEEP = 64 * 1024  # bytes of a rejected message's payload kept (and parked)
 _MAX_NAME = 64
 _MAX_ID = 128
 _MAX_SEQ = 2**63 - 1
+_MAX_DIGITS = 308  # an integer longer than this is beyond double precision (1.8e308)
+_MAX_REASON = 500
+_MAX_EXPONENT = 400
+_MAX_FLOAT_TEXT = 100  # a double needs 24 characters; this leaves room for any other writer's
+MAX_CLOCK_SKEW_S = 600.0
+"""How far past its receive time a status's device ``ts`` may be; a later one is kept as the
+receive time plus this (a clock far ahead must not look newer than everything to come)."""
 
 Kind = Literal["result", "event", "status"]
 
 # What PostgreSQL's jsonb cannot hold: a message with it would fail its whole batch, forever.
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+_NONZERO_MANTISSA = re.compile(r"^-?[0.]*[1-9]")
 
 
 class Rejected(ValueError):
@@ -50,6 +63,7 @@ class Record:
             event's ``start``; the receive time when the device gave none.
         received: When the collector received it (Unix s).
         payload: The message's JSON text, as the device sent it.
+        topic: The topic it came on (to park it as rejected if the database refuses it).
     """
 
     kind: Kind
@@ -61,17 +75,48 @@ class Record:
     ts: float
     received: float
     payload: str
+    topic: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """A message that is not stored as a row: parked in the ``rejected`` table with why.
+
+    Attributes:
+        topic: The topic it came on (unstorable characters replaced).
+        payload: Its body as received, the first ``REJECTED_KEEP`` bytes of it (a flood of
+            big junk must not fill the collector's queue).
+        reason: Why it was refused (the parser's or the database's words).
+        received: When the collector received it (Unix s).
+        size: The whole payload's size in bytes.
+    """
+
+    topic: str
+    payload: bytes
+    reason: str
+    received: float
+    size: int
 
 
 @dataclass(frozen=True, slots=True)
 class Delivery:
     """A message as a source hands it to the collector: the parsed record (``None``: rejected,
-    acknowledged without a write), the source's acknowledgement token, and whether the broker
-    said it may have been delivered before."""
+    parked and acknowledged without a row; ``rejection`` then says why, unless nothing need be
+    kept), the source's acknowledgement token, and whether the broker said it may have been
+    delivered before."""
 
     record: Record | None
     token: Any
     redelivered: bool = False
+    rejection: Rejection | None = None
+
+
+def rejection(topic: str, payload: bytes, exc: BaseException, received: float) -> Rejection:
+    """The `Rejection` of a message ``parse`` (or anything after it) refused with ``exc``:
+    a `Rejected` gives its text, any other exception its type and text."""
+    reason = str(exc) if isinstance(exc, Rejected) else f"{type(exc).__name__}: {exc}"
+    return Rejection(_UNSTORABLE.sub("\ufffd", topic), bytes(payload[:REJECTED_KEEP]),
+                     _UNSTORABLE.sub("\ufffd", reason)[:_MAX_REASON], received, len(payload))
 
 
 def parse(topic: str, payload: bytes, prefix: str, received: float) -> Record:
@@ -91,7 +136,7 @@ def parse(topic: str, payload: bytes, prefix: str, received: float) -> Record:
         raise Rejected(f"payload of {len(payload)} bytes is over {MAX_PAYLOAD}")
     try:
         text = payload.decode("utf-8")
-        doc = json.loads(text, parse_constant=_constant, parse_float=_float)
+        doc = json.loads(text, parse_constant=_constant, parse_float=_float, parse_int=_int)
     except Rejected:
         raise
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
@@ -101,29 +146,45 @@ def parse(topic: str, payload: bytes, prefix: str, received: float) -> Record:
     if "\\u" in text:
         _storable(doc)
     if kind == "status":
-        return Record("status", device, None, "", None, None, _ts(doc.get("ts"), received),
-                      received, text)
+        ts = min(_ts(doc.get("ts"), received), received + MAX_CLOCK_SKEW_S)
+        return Record("status", device, None, "", None, None, ts, received, text, topic)
     run_id = _text(doc.get("run_id", ""), "run_id", _MAX_ID, allow_empty=True)
     if kind == "result":
         seq = _seq(doc.get("seq"))
         return Record("result", device, pipeline, run_id, seq, None,
-                      _ts(doc.get("ts"), received), received, text)
+                      _ts(doc.get("ts"), received), received, text, topic)
     event_id = _text(doc.get("event_id"), "event_id", _MAX_ID)
     seq_value = doc.get("seq")
     return Record("event", device, pipeline, run_id,
                   _seq(seq_value) if seq_value is not None else None, event_id,
-                  _ts(doc.get("start", doc.get("ts")), received), received, text)
+                  _ts(doc.get("start", doc.get("ts")), received), received, text, topic)
 
 
 def _constant(name: str) -> Any:
     raise Rejected(f"not JSON: {name}")
 
 
+# Every number stored must convert to double precision: the results_flat view and dashboards
+# cast them, and PostgreSQL's numeric refuses exponents past +-16383 outright.
 def _float(text: str) -> float:
+    if len(text) > _MAX_FLOAT_TEXT:  # numeric keeps at most 16383 digits after the point
+        raise Rejected(f"a number of {len(text)} characters: {text[:40]}...")
     value = float(text)
     if not math.isfinite(value):
-        raise Rejected("a number out of range")
+        raise Rejected(f"a number out of range: {text[:40]}")
+    if value == 0.0:  # (only then can the text hide what float() rounded away)
+        if _NONZERO_MANTISSA.match(text):
+            raise Rejected(f"a number too small for double precision: {text[:40]}")
+        _, e, exponent = text.lower().partition("e")
+        if e and abs(int(exponent)) > _MAX_EXPONENT:  # even 0e-20000 overflows numeric
+            raise Rejected(f"a number out of range: {text[:40]}")
     return value
+
+
+def _int(text: str) -> int:
+    if len(text.lstrip("-")) > _MAX_DIGITS:
+        raise Rejected(f"an integer of {len(text)} digits: out of range")
+    return int(text)
 
 
 def _storable(doc: Any) -> None:
@@ -175,7 +236,8 @@ def _seq(value: Any) -> int:
 
 def _ts(value: Any, fallback: float) -> float:
     # A device clock may be wrong; a value that is not a plausible Unix time is not stored as one.
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
-            and 0 < value < 4_102_444_800:  # before 2100
+    # (compared before any float conversion: a huge int would raise OverflowError)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) \
+            and 0 < value < 4_102_444_800:  # before 2100 (NaN fails the comparison)
         return float(value)
     return fallback

@@ -17,9 +17,9 @@ import pytest
 from edgeinfer._net import free_port
 from edgeinfer.config.collect import (BatchConfig, CollectConfig, CollectMetricsConfig,
                                       DatabaseConfig, MqttSourceConfig)
-from edgeinfer.errors import StorageError
+from edgeinfer.errors import SourceError, StorageDataError, StorageError
 from edgeinfer.fleet.collector import Collector, quantile
-from edgeinfer.fleet.records import Delivery, Record, Rejected, parse
+from edgeinfer.fleet.records import Delivery, Record, Rejected, Rejection, parse, rejection
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,11 +28,13 @@ class WriteResult:
     events: int
     statuses: int
     duplicates: int
+    rejected: int = 0
 
 
 class MemoryDatabase:
     """`Database`'s interface over dicts; ``fail`` writes (or every write while ``down``) raise
-    StorageError, committing nothing."""
+    StorageError, committing nothing; a batch holding a record whose payload has ``refuse`` in
+    it raises StorageDataError, as PostgreSQL refusing a value does."""
 
     def __init__(self) -> None:
         self.rows: dict[tuple[Any, ...], Record] = {}
@@ -40,6 +42,9 @@ class MemoryDatabase:
         self.fail = 0
         self.down = False
         self.commits: list[list[tuple[Any, ...]]] = []
+        self.parked: list[Rejection] = []
+        self.refuse = "\x00never"
+        self.writes = 0
         self.lock = threading.Lock()
 
     def connect(self) -> None:
@@ -49,11 +54,15 @@ class MemoryDatabase:
     def migrate(self) -> list[int]:
         return []
 
-    def write(self, records: Sequence[Record]) -> WriteResult:
+    def write(self, records: Sequence[Record], rejected: Sequence[Rejection] = ()) -> WriteResult:
         with self.lock:
+            self.writes += 1
             if self.down or self.fail > 0:
                 self.fail = max(0, self.fail - 1)
                 raise StorageError("server closed the connection unexpectedly")
+            if any(self.refuse in r.payload for r in records):
+                raise StorageDataError("value overflows numeric format")
+            self.parked.extend(rejected)
             counts = {"result": 0, "event": 0, "status": 0}
             duplicates = 0
             keys = []
@@ -71,7 +80,8 @@ class MemoryDatabase:
                     self.rows[key] = r
                     counts[r.kind] += 1
             self.commits.append(keys)
-            return WriteResult(counts["result"], counts["event"], counts["status"], duplicates)
+            return WriteResult(counts["result"], counts["event"], counts["status"], duplicates,
+                               len(rejected))
 
     def maintain(self, now: float) -> dict[str, Any]:
         return {"created": [], "dropped": []}
@@ -91,6 +101,7 @@ class ListSource:
         self.unsafe_acks = 0
         self.delivered = 0
         self.thread: threading.Thread | None = None
+        self.failed: str | None = None
 
     def start(self, deliver: Callable[[Delivery], None]) -> None:
         def feed() -> None:
@@ -104,8 +115,10 @@ class ListSource:
     def ack(self, tokens: Sequence[Any]) -> None:
         for token in tokens:
             record = self.deliveries[token].record
+            parked = {r.payload for r in self.db.parked}
             if record is not None and record.kind != "status" and not any(
-                    _key(record) in keys for keys in self.db.commits):
+                    _key(record) in keys for keys in self.db.commits) \
+                    and record.payload.encode() not in parked:
                 self.unsafe_acks += 1
         self.acked.extend(tokens)
 
@@ -114,6 +127,9 @@ class ListSource:
 
     def stats(self) -> dict[str, Any]:
         return {"connected": True, "delivered": self.delivered}
+
+    def failure(self) -> str | None:
+        return self.failed
 
 
 def _key(r: Record) -> tuple[Any, ...]:
@@ -143,9 +159,10 @@ def _deliveries(messages: list[tuple[str, bytes]], redelivered: bool = False) ->
     for i, (topic, payload) in enumerate(messages):
         try:
             record: Record | None = parse(topic, payload, "fleet", time.time())
-        except Rejected:
-            record = None
-        out.append(Delivery(record, i, redelivered))
+            parked = None
+        except Rejected as exc:
+            record, parked = None, rejection(topic, payload, exc, time.time())
+        out.append(Delivery(record, i, redelivered, parked))
     return out
 
 
@@ -315,3 +332,40 @@ def test_metrics_endpoint_serves_the_collectors_counters() -> None:
     ([float(i) for i in range(100)], 0.99, 99.0)])
 def test_quantile(samples: list[float], q: float, expected: float) -> None:
     assert quantile(samples, q) == expected
+
+
+def test_rows_the_database_refuses_are_parked_and_the_rest_written() -> None:
+    messages = _messages(devices=4, results=50, events=0)
+    poison = [3, 77, 150]  # results the database refuses, anywhere in the batches
+    for i in poison:
+        topic, _ = messages[i]
+        messages[i] = (topic, json.dumps({"seq": 1000 + i, "ts": time.time(),
+                                          "x": "REFUSE"}).encode())
+    db = MemoryDatabase()
+    db.refuse = "REFUSE"
+    source = ListSource(_deliveries(messages), db)
+    collector = Collector(_config(max_rows=64, max_age_s=0.05), source, db)
+    thread = _run(collector)
+    try:
+        _wait(lambda: len(source.acked) == len(messages))
+    finally:
+        collector.stop()
+        thread.join(10)
+    genuine = {_key(d.record) for i, d in enumerate(source.deliveries)
+               if d.record is not None and d.record.kind != "status" and i not in poison}
+    assert set(db.rows) == genuine, set(db.rows) ^ genuine
+    assert source.unsafe_acks == 0
+    assert sorted(r.topic for r in db.parked if "REFUSE" in r.payload.decode()) == \
+        sorted(messages[i][0] for i in poison)
+    assert all("numeric" in r.reason for r in db.parked if b"REFUSE" in r.payload)
+    assert collector.stats()["rejected"] == len(poison) + 4  # + the 4 unparsable ones
+    assert collector.stats()["db_failures"] == 0  # not retried as the database's failure
+
+
+def test_a_source_whose_thread_died_stops_the_collector() -> None:
+    db = MemoryDatabase()
+    source = ListSource(_deliveries(_messages(devices=1, results=5, events=0)), db)
+    collector = Collector(_config(max_rows=10, max_age_s=0.05), source, db)
+    source.failed = "RuntimeError: boom"
+    with pytest.raises(SourceError, match="boom"):
+        collector.run()

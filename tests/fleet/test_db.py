@@ -16,9 +16,9 @@ import psycopg
 import pytest
 
 from edgeinfer.config.collect import DatabaseConfig
-from edgeinfer.errors import StorageError
+from edgeinfer.errors import StorageDataError, StorageError
 from edgeinfer.fleet.db import Database, WriteResult
-from edgeinfer.fleet.records import Record
+from edgeinfer.fleet.records import Record, Rejected, Rejection, parse, rejection
 from edgeinfer.testing.postgres import Postgres
 
 _COLS = ("device", "pipeline", "run_id", "seq", "ts", "received", "payload")
@@ -26,7 +26,7 @@ T0 = 1_760_000_000.0  # 2025-10-09 08:53:20 UTC
 
 
 def result(device: str, seq: int, *, run_id: str = "r1", ts: float | None = None,
-           pipeline: str = "cam") -> Record:
+           pipeline: str = "cam", received: float | None = None) -> Record:
     """A result as a device sends it (~560 bytes of JSON)."""
     ts = T0 + seq * 0.1 if ts is None else ts
     doc = {"seq": seq, "run_id": run_id, "ts": ts, "pipeline": pipeline,
@@ -38,7 +38,8 @@ def result(device: str, seq: int, *, run_id: str = "r1", ts: float | None = None
                            "box": [10.5, 20.25, 110.0, 220.0]},
                           {"label": "car", "class_id": 2, "score": 0.97,
                            "box": [300.0, 200.0, 420.0, 280.0]}]}
-    return Record("result", device, pipeline, run_id, seq, None, ts, ts + 0.05, json.dumps(doc))
+    return Record("result", device, pipeline, run_id, seq, None, ts,
+                  ts + 0.05 if received is None else received, json.dumps(doc))
 
 
 def event(device: str, event_id: str, *, ts: float = T0) -> Record:
@@ -46,9 +47,10 @@ def event(device: str, event_id: str, *, ts: float = T0) -> Record:
     return Record("event", device, "cam", "r1", None, event_id, ts, ts + 0.01, json.dumps(doc))
 
 
-def status(device: str, ts: float, state: str = "online") -> Record:
+def status(device: str, ts: float, state: str = "online", received: float | None = None) -> Record:
     doc = {"ts": ts, "state": state}
-    return Record("status", device, None, "", None, None, ts, ts, json.dumps(doc))
+    return Record("status", device, None, "", None, None, ts,
+                  ts if received is None else received, json.dumps(doc))
 
 
 @pytest.fixture
@@ -88,12 +90,12 @@ def schema_of(db: Database) -> str:
 
 def test_migrate_is_idempotent(make_db: Callable[..., Database], postgres: Postgres) -> None:
     db = make_db()
-    assert db.migrate() == [1, 2]
+    assert db.migrate() == [1, 2, 3]
     assert db.migrate() == []
     assert make_db().migrate() == []
     rows = query(postgres, f"SELECT version, name FROM {schema_of(db)}.schema_migrations "
                            "ORDER BY version")
-    assert rows == [(1, "tables"), (2, "results_flat")]
+    assert rows == [(1, "tables"), (2, "results_flat"), (3, "rejected")]
 
 
 def test_concurrent_migrate_from_two_collectors(make_db: Callable[..., Database]) -> None:
@@ -115,7 +117,7 @@ def test_concurrent_migrate_from_two_collectors(make_db: Callable[..., Database]
         t.start()
     for t in threads:
         t.join(30)
-    assert sorted(outcome, key=len) == [[], [1, 2]]
+    assert sorted(outcome, key=len) == [[], [1, 2, 3]]
 
 
 def test_write_results_events_and_newest_status(db: Database, postgres: Postgres) -> None:
@@ -180,7 +182,7 @@ def test_a_failing_batch_commits_nothing(make_db: Callable[..., Database], postg
     db = make_db(copy_from=copy_from)
     db.migrate()
     bad = Record("result", "d9", "cam", "r1", 99, None, T0, T0, '{"not": json')
-    with pytest.raises(StorageError, match="write failed"):
+    with pytest.raises(StorageDataError, match="refused the data"):
         db.write([result("d1", 1), event("d1", "e1"), status("d1", T0), bad])
     s = schema_of(db)
     for table in ("results", "events", "devices"):
@@ -352,3 +354,72 @@ def test_write_throughput(make_db: Callable[..., Database], postgres: Postgres) 
     for name, rate in rates.items():
         print(f"  {name:18s} {rate:9,.0f}")
     assert all(rate > 0 for rate in rates.values())
+
+
+def test_values_the_database_refuses_are_a_data_error(db: Database, postgres: Postgres) -> None:
+    # Past parse (which refuses these now): the database's own refusal is typed, so the
+    # collector isolates the row instead of retrying the batch forever.
+    for payload in ('{"seq": 1, "x": 1e-20000}', '{"seq": 1, "x": "\\u0000"}'):
+        bad = Record("result", "d1", "cam", "r1", 1, None, T0, T0, payload)
+        with pytest.raises(StorageDataError):
+            db.write([result("d1", 2), bad])
+    assert db.write([result("d1", 2)]).results == 1  # the connection is still good
+
+
+def test_rejected_messages_are_parked_once_per_payload(db: Database,
+                                                       postgres: Postgres) -> None:
+    junk = rejection("fleet/d1/cam/result", b"\xff" + b"x" * 100_000, Rejected("not JSON"), T0)
+    other = Rejection("fleet/d1/status", b'{"ts": 1e-400}', "a number too small", T0, 14)
+    assert db.write([result("d1", 1)], [junk, other, junk]).rejected == 2
+    db.write([], [junk])
+    rows = query(postgres, f"SELECT topic, reason, length(payload), size, times"
+                           f" FROM {schema_of(db)}.rejected ORDER BY topic")
+    assert rows == [("fleet/d1/cam/result", "not JSON", 65536, 100_001, 2),
+                    ("fleet/d1/status", "a number too small", 14, 14, 1)]
+
+
+def test_statuses_are_ordered_by_receive_time(db: Database, postgres: Postgres) -> None:
+    # A device clock in 2099 does not keep its status for good; parse bounds the device ts too.
+    db.write([status("d1", 4_102_444_799.0, "from-2099", received=T0)])
+    db.write([status("d1", T0 + 10, "later", received=T0 + 10)])
+    bounded = parse("fleet/d2/status", b'{"ts": 4102444799}', "fleet", T0)
+    assert bounded.ts == T0 + 600
+    db.write([bounded, status("d2", T0 + 1, "later", received=T0 + 1)])
+    rows = query(postgres, f"SELECT device, status->>'state', extract(epoch FROM status_ts)"
+                           f" FROM {schema_of(db)}.devices ORDER BY device")
+    assert rows == [("d1", "later", T0 + 10), ("d2", "later", T0 + 1)]
+
+
+def test_retention_runs_on_receive_time(make_db: Callable[..., Database],
+                                        postgres: Postgres) -> None:
+    db = make_db(retention_days=30)
+    db.migrate()
+    now = dt.datetime(2026, 11, 20, 12, tzinfo=dt.UTC).timestamp()
+    old_day = now - 90 * 86400
+    db.maintain(old_day)  # the partition of 90 days ago exists
+    db.write([result("d1", 1, ts=1.0, received=now),  # 1970 device clock, just received
+              result("d1", 2, ts=946_684_800.0, received=now),  # 2000
+              result("d1", 3, ts=old_day, received=now),  # old device time, received now
+              result("d1", 4, ts=old_day + 1, received=old_day + 1),  # truly old
+              result("d1", 5, ts=946_684_801.0, received=old_day)],  # old both ways
+             [Rejection("fleet/x", b"{", "not JSON", old_day, 1)])
+    done = db.maintain(now)
+    s = schema_of(db)
+    assert query(postgres, f"SELECT seq FROM {s}.results ORDER BY seq") == [(1,), (2,), (3,)]
+    # seq 4 and 5 and the rejected message; the partition holding seq 3 stays
+    assert done["deleted"] == 3
+    assert sorted(done["dropped"]) == ["events_p20260822", "events_p20260823",
+                                       "results_p20260823"]
+    assert query(postgres, f"SELECT count(*) FROM {s}.rejected") == [(0,)]
+
+
+def test_results_flat_survives_numbers_out_of_double_range(db: Database,
+                                                           postgres: Postgres) -> None:
+    # Rows written before parse refused such numbers: the view gives NULL, never an error.
+    for seq, number in ((1, "1e-400"), (2, "1" + "0" * 400), (3, "2.5")):
+        db.write([Record("result", "d1", "cam", "r1", seq, None, T0, T0,
+                         f'{{"seq": {seq}, "latency_ms": {{"pre": {number}, "infer": 1,'
+                         ' "post": 1}}')])
+    rows = query(postgres, f"SELECT seq, latency_ms FROM {schema_of(db)}.results_flat"
+                           " ORDER BY seq")
+    assert rows == [(1, None), (2, None), (3, 4.5)]

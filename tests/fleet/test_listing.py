@@ -160,6 +160,16 @@ def test_an_unreachable_broker_exits_69_within_the_wait() -> None:
     assert time.monotonic() - started < 20
 
 
+def test_the_listing_says_which_broker_it_asked(mqtt_broker: tuple[str, int],
+                                                prefix: str) -> None:
+    host, port = mqtt_broker
+    empty = fleet(port, prefix, wait=0.5)
+    assert empty.returncode == 0
+    assert f"no device status under {prefix}/ on the broker {host}:{port}" in empty.stderr
+    listed = fleet(port, prefix, "--json", wait=0.5)
+    assert json.loads(listed.stdout)["broker"] == f"{host}:{port}"
+
+
 def test_random_payloads_never_break_the_listing() -> None:
     rng = random.Random(17)
     values: list[Any] = [None, True, -1, 2**70, 1.5, float("inf"), "x" * 100, ESC, [], {}, [ESC],

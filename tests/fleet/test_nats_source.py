@@ -15,11 +15,14 @@ from typing import Any
 
 import pytest
 
-from edgeinfer.config.collect import NatsSourceConfig
 from edgeinfer.errors import ConfigError, SourceError
+from edgeinfer.config.collect import BatchConfig, CollectConfig, DatabaseConfig, NatsSourceConfig
+from edgeinfer.fleet.collector import Collector
+from edgeinfer.fleet.db import Database
 from edgeinfer.fleet.nats_source import NatsSource, subject_to_topic
 from edgeinfer.fleet.records import Delivery, Rejected
 from edgeinfer.testing.nats_cluster import NatsCluster
+from edgeinfer.testing.postgres import Postgres
 
 pytestmark = pytest.mark.skipif(shutil.which("nats-server") is None, reason="no nats-server")
 mqtt = pytest.importorskip("paho.mqtt.client")
@@ -315,3 +318,44 @@ def test_node_killed_under_the_source(tmp_path: Path) -> None:
         finally:
             source.stop()
             device.close()
+
+
+def test_poison_is_parked_through_the_collector(cluster: NatsCluster, postgres: Postgres) -> None:
+    """The NATS source hands a message that does not parse to the collector as rejected (the
+    same path as MQTT's): parked in ``rejected``, acknowledged, the genuine ones all written."""
+    import psycopg
+
+    if not postgres.running:
+        postgres.start()
+    prefix = _prefix()
+    nats = _config(cluster, prefix)
+    config = CollectConfig(database=DatabaseConfig(dsn=postgres.dsn, schema=prefix), source=nats,
+                           batch=BatchConfig(max_rows=50, max_age_s=0.05))
+    source, db = NatsSource(nats), Database(config.database)
+    db.connect()
+    db.migrate()
+    collector = Collector(config, source, db)
+    thread = threading.Thread(target=collector.run, daemon=True)
+    thread.start()
+    device = Device(cluster.mqtt_ports[1], prefix, "dev0")
+
+    def counts() -> list[tuple[Any, ...]]:
+        with psycopg.connect(postgres.dsn) as conn:
+            return conn.execute(f"SELECT (SELECT count(*) FROM {prefix}.results),"
+                                f" (SELECT count(*) FROM {prefix}.rejected)").fetchall()
+
+    try:
+        assert collector.wait_started(30) and source.wait_bound(15)
+        for seq in range(20):
+            device.result(seq)
+            if seq == 10:
+                for raw in (b'{"seq": 99, "ts": ' + b"1" * 400 + b"}", b'{"seq": 98, "x": 1e-20000}'):
+                    device.client.publish(f"{prefix}/evil/cam/result", raw, qos=1) \
+                        .wait_for_publish(10)
+        _wait(lambda: counts() == [(20, 2)], timeout=30)
+        _wait(lambda: _consumer(cluster, prefix).num_ack_pending == 0)
+        assert collector.stats()["rejected"] == 2 and source.failure() is None
+    finally:
+        collector.stop()
+        thread.join(15)
+        device.close()

@@ -7,11 +7,12 @@ import json
 import random
 import uuid
 
+import psycopg
 import pytest
 
 from edgeinfer.config.collect import DatabaseConfig
 from edgeinfer.fleet.db import Database
-from edgeinfer.fleet.records import MAX_PAYLOAD, Record, Rejected, parse
+from edgeinfer.fleet.records import MAX_CLOCK_SKEW_S, MAX_PAYLOAD, Record, Rejected, parse
 from edgeinfer.testing.postgres import Postgres
 
 NOW = 1_760_000_000.0
@@ -65,10 +66,21 @@ def test_rejected_topics(topic: str) -> None:
     b'{"seq": 1, "x": NaN}', b'{"seq": 1, "x": -Infinity}', b'{"seq": 1, "x": 1e400}',
     b'{"seq": 1, "x": "\\u0000"}', b'{"seq": 1, "\\u0000": 1}', b'{"seq": 1, "x": ["\\udc00"]}',
     b'{"seq": 1, "x": "\\ud83d"}', b"[" * 100_000 + b"]" * 100_000,
+    # numbers numeric refuses (its exponent), or double precision cannot hold (the view's
+    # cast fails on them), and a ts that made parse itself raise OverflowError
+    b'{"seq": 1, "ts": 1' + b"0" * 399 + b"}", b'{"seq": 1, "x": 1e-20000}',
+    b'{"seq": 1, "x": 0e-20000}', b'{"seq": 1, "x": 1e-400}', b'{"seq": 1, "x": -1E-330}',
+    b'{"seq": 1, "x": 1' + b"0" * 400 + b"}", b'{"seq": 1, "x": 1.' + b"0" * 200 + b"}",
 ], ids=lambda p: repr(p[:40]))
 def test_rejected_results(payload: bytes) -> None:
     with pytest.raises(Rejected):
         parse("ei/d/p/result", payload, "ei", NOW)
+
+
+def test_a_status_from_a_clock_far_ahead_is_bounded_to_the_skew_window() -> None:
+    s = parse("ei/d/status", doc(ts=4_102_444_799), "ei", NOW)
+    assert s.ts == NOW + MAX_CLOCK_SKEW_S and s.received == NOW
+    assert parse("ei/d/status", doc(ts=NOW + 5), "ei", NOW).ts == NOW + 5
 
 
 @pytest.mark.parametrize("payload", [
@@ -95,7 +107,8 @@ def test_escapes_that_are_storable_are_kept() -> None:
 def hostile_payloads(rng: random.Random) -> list[bytes]:
     pieces = ['"\\u0000"', '"\\ud800"', '"\\\\u0000"', "NaN", "1e308", "1e-400", "-0",
               '"\\ud83d\\ude00"', '"\\u2028"', "123456789012345678901234567890", '"é"',
-              "[]", "{}", "null", "true", '"\\"\\\\\\/\\b\\f\\n\\r\\t"', '"\t"', "1E+2"]
+              "[]", "{}", "null", "true", '"\\"\\\\\\/\\b\\f\\n\\r\\t"', '"\t"', "1E+2",
+              "1e-20000", "0e-20000", "1" + "0" * 400, "-2.5e-310", "4.9e-324", "1.7e308"]
     out = []
     for _ in range(400):
         fields = ", ".join(f'"k{i}": {rng.choice(pieces)}' for i in range(rng.randint(0, 4)))
@@ -124,3 +137,7 @@ def test_every_accepted_message_is_storable(postgres: Postgres) -> None:
             db.write(accepted)
         finally:
             db.close()
+    # and every number in them is one a dashboard can cast (the results_flat view does)
+    with psycopg.connect(postgres.dsn) as conn:
+        conn.execute(f"SELECT count(v::float8) FROM {config.schema}.results,"
+                     " jsonb_each(payload) AS e(k, v) WHERE jsonb_typeof(v) = 'number'")
