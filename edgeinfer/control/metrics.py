@@ -16,14 +16,10 @@ devices; alert per device.
 from __future__ import annotations
 
 import logging
-import socket
-import threading
 from collections.abc import Iterator
-from socketserver import ThreadingMixIn
 from typing import TYPE_CHECKING, Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from ..errors import ConfigError
+from .._metrics_http import MetricsEndpoint, prometheus_client
 
 if TYPE_CHECKING:
     from ..config import MetricsConfig
@@ -35,15 +31,6 @@ logger = logging.getLogger(__name__)
 _STAGES = ("pre", "infer", "wait", "post", "end_to_end")  # wait: for a shared model
 _QUANTILES = (("p50", "0.5"), ("p99", "0.99"))
 _DROP_REASONS = ("queue", "task", "paused")
-
-
-def _prometheus() -> Any:
-    try:
-        import prometheus_client
-    except ImportError as exc:
-        raise ConfigError("metrics: needs prometheus_client; install it with "
-                          "pip install 'edgeinfer[metrics]'") from exc
-    return prometheus_client
 
 
 class DaemonCollector:
@@ -146,23 +133,13 @@ class DaemonCollector:
 
 def build_registry(daemon: Any) -> Any:
     """A fresh ``CollectorRegistry`` holding only a `DaemonCollector` of ``daemon``."""
-    prometheus_client = _prometheus()
-    registry = prometheus_client.CollectorRegistry(auto_describe=False)
+    client = prometheus_client()
+    registry = client.CollectorRegistry(auto_describe=False)
     registry.register(DaemonCollector(daemon))
     return registry
 
 
-class _Server(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        logger.debug("metrics: " + format, *args)
-
-
-class MetricsServer:
+class MetricsServer(MetricsEndpoint):
     """Serves ``/metrics`` of one daemon on ``config.host:config.port`` until `stop`.
 
     Raises:
@@ -170,41 +147,10 @@ class MetricsServer:
     """
 
     def __init__(self, daemon: Any, config: MetricsConfig) -> None:
+        super().__init__(build_registry(daemon), config.host, config.port)
         self.config = config
-        self.registry = build_registry(daemon)
-        self._server: WSGIServer | None = None
-        self._thread: threading.Thread | None = None
-
-    @property
-    def port(self) -> int:
-        """The bound port (useful with ``port`` 0 in tests)."""
-        return self._server.server_address[1] if self._server is not None else self.config.port
 
     def start(self) -> None:
-        app = _prometheus().make_wsgi_app(self.registry)
-        host, port = self.config.host, self.config.port
-
-        class Server(_Server):
-            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
-
-        try:
-            self._server = make_server(host, port, app, server_class=Server,
-                                       handler_class=_QuietHandler)
-        except OSError as exc:
-            raise ConfigError(f"metrics: cannot serve on {host}:{port}: {exc}") from exc
-        self._thread = threading.Thread(target=self._server.serve_forever,
-                                        name="edgeinfer-metrics", daemon=True)
-        self._thread.start()
-        logger.info("metrics on http://%s:%d/metrics", host if ":" not in host
-                    else f"[{host}]", self.port)
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop serving and close the port; idempotent."""
-        server, self._server = self._server, None
-        if server is None:
-            return
-        server.shutdown()
-        server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
+        super().start()
+        logger.info("metrics on http://%s:%d/metrics", self.host if ":" not in self.host
+                    else f"[{self.host}]", self.port)

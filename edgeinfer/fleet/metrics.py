@@ -12,8 +12,7 @@ import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from ..control.metrics import _prometheus
-from ..errors import ConfigError
+from .._metrics_http import MetricsEndpoint, prometheus_client
 
 if TYPE_CHECKING:
     from ..config.collect import CollectMetricsConfig
@@ -70,7 +69,7 @@ class CollectorMetrics:
                                 value=1 if source.get("connected") else 0)
 
 
-class CollectMetricsServer:
+class CollectMetricsServer(MetricsEndpoint):
     """Serves ``/metrics`` for one collector on ``config.host:config.port`` until `stop`.
 
     Raises:
@@ -78,33 +77,11 @@ class CollectMetricsServer:
     """
 
     def __init__(self, collector: Collector, config: CollectMetricsConfig) -> None:
-        prometheus_client = _prometheus()
+        registry = prometheus_client().CollectorRegistry(auto_describe=False)
+        registry.register(CollectorMetrics(collector))
+        super().__init__(registry, config.host, config.port, name="collect-metrics")
         self.config = config
-        self.registry = prometheus_client.CollectorRegistry(auto_describe=False)
-        self.registry.register(CollectorMetrics(collector))
-        self._server: Any = None
-        self._thread: Any = None
-
-    @property
-    def port(self) -> int:
-        """The bound port (useful with port 0)."""
-        return int(self._server.server_address[1]) if self._server is not None \
-            else self.config.port
 
     def start(self) -> None:
-        prometheus_client = _prometheus()
-        try:
-            self._server, self._thread = prometheus_client.start_http_server(
-                self.config.port, addr=self.config.host, registry=self.registry)
-        except OSError as exc:
-            raise ConfigError(f"metrics: cannot serve on {self.config.host}:{self.config.port}: "
-                              f"{exc}") from exc
-        logger.info("collector metrics on http://%s:%d/metrics", self.config.host, self.port)
-
-    def stop(self) -> None:
-        """Stop serving and close the port; idempotent."""
-        server, self._server = self._server, None
-        if server is None:
-            return
-        server.shutdown()
-        server.server_close()
+        super().start()
+        logger.info("collector metrics on %s", self.url)
