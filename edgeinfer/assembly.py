@@ -67,7 +67,7 @@ def load_pipeline_model(pc: PipelineConfig, runtime: RuntimeConfig) -> Model:
     mc = pc.model
     path = resolve_model(mc.path)
     kwargs = mc.load_kwargs(default_max_model_mb=runtime.max_model_mb)
-    for key, value in _task_load_options(pc, path).items():
+    for key, value in task_load_options(pc, path).items():
         if not kwargs.get(key):  # what the config says explicitly wins
             kwargs[key] = value
     if kwargs["probe"] and kwargs["isolation"] == "none":
@@ -150,7 +150,7 @@ def _sample_video(source: Any) -> Any:
     return msgspec.structs.replace(source, uri=resolve_video(source.uri))
 
 
-def _task_load_options(pc: PipelineConfig, model_path: Path) -> dict[str, Any]:
+def task_load_options(pc: PipelineConfig, model_path: Path) -> dict[str, Any]:
     """``load_model`` options the task implies: the shapes it will feed (so the model is
     optimized and warmed up for them) and valid warm-up values."""
     if type(pc.task).__struct_config__.tag == "vad":

@@ -103,7 +103,7 @@ def test_onnxruntime_quantizer_advice_stays_at_debug(
     advice) is kept at debug level under edgeinfer.quantize while edgeinfer quantizes."""
     from onnxruntime.quantization.quant_utils import update_opset_version
 
-    from edgeinfer.quantize import _onnxruntime_quiet
+    from edgeinfer.quantize.run import _onnxruntime_quiet
 
     model = onnx.load(str(_dynamic_conv(tmp_path / "old.onnx", 10)))
     with caplog.at_level(logging.DEBUG), _onnxruntime_quiet():

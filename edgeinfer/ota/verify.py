@@ -241,11 +241,11 @@ def _load(path: Path, pipeline: PipelineConfig, runtime: RuntimeConfig,
           memory_limit_mb: float | None, timeout_s: float) -> Model:
     """The candidate with the pipeline's options, in a worker, without the optimized-model
     cache (a rejected candidate must leave nothing behind)."""
-    from ..assembly import _task_load_options
+    from ..assembly import task_load_options
     from ..model import load_model
 
     kwargs = pipeline.model.load_kwargs(default_max_model_mb=runtime.max_model_mb)
-    for key, value in _task_load_options(pipeline, path).items():
+    for key, value in task_load_options(pipeline, path).items():
         if not kwargs.get(key):  # what the config says explicitly wins, as in assembly
             kwargs[key] = value
             if key == "input_shapes":

@@ -25,18 +25,22 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import ConfigError, EdgeInferError
-from .tasks.metrics import PRED_THRESHOLD, average_precision, box_iou, cosine, mean_ap
+from ..config.pipeline import ImagesSource as ImagesConfig
+from ..config.pipeline import VideoSource as VideoConfig
+from ..errors import ConfigError, EdgeInferError, ModelLoadError
+from ..frames import DropFrame
+from ..model import Model, load_model
+from ..sources.files import IMAGE_EXTENSIONS, ImagesSource, VideoSource
+from ..tasks.metrics import PRED_THRESHOLD, average_precision, box_iou, cosine, mean_ap
 
 if TYPE_CHECKING:
-    from .model import Model
-    from .tasks.base import Task
+    from ..tasks.base import Task
 
 __all__ = ["MIN_SAMPLES", "PRED_THRESHOLD", "Samples", "accuracy_report", "average_precision",
            "box_iou", "collect", "cosine", "mean_ap", "measure", "read_samples",
            "split_held_out"]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("edgeinfer._accuracy")  # its name before the package
 
 MIN_SAMPLES = 20
 """Fewer calibration samples than this give a warning: ranges from a handful of inputs rarely
@@ -76,8 +80,6 @@ def read_samples(source: Any, task: Task, model: Model, limit: int, what: str) -
         raise ConfigError(f"{what} data {path}: no such file or folder")
     if path.suffix.lower() == ".npz" and path.is_file():
         return _read_npz(path, model, limit, what)
-    from .sources.files import IMAGE_EXTENSIONS
-
     kind = "images" if path.is_dir() or path.suffix.lower() in IMAGE_EXTENSIONS else "video"
     samples = Samples(str(path), kind)
     try:
@@ -94,11 +96,6 @@ def read_samples(source: Any, task: Task, model: Model, limit: int, what: str) -
 
 
 def _read_frames(samples: Samples, path: Path, task: Task, limit: int) -> None:
-    from .config.pipeline import ImagesSource as ImagesConfig
-    from .config.pipeline import VideoSource as VideoConfig
-    from .frames import DropFrame
-    from .sources.files import ImagesSource, VideoSource
-
     stride = 1
     if samples.kind == "video":
         source: ImagesSource | VideoSource = VideoSource(VideoConfig(uri=str(path)))
@@ -279,9 +276,6 @@ def measure(path: Path, float_model: Model, task: Task, held: Sequence[Feeds],
     Raises:
         ModelLoadError: the quantized model does not load (or its warm-up fails).
     """
-    from .errors import ModelLoadError
-    from .model import load_model
-
     try:
         with load_model(path, optimized_model_cache=False, **load_opts) as q_model:
             if held:

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigError, ModelError
+from ..errors import ConfigError, ModelError
 
 if TYPE_CHECKING:
     import onnx
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 __all__ = ["exclusions", "first_conv", "graph_op_types", "head_nodes", "name_nodes", "op_types",
            "output_nodes", "prepare"]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("edgeinfer._qgraph")  # its name before the package
 
 _CWD_LOCK = threading.Lock()  # the working directory is the process's: one change at a time
 

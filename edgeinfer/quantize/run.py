@@ -34,8 +34,21 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._accuracy import MIN_SAMPLES, Feeds, collect, measure
-from ._qgraph import (
+from .. import __version__
+from ..assembly import select, task_load_options
+from ..catalog import resolve_model
+from ..config import Config, load_config
+from ..config.pipeline import RawTask
+from ..config.schema import PipelineConfig
+from ..errors import BackendUnavailableError, ConfigError, ModelError, ModelFormatError
+from ..model import Model, load_model
+from ..runtime.modelfile import ModelFileInfo, inspect_model
+from ..runtime.ort_log import onnxruntime_quiet
+from ..tasks import make_task
+from ..tasks.base import Task
+from ..tasks.vad import silero_load_options
+from .accuracy import MIN_SAMPLES, Feeds, collect, measure
+from .graph import (
     exclusions,
     first_conv,
     graph_op_types,
@@ -45,20 +58,15 @@ from ._qgraph import (
     output_nodes,
     prepare,
 )
-from .errors import BackendUnavailableError, ConfigError, ModelError, ModelFormatError
-from .runtime.ort_log import onnxruntime_quiet
-from .tasks.base import Task
 
 if TYPE_CHECKING:
     import onnx
 
-    from .model import Model
-    from .runtime.modelfile import ModelFileInfo
 
 __all__ = ["FLOAT_TYPES", "MIN_SAMPLES", "TARGETS", "ModelCard", "first_conv", "graph_op_types",
            "head_nodes", "is_recurrent", "output_nodes", "quantize_model"]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("edgeinfer.quantize")  # its name before the package; users filter on it
 
 Progress = Callable[[int, int], None]
 
@@ -200,10 +208,6 @@ def _quantize(model: str | os.PathLike[str], output: str | os.PathLike[str],
               held_out: str | os.PathLike[str] | None, force: bool, progress: Progress | None,
               reduce_range: bool | None, input_shapes: Mapping[str, Sequence[int]] | None
               ) -> ModelCard:
-    from .catalog import resolve_model
-    from .model import load_model
-    from .runtime.modelfile import inspect_model
-
     src = resolve_model(model)
     info = inspect_model(src)
     _check_quantizable(src, info)
@@ -313,11 +317,6 @@ def _mode(mode: str, ops: Any, info: ModelFileInfo) -> str:
 
 def _task_config(config: Any, pipeline: str | None) -> tuple[Any, Any]:
     """(task config, source config) from whatever ``config`` is."""
-    from .assembly import select
-    from .config import Config, load_config
-    from .config.pipeline import RawTask
-    from .config.schema import PipelineConfig
-
     if config is None:
         if pipeline is not None:
             raise ConfigError("--pipeline needs --config")
@@ -340,10 +339,7 @@ def _task_tag(task_cfg: Any) -> str:
 
 def _load_options(task_cfg: Any, source_cfg: Any, src: Path, info: ModelFileInfo,
                   npz_shapes: dict[str, list[int]] | None) -> dict[str, Any]:
-    from .assembly import _task_load_options
-    from .tasks.vad import silero_load_options
-
-    opts: dict[str, Any] = dict(_task_load_options(
+    opts: dict[str, Any] = dict(task_load_options(
         SimpleNamespace(task=task_cfg, source=source_cfg), src))  # type: ignore[arg-type]
     inputs = info.onnx.inputs if info.onnx else {}
     if not opts and {"input", "state", "sr"} <= set(inputs):
@@ -374,8 +370,6 @@ def _npz_shapes(source: Any) -> dict[str, list[int]] | None:
 
 
 def _make_task(task_cfg: Any, model: Model, calibration: Any, held_out: Any) -> Task:
-    from .tasks import make_task
-
     try:
         return make_task(task_cfg, model)
     except ConfigError as exc:
@@ -556,9 +550,6 @@ def _card(src: Path, info: ModelFileInfo, tmp: Path, out: Path, float_model: Mod
     import msgspec
     import onnx
     import onnxruntime
-
-    from . import __version__
-    from .runtime.modelfile import inspect_model
 
     q_info = inspect_model(tmp)
     quantization = q_info.onnx.quantization if q_info.onnx else "unknown"

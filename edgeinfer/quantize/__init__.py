@@ -1,0 +1,25 @@
+"""``edgeinfer quantize``: INT8 models calibrated through the pipeline's own preprocessing, with
+an accuracy report against the float original.
+
+- ``run``: the quantization itself (static or dynamic, per target CPU) and the model card;
+- ``graph``: reading the ONNX graph (what to exclude: the first conv, the detection head);
+- ``accuracy``: calibration and held-out samples, and the quantized model's accuracy.
+"""
+
+from __future__ import annotations
+
+from .run import (
+    FLOAT_TYPES,
+    MIN_SAMPLES,
+    TARGETS,
+    ModelCard,
+    first_conv,
+    graph_op_types,
+    head_nodes,
+    is_recurrent,
+    output_nodes,
+    quantize_model,
+)
+
+__all__ = ["FLOAT_TYPES", "MIN_SAMPLES", "TARGETS", "ModelCard", "first_conv", "graph_op_types",
+           "head_nodes", "is_recurrent", "output_nodes", "quantize_model"]
