@@ -92,8 +92,8 @@ def write_sets(work: Path, per_photo: int) -> tuple[Path, Path, list[str]]:
 
 def ap50(ref: Sequence[Any], pred: Sequence[Any]) -> tuple[float, int]:
     """mAP@0.5 of ``pred`` against ``ref`` (lists per image of Detection), with the quantizer's
-    own metric (`edgeinfer._accuracy.mean_ap`), and the reference object count."""
-    from edgeinfer._accuracy import mean_ap
+    own metric (`edgeinfer.tasks.metrics.mean_ap`), and the reference object count."""
+    from edgeinfer.tasks.metrics import mean_ap
 
     def dets(ds: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return (np.array([d.box for d in ds], np.float64).reshape(-1, 4),

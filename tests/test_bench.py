@@ -207,10 +207,16 @@ def check_table(table: dict[str, Any]) -> dict[str, Any]:
         if r["status"] in ("rejected", "failed", "skipped"):
             assert r["reason"] and r["p50_ms"] is None
     # auto's pick is within 3 % of the fastest of the candidates it considers (near-ties go to
-    # the cheaper one), never slower than that
-    considered = [r["p50_ms"] for r in rows if r["status"] in ("ok", "picked") and not r["extra"]
+    # the cheaper one), never slower than that. When the best few were timed again, interleaved
+    # ("final"), the pick is made among them on those numbers: another row's p50 comes from its
+    # own slice, which a busy moment on a shared machine can make look faster or slower.
+    considered = [r for r in rows if r["status"] in ("ok", "picked") and not r["extra"]
                   and (table["note"] == "" or r["choice"]["backend"] == "onnxruntime")]
-    assert auto["p50_ms"] <= min(considered) * 1.03 + 1e-9
+    # The table's times are rounded to the microsecond: two of a microseconds model's candidates
+    # within 3 % of each other can print 1 us apart.
+    if any(r["final"] for r in considered):
+        considered = [r for r in considered if r["final"]]
+    assert auto["p50_ms"] <= min(r["p50_ms"] for r in considered) * 1.03 + 0.001 + 1e-9
     return auto
 
 

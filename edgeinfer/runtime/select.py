@@ -169,7 +169,7 @@ def measure(
             raise Cancelled(f"measuring {spec.path.name} was cancelled")
         note = "runs in under 0.5 ms: only onnxruntime measured" if small and choices is None \
             else ""
-        winner = _pick(rows)
+        winner = pick(rows)
         if winner is None:  # every candidate refused: the reference configuration is correct
             winner = ref_row
             note = "; ".join(filter(None, [note, "every candidate refused: serving the "
@@ -387,7 +387,7 @@ def _cost(c: Choice) -> tuple[int, int, int, int]:
     return (c.threads, int(c.spin), int(c.precision != "fp32"), int(c.backend != "onnxruntime"))
 
 
-def _pick(rows: Sequence[Row]) -> Row | None:
+def pick(rows: Sequence[Row]) -> Row | None:
     """The fastest correct row, among the finalists when they were timed (their numbers come
     from the same interleaved rounds; another row's come from its own, noisier slice)."""
     ok = [r for r in rows if r.status == "ok" and r.p50_ms is not None]
@@ -459,5 +459,5 @@ def _annotate(session: Session, decision: Decision) -> None:
 
 __all__ = ["BACKENDS", "Decision", "Gate", "OutputsGate", "Row", "backend_available",
            "cache_key", "candidates", "compare_arrays", "default_choice", "forget",
-           "load_cached", "measure", "open_choice", "open_selected", "reference_choice",
+           "load_cached", "measure", "pick", "open_choice", "open_selected", "reference_choice",
            "store"]
