@@ -23,6 +23,7 @@ from edgeinfer.errors import SourceError
 from edgeinfer.frames import Frame
 from edgeinfer.health import Health
 from edgeinfer.sources import Source, open_source
+from edgeinfer.sources.base import Outage
 from edgeinfer.sources.camera import CameraSource, gstreamer_available, redact
 from edgeinfer.sources.picamera import Picamera2Source
 from edgeinfer.sources.reasons import device_reason, stream_reason
@@ -178,6 +179,27 @@ def test_missing_device_retries_then_gives_up_naming_it() -> None:
     assert source.stats.errors == 3 and source.stats.retries == 2  # every retry counted
     assert source.stats.reconnects == 0 and source.stats.frames == 0
     assert "no such device /dev/video99" in source.stats.last_error
+
+
+def test_a_lasting_outage_is_warned_again_now_and_then_not_per_retry(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(Outage, "REMIND_S", 0.4)
+    config = CameraConfig(uri="/dev/video99", reconnect=ReconnectConfig(initial_s=0.02, max_s=0.05))
+    caplog.set_level(logging.DEBUG)
+    with CameraSource(config) as source:
+        reader = threading.Thread(target=lambda: list(source), daemon=True)
+        reader.start()
+        deadline = time.monotonic() + 20
+        while not [r for r in caplog.records if "still" in r.getMessage()] \
+                and time.monotonic() < deadline:
+            time.sleep(0.02)
+        source.stop()
+        reader.join(10)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warned[0].startswith("camera /dev/video99: no such device /dev/video99"), warned
+    assert warned[1].startswith("camera /dev/video99: still no such device /dev/video99"), warned
+    assert " retries in " in warned[1]
+    assert len(warned) < source.stats.errors / 2, (len(warned), source.stats.errors)
 
 
 def _until_health(source: CameraSource, state: str, says: str = "",

@@ -296,6 +296,9 @@ def test_a_camera_that_cannot_be_read_is_a_red_card_and_a_placeholder(page: Page
     assert style == ["rgb(198, 40, 40)", "rgb(198, 40, 40)"], style  # red, not green
     assert f"{NOCAM} no source" in page.inner_text("[data-field=not-running]")
     _screenshot(page, "web-device-no-camera.png")
+    [door] = [p for p in daemon.get("/v1/pipelines") if p["name"] == NOCAM]
+    assert door["state"] == door["health"]["state"] == "no_source" and door["fps"] == 0
+    assert door["health"]["reason"] == reason.split(" · ")[0] and door["health"]["retries"] >= 1
     page.goto(f"{daemon.url}/live/{NOCAM}")
     page.wait_for_selector("#live-placeholder:not([hidden])")
     assert page.is_hidden("#live")  # no black box
