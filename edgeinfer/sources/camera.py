@@ -132,7 +132,8 @@ class CameraSource(Source):
         return uri, cv2.CAP_ANY, []
 
     def _connect(self) -> bool:
-        """Open the capture once; on failure count it, log it (once per outage), return False."""
+        """Open the capture once; on failure count it with the reason in words, log it (rate
+        limited: see `Outage`), return False. FFmpeg's and OpenCV's lines go to the debug log."""
         uri, api, params = self._target()
         started = time.monotonic()
         lines: list[str] = []

@@ -66,8 +66,9 @@ def device_reason(path: str) -> str:
             return f"cannot open {path}: {exc.strerror}"
         return words.format(path=path)
     os.close(fd)
-    return (f"{path} opens but gives no video (a metadata node, or a format OpenCV cannot "
-            f"read?): list the capture nodes with `v4l2-ctl --list-devices`")
+    # V4L2 says EBUSY only when streaming starts, which OpenCV does not report: say both.
+    return (f"{path} opens but gives no video: another program may hold the camera "
+            f"(`fuser -v {path}`), or it is not a capture node (`v4l2-ctl --list-devices`)")
 
 
 def stream_reason(uri: str, lines: Sequence[str], *, timed_out: bool = False) -> str:

@@ -427,3 +427,12 @@ def test_picamera2_missing_module_says_how_to_install(monkeypatch: pytest.Monkey
     assert "sudo apt install python3-picamera2" in message
     assert "--system-site-packages" in message
     assert isinstance(info.value.__cause__, ImportError)
+
+
+def test_a_node_that_opens_but_gives_no_video_is_named_with_both_likely_causes() -> None:
+    config = CameraConfig(uri="/dev/null", reconnect=ReconnectConfig(max_attempts=1))
+    with CameraSource(config) as source:
+        health = source.health()
+    assert health is not None and health.reason == (
+        "/dev/null opens but gives no video: another program may hold the camera "
+        "(`fuser -v /dev/null`), or it is not a capture node (`v4l2-ctl --list-devices`)")
