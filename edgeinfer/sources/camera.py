@@ -175,6 +175,14 @@ class CameraSource(Source):
                                  timed_out=took_s >= 0.9 * self.config.open_timeout_s)
         return f"cannot open {uri}{said}: no such device, file or stream (check the uri)"
 
+    def _lost(self) -> str:
+        """Why a read failed, in words: the device or the stream went away mid-stream."""
+        uri = self.config.uri
+        if self.config.backend != "gstreamer" and device_path(uri) is not None:
+            return (f"read failed: {device_path(uri)} stopped giving frames (unplugged, or its "
+                    "USB link reset?)")
+        return "read failed: the stream stopped (camera rebooting, or the network down?)"
+
     def _apply_mode(self, cap: cv2.VideoCapture) -> None:
         """Ask the V4L2 device for the configured mode and log what it actually gave."""
         c = self.config
@@ -225,7 +233,7 @@ class CameraSource(Source):
                 if self._stop.is_set():
                     return
                 self._release()
-                self._fail("read failed (device or stream lost)")
+                self._fail(self._lost())
                 continue
             ts = time.monotonic()
             index += 1

@@ -243,7 +243,8 @@ def test_a_refused_stream_is_no_source_in_words_and_ffmpegs_lines_go_to_debug(
     assert "s3cret" not in caplog.text
 
 
-def test_a_stream_that_is_lost_is_reconnecting_then_running(mjpeg: MjpegServer) -> None:
+def test_a_stream_that_is_lost_is_reconnecting_then_running(
+        mjpeg: MjpegServer, caplog: pytest.LogCaptureFixture) -> None:
     source = CameraSource(CameraConfig(uri=mjpeg.url, open_timeout_s=2, reconnect=FAST))
     with source:
         frames = iter(source)
@@ -252,9 +253,10 @@ def test_a_stream_that_is_lost_is_reconnecting_then_running(mjpeg: MjpegServer) 
         mjpeg.stop()
         reader = threading.Thread(target=lambda: take(source, frames, 1, 30), daemon=True)
         reader.start()
-        health = _until_health(source, "reconnecting", "read failed")  # lost mid-stream
         health = _until_health(source, "reconnecting", "connection refused by 127.0.0.1")
         assert health.retries >= 1
+        assert f"camera {mjpeg.url}: read failed: the stream stopped (camera rebooting, or the " \
+               "network down?); retrying with backoff" in caplog.text  # how it was lost
         mjpeg.start()
         reader.join(30)
         assert source.health() is None and source.stats.reconnects >= 1
