@@ -27,8 +27,15 @@ _lock = threading.Lock()
 
 
 @contextlib.contextmanager
-def native_logs_to_debug(pattern: re.Pattern[bytes] = NATIVE_LINE) -> Iterator[None]:
-    """Capture fd 2 for the duration; see the module. Nested or concurrent uses serialize."""
+def native_logs_to_debug(pattern: re.Pattern[bytes] = NATIVE_LINE,
+                         captured: list[str] | None = None) -> Iterator[None]:
+    """Capture fd 2 for the duration; see the module. Nested or concurrent uses serialize.
+
+    Args:
+        pattern: Which lines are the library's (to the debug log); others go back to stderr.
+        captured: Where the library's lines are also appended (decoded), for a caller that
+            reads the reason for a failure out of them.
+    """
     with _lock:
         try:
             sys.stderr.flush()
@@ -49,6 +56,9 @@ def native_logs_to_debug(pattern: re.Pattern[bytes] = NATIVE_LINE) -> Iterator[N
                 tmp.seek(0)
                 for line in tmp:
                     if pattern.match(line):
-                        logger.debug("%s", line.rstrip().decode("utf-8", "replace"))
+                        text = line.rstrip().decode("utf-8", "replace")
+                        logger.debug("%s", text)
+                        if captured is not None:
+                            captured.append(text)
                     else:
                         os.write(2, line)

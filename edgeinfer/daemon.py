@@ -205,7 +205,12 @@ class Daemon:
         except BaseException:
             model.close()
             raise
-        logger.info("pipeline %s running: %s on %s", pc.name, model.name, model.provider)
+        health = pipeline.health()
+        if health.ok:
+            logger.info("pipeline %s running: %s on %s", pc.name, model.name, model.provider)
+        else:  # a camera that is not there: the pipeline waits for it, and says so
+            logger.warning("pipeline %s started (%s on %s) but is %s", pc.name, model.name,
+                           model.provider, health.describe())
         return pipeline
 
     def main_loop(self) -> None:
@@ -412,7 +417,9 @@ class Daemon:
 
     # -- health, watchdog, status ---------------------------------------------------------------
     def status_line(self) -> str:
-        """What ``STATUS=`` says: ``2 pipelines, 14.8 fps, outbox 0`` (or which one is stuck)."""
+        """What ``STATUS=`` says: ``2 pipelines, 14.8 fps, outbox 0``, led by each pipeline that
+        is not running and why (``cam no_source: no such device /dev/video9: ...; 3 retries,
+        next in 2 s``) and by one that is stuck."""
         fps = sum(self._recent_fps(p) for p in self.pipelines)
         n = len(self.pipelines)
         text = f"{n} pipeline{'s' if n != 1 else ''}, {fps:.1f} fps"
@@ -425,6 +432,10 @@ class Daemon:
         restarts = sum(self.restarts.values())
         if restarts:
             text += f", {restarts} restart{'s' if restarts != 1 else ''}"
+        unwell = [f"{p.name} {h.describe()}" for p in self.pipelines
+                  if not (h := p.health()).ok and h.state != "done"]
+        if unwell:
+            text = "; ".join(unwell) + "; " + text
         if self.stuck is not None:
             text = f"pipeline {self.stuck} stuck (restart budget spent); " + text
         problem = self.link.problem() if self.link is not None else None

@@ -29,6 +29,7 @@ from .errors import (
 )
 from .frames import DropFrame, Frame, ModelRef, Result, TaskResult
 from .emission import Emission
+from .health import Health
 from .queues import Closed, DropOldestQueue
 from .sources.base import RateLimiter
 from .stats import PipelineStats
@@ -446,6 +447,7 @@ class Pipeline:
             post_ms = (clock() - t0) * 1000
             stats.post.add(post_ms)
             stats.processed += 1
+            stats.recent.add(time.monotonic())
             if task is self.task:
                 self.model_ok += 1
             self._last = (frame, part)
@@ -508,11 +510,31 @@ class Pipeline:
                 stats.last_error = f"sink {type(sink).__name__}: {exc}"
                 sink.failed(exc, self.name)
 
+    def health(self) -> Health:
+        """The pipeline's state (``edgeinfer.health``), what every surface shows: ``failed``
+        with the error; ``no_source`` / ``reconnecting`` while its live source is out (also
+        after the pipeline ended, so the exit summary names why it never ran); ``done``;
+        ``paused``; ``starting`` before ``start()``; else ``running``."""
+        if self.error is not None:
+            return Health("failed", f"{self.error}", self.source.stats.retries)
+        source = self.source.health()
+        if source is not None:
+            return source
+        if self._done.is_set():
+            return Health("done", "", self.source.stats.retries)
+        if not self._started:
+            return Health("starting")
+        if self.paused:
+            return Health("paused", "paused by a command: resume it to go on",
+                          self.source.stats.retries)
+        return Health("running", "", self.source.stats.retries)
+
     def snapshot(self) -> dict[str, Any]:
         """Stats of this pipeline for the stats topic and summaries."""
         from .sharing import SharedModel
 
-        data = self.stats.snapshot()
+        health = self.health()
+        data = self.stats.snapshot(running=health.ok)
         ref, provider = self._made_by
         model = self.model
         data.update(
@@ -527,8 +549,8 @@ class Pipeline:
             # failing sinks make the pipeline unhealthy (the daemon acts on it if it lasts)
             healthy=not any(s.failing_since for s in self.sinks),
             sinks_failing={type(s).__name__: s.last_error for s in self.sinks if s.failing_since},
-            state="failed" if self.error else ("done" if self._done.is_set() else
-                                               "paused" if self.paused else "running"),
+            state=health.state,
+            health=health.to_dict(),
         )
         if self.analytics is not None:
             data["analytics"] = self.analytics.stats()

@@ -47,6 +47,37 @@ class LatencyWindow:
                 "mean": round(float(window.mean()), 3)}
 
 
+class RecentRate:
+    """Events per second over the last ``window_s`` whole seconds: one counter per second in a
+    ring, so counting an event is an index and an add (the per-frame path) and the rate is
+    summed only when asked. A stream that stopped (paused, camera lost) reads 0 within
+    ``window_s``, where an average since start would go on showing its old speed."""
+
+    __slots__ = ("_counts", "_secs")
+
+    def __init__(self, window_s: int = 5) -> None:
+        self._counts = [0] * (window_s + 1)  # one more: the second in progress is not summed
+        self._secs = [-1] * (window_s + 1)
+
+    def add(self, now: float) -> None:
+        sec = int(now)
+        i = sec % len(self._counts)
+        if self._secs[i] != sec:
+            self._secs[i] = sec
+            self._counts[i] = 0
+        self._counts[i] += 1
+
+    def rate(self, now: float, since: float) -> float | None:
+        """Per second over the whole seconds before ``now`` (and after ``since``, the start);
+        ``None`` before one whole second has passed."""
+        sec = int(now)
+        span = min(len(self._counts) - 1, sec - int(since))
+        if span <= 0:
+            return None
+        total = sum(c for s, c in zip(self._secs, self._counts) if sec - span <= s < sec)
+        return total / span
+
+
 @dataclass(slots=True)
 class PipelineStats:
     """What one pipeline did. Stage threads write their own fields; readers take snapshots."""
@@ -67,6 +98,7 @@ class PipelineStats:
     wait: LatencyWindow = field(default_factory=LatencyWindow)  # for a model other pipelines share
     post: LatencyWindow = field(default_factory=LatencyWindow)
     latency: LatencyWindow = field(default_factory=LatencyWindow)  # capture -> emitted
+    recent: RecentRate = field(default_factory=RecentRate)  # processed frames, per second
     started: float = 0.0
     stopped: float = 0.0
     _fps_mark: tuple[float, int] = (0.0, 0)
@@ -89,7 +121,18 @@ class PipelineStats:
         end = self.stopped or time.monotonic()
         return self.processed / (end - self.started) if end > self.started else 0.0
 
-    def snapshot(self) -> dict[str, Any]:
+    def recent_fps(self) -> float:
+        """Frames processed per second over the last few seconds (the whole run's average once
+        stopped, or in its first second)."""
+        if self.stopped or not self.started:
+            return self.overall_fps()
+        now = time.monotonic()
+        rate = self.recent.rate(now, self.started)
+        return self.overall_fps() if rate is None else rate
+
+    def snapshot(self, running: bool = True) -> dict[str, Any]:
+        """The counters; ``fps`` is the recent rate (0 unless ``running``: a paused pipeline
+        or one without its source makes no frames), ``fps_overall`` the run's average."""
         return {
             "frames_in": self.frames_in,
             "processed": self.processed,
@@ -101,7 +144,8 @@ class PipelineStats:
             "events": self.events,
             "worker_restarts": self.worker_restarts,
             "last_error": self.last_error,
-            "fps": round(self.overall_fps(), 2),
+            "fps": round(self.recent_fps(), 2) if running or self.stopped else 0.0,
+            "fps_overall": round(self.overall_fps(), 2),
             "latency_ms": {"pre": self.pre.summary(), "infer": self.infer.summary(),
                            "wait": self.wait.summary(), "post": self.post.summary(),
                            "end_to_end": self.latency.summary()},

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+import numpy as np
 
 from .config._types import Fps
 from .errors import ConfigError
@@ -88,24 +89,30 @@ def _validated(struct: Any, changes: dict[str, Any]) -> Any:
 def annotate(frame: Frame, part: TaskResult, quality: int = 85, geometry: Any = ()) -> bytes:
     """JPEG of ``frame`` with ``part``'s boxes and labels drawn (the frame itself untouched);
     on a tracked pipeline with track ids, and the zones and lines of ``geometry``."""
-    import cv2
+    from .analytics.draw import draw_scene, encode_jpeg
 
     image = frame.data.copy()
     if geometry or any(d.track_id is not None for d in part.detections or ()):
-        from .analytics.draw import draw_scene, encode_jpeg
-
         draw_scene(image, part.detections or (), geometry)
         return encode_jpeg(image, quality)
+    import cv2
+
     for d in part.detections or ():
         x1, y1, x2, y2 = (int(round(v)) for v in d.box)
         cv2.rectangle(image, (x1, y1), (x2, y2), (0, 255, 0), 2)
-        cv2.putText(image, f"{d.label} {d.score:.2f}", (x1, max(12, y1 - 4)),
-                    cv2.FONT_HERSHEY_SIMPLEX, 0.5, (0, 255, 0), 1, cv2.LINE_AA)
+        _plated(image, f"{d.label} {d.score:.2f}", (x1, max(16, y1 - 4)), 0.5)
     if part.top:
         c = part.top[0]
-        cv2.putText(image, f"{c.label} {c.score:.2f}", (8, 20), cv2.FONT_HERSHEY_SIMPLEX, 0.6,
-                    (0, 255, 0), 1, cv2.LINE_AA)
-    ok, buf = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, int(quality)])
-    if not ok:
-        raise ConfigError("could not encode the snapshot as JPEG")
-    return buf.tobytes()
+        _plated(image, f"{c.label} {c.score:.2f}", (8, 20), 0.6)
+    return encode_jpeg(image, quality)
+
+
+def _plated(image: np.ndarray, text: str, at: tuple[int, int], size: float) -> None:
+    # Green text on a black plate: bare green text vanished on a bright or green scene.
+    import cv2
+
+    (tw, th), base = cv2.getTextSize(text, cv2.FONT_HERSHEY_SIMPLEX, size, 1)
+    x, y = at
+    cv2.rectangle(image, (x - 2, y - th - 3), (x + tw + 2, y + base), (0, 0, 0), cv2.FILLED)
+    cv2.putText(image, text, (x, y), cv2.FONT_HERSHEY_SIMPLEX, size, (0, 255, 0), 1,
+                cv2.LINE_AA)

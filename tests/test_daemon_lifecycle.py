@@ -201,16 +201,24 @@ def test_a_hung_camera_is_restarted_then_the_watchdog_pings_stop(
     assert "pipeline cam is stuck" in stderr and "restarts 2" in stderr
 
 
+@pytest.mark.parametrize("kind", ["stream", "device"])
 def test_a_missing_camera_does_not_fail_the_service(
-        manager: Manager, blazeface_path: Path, tmp_path: Path) -> None:
-    """An unplugged camera (nothing listens at its URL) is retried with backoff; the watchdog
-    keeps pinging and nothing is restarted: restarting the service would not bring it back."""
+        kind: str, manager: Manager, blazeface_path: Path, tmp_path: Path) -> None:
+    """An unplugged camera (nothing listens at its URL; no such V4L2 node) is retried with
+    backoff; the watchdog keeps pinging and nothing is restarted: restarting the service would
+    not bring it back. It is visible: ``STATUS=`` names the pipeline's state and the reason in
+    words, every retry is counted in the exit summary, and FFmpeg's and OpenCV's own lines stay
+    out of the log."""
     from edgeinfer.testing.mosquitto import free_port
 
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}/stream" if kind == "stream" else "/dev/video97"
+    why = (f"connection refused by 127.0.0.1:{port}: is the camera" if kind == "stream" else
+           "no such device /dev/video97: is the camera plugged in? `ls /dev/video*`")
     cfg = tmp_path / "missing.yaml"
     cfg.write_text(json.dumps({"pipelines": [{
         "name": "cam",
-        "source": {"type": "camera", "uri": f"http://127.0.0.1:{free_port()}/stream",
+        "source": {"type": "camera", "uri": uri,
                    "open_timeout_s": 1, "reconnect": {"initial_s": 0.2, "max_s": 0.5}},
         "model": {"path": str(blazeface_path), "threads": 1},
         "task": {"type": "detect", "decoder": "blazeface"},
@@ -222,9 +230,19 @@ def test_a_missing_camera_does_not_fail_the_service(
         since = len(manager.messages)
         manager.wait_count("WATCHDOG", 4, since)
         assert not any("stuck" in m.get("STATUS", "") for _, m in manager.messages)
+        assert f"cam no_source: {why}" in manager.messages[0][1]["STATUS"]  # the READY one
+        manager.wait(lambda m: "retries, next in" in m.get("STATUS", ""))
         assert proc.poll() is None
     finally:
         code = stop(proc)
     stderr = (tmp_path / "stderr").read_text()
     assert code == 0, stderr
-    assert "restarting it" not in stderr and "cannot open" in stderr
+    assert "restarting it" not in stderr
+    assert f"camera {uri}: {why}" in stderr  # the log, in words
+    assert "pipeline cam started" in stderr and "but is no_source" in stderr
+    # FFmpeg's and OpenCV's own lines ("[tcp @ 0x55...] Connection to tcp://...", "[ WARN:0@")
+    # go to the debug log only
+    assert not [ln for ln in stderr.splitlines() if ln.startswith("[")], stderr
+    summary = stderr.strip().splitlines()[-1]
+    retries = int(summary.partition("retries ")[2].split()[0])
+    assert retries >= 2 and f"(no_source: {why}" in summary, summary

@@ -75,7 +75,8 @@ class FakePipeline:
                 "dropped": {"queue": 3, "task": 1, "paused": 0}, "errors": 2, "fps": 14.5,
                 "latency_ms": {"pre": lat, "infer": lat, "post": lat, "end_to_end": lat},
                 "model": {"name": "det", "version": None, "sha256": "ab" * 32},
-                "provider": "cpu", "source": {"reconnects": 4}}
+                "provider": "cpu", "source": {"reconnects": 4, "retries": 9},
+                "state": "no_source"}
 
 
 def test_collector_reads_snapshots_only_when_scraped() -> None:
@@ -95,6 +96,9 @@ def test_collector_reads_snapshots_only_when_scraped() -> None:
     assert value(text, 'edgeinfer_latency_ms{pipeline="cam",quantile="0.99",'
                        'stage="infer"}') == 9.0
     assert value(text, 'edgeinfer_source_reconnects_total{pipeline="cam"}') == 4
+    assert value(text, 'edgeinfer_source_retries_total{pipeline="cam"}') == 9
+    assert value(text, 'edgeinfer_pipeline_state{pipeline="cam",state="no_source"}') == 1
+    assert value(text, 'edgeinfer_pipeline_state{pipeline="cam",state="running"}') == 0
     assert value(text, f'edgeinfer_model_info{{name="det",pipeline="cam",provider="cpu",'
                        f'sha256="{"ab" * 32}",version=""}}') == 1
     assert value(text, 'edgeinfer_pipeline_restarts_total{pipeline="cam"}') == 1

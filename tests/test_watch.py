@@ -108,6 +108,16 @@ def test_describe_status_stats_and_noise() -> None:
     kind, line = describe("edgeinfer/cam1/stats", json.dumps(stats).encode(), "edgeinfer")
     assert (kind, line) == ("stats", "cam1 stats faces 29.5 fps e2e p50 3.1 p99 7.0 ms  "
                                      "outbox 0 waiting  reconnects=2")
+    # a camera that cannot be read shows in both
+    birth = json.dumps({"state": "online", "pipelines": ["faces", "door"], "health": {
+        "faces": {"state": "running", "reason": ""},
+        "door": {"state": "no_source", "reason": "no such device /dev/video9"}}})
+    assert describe("edgeinfer/cam1/status", birth.encode(), "edgeinfer")[1] == (
+        "cam1 status online  pipelines: faces, door  "
+        "not running: door=no_source (no such device /dev/video9)")
+    stats = {"pipelines": {"door": {"fps": 0.0, "state": "no_source"}}}
+    assert describe("edgeinfer/cam1/stats", json.dumps(stats).encode(), "edgeinfer")[1] == \
+        "cam1 stats door 0.0 fps no_source"
     kind, line = describe("edgeinfer/cam1/faces/result", b"{not json", "edgeinfer")
     assert kind == "result" and line.startswith("cam1 edgeinfer/cam1/faces/result: ")
     kind, line = describe("edgeinfer/cam1/faces/result", b'{"seq": 1}', "edgeinfer")

@@ -42,7 +42,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
         sys.stdout.write(msgspec.json.format(msgspec.json.encode(data)).decode() + "\n")
     if problems:
         fatal = any(p.fatal for p in problems)
-        head = ("cannot start here" if fatal else "some pipelines cannot start here")
+        waits = all(p.waits for p in problems)  # only devices not plugged in here
+        head = ("cannot start here" if fatal else "some devices it reads are missing here"
+                if waits else "some pipelines cannot start here")
         label = "error" if args.strict else "warning"
         print(f"{args.config}: valid, but {head}:", file=sys.stderr)
         for p in problems:
@@ -50,7 +52,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
         if args.strict:
             return 78
         if not args.json:
-            print(f"{args.config}: valid (not startable here; `--strict` fails on this)")
+            print(f"{args.config}: valid (" + ("devices missing here" if waits else
+                                                "not startable here")
+                  + "; `--strict` fails on this)")
         return 0
     if not args.json:
         names = ", ".join(p.name for p in config.pipelines) or "none"

@@ -211,9 +211,10 @@ def _print_summary(daemon: object) -> None:
             f"{s['fps']:.1f} fps, infer p50 {lat['infer']['p50']:.1f} ms, "
             f"dropped {s['dropped']['queue']}, errors {s['errors']}, "
             f"sink errors {s.get('sink_errors', 0)}, "
-            f"source corrupt {s['source']['corrupt']}, reconnects {s['source']['reconnects']}"
+            f"source corrupt {s['source']['corrupt']}, reconnects {s['source']['reconnects']}, "
+            f"retries {s['source'].get('retries', 0)}"
             + (f", restarts {s['restarts']}" if s.get("restarts") else "")
-            + (f" ({s['state']}: {s['last_error']})" if s["state"] == "failed" else ""),
+            + _state_note(s),
             file=sys.stderr,
         )
     for name, reason in getattr(daemon, "failed", {}).items():
@@ -221,6 +222,18 @@ def _print_summary(daemon: object) -> None:
     link = getattr(daemon, "link", None)
     if link is not None and link.plumbing is not None:
         print(outbox_line(link.plumbing.summary()), file=sys.stderr)
+
+
+def _state_note(s: dict[str, Any]) -> str:
+    """`` (no_source: no such device /dev/video9: ...)`` for a pipeline that ended without
+    doing its job; nothing for one that ran (or read its file) to the end."""
+    health = s.get("health") or {}
+    state = health.get("state", s["state"])
+    if state == "failed":
+        return f" ({state}: {health.get('reason') or s['last_error']})"
+    if state in ("no_source", "reconnecting"):
+        return f" ({state}: {health.get('reason', '')})"
+    return ""
 
 
 def outbox_line(o: dict[str, Any]) -> str:

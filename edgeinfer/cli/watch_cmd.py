@@ -209,6 +209,13 @@ def _status_line(data: dict[str, Any]) -> str:
                 f"{k}={v.get('name', '?') if isinstance(v, dict) else v}" for k, v in value.items()))
         elif value and isinstance(value, (str, int, float)):
             parts.append(f"{key}: {value}")
+    health = data.get("health")
+    if isinstance(health, dict):  # a pipeline whose camera cannot be read, paused, failed
+        unwell = [f"{name}={h.get('state')}" + (f" ({h['reason']})" if h.get("reason") else "")
+                  for name, h in health.items()
+                  if isinstance(h, dict) and h.get("state") not in ("running", None)]
+        if unwell:
+            parts.append("not running: " + ", ".join(unwell))
     return "  ".join(parts)
 
 
@@ -248,6 +255,8 @@ def _stats_line(data: dict[str, Any], budget: int = _MAX_LINE) -> str:
 
 def _pipeline_stats(p: dict[str, Any]) -> str:
     text = f"{p.get('pipeline', p.get('name', '?'))} {_num(p.get('fps', 0))} fps"
+    if p.get("state") not in (None, "running"):
+        text += f" {p['state']}"
     given = p.get("latency_ms")
     lat: dict[str, Any] = given if isinstance(given, dict) else {}
     infer, e2e = lat.get("infer"), lat.get("end_to_end")

@@ -2,14 +2,18 @@
 
 A config that parses and validates may still not start on this machine: a model file that is
 missing or a directory, an OTA public key file that does not exist, a TLS file that is gone, no
-pipelines at all. ``edgeinfer validate-config`` reports these (``--strict`` fails on them) and
-``edgeinfer run`` refuses with the same messages before it opens anything.
+pipelines at all, a video (images, audio) file that is not there; a camera or serial device
+that does not exist is reported too (the pipeline starts and waits for it).
+``edgeinfer validate-config`` reports these (``--strict`` fails on them) and ``edgeinfer run``
+refuses those that keep it from starting, with the same messages, before it opens anything.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+
+import msgspec
 
 from ..errors import ConfigError, ModelError
 from ..keys import load_trusted_keys
@@ -27,11 +31,14 @@ class StartProblem:
         message: What is wrong, naming the file.
         fatal: ``edgeinfer run`` refuses the whole config; False for a pipeline that would be
             skipped while others start.
+        waits: The pipeline starts anyway and waits for it (a camera or serial device that is
+            not plugged in).
     """
 
     where: str
     message: str
     fatal: bool = True
+    waits: bool = False
 
     def __str__(self) -> str:
         return f"{self.where}: {self.message}"
@@ -59,7 +66,45 @@ def start_problems(config: Config) -> list[StartProblem]:
         fatal = config.ota is None and (pc.required or all_bad)
         problems.append(StartProblem(f"$.pipelines[{i}].model.path",
                                      f"pipeline {pc.name!r}: {msg}", fatal=fatal))
+    for i, pc in enumerate(config.pipelines):
+        found = _source_problem(pc.source)
+        if found is not None:
+            key, msg, file_missing = found
+            # A missing file stops the pipeline from starting (a required one stops the
+            # daemon); a missing device does not: the source retries until it appears.
+            problems.append(StartProblem(f"$.pipelines[{i}].source.{key}",
+                                         f"pipeline {pc.name!r}: {msg}",
+                                         fatal=file_missing and pc.required,
+                                         waits=not file_missing))
     return problems
+
+
+def _source_problem(source: msgspec.Struct) -> tuple[str, str, bool] | None:
+    """(config key, message, whether it is a file the source needs at start) for a source
+    file or device that does not exist here; ``None`` when there is none to check."""
+    tag = type(source).__struct_config__.tag
+    if tag == "camera" and getattr(source, "backend", "") != "gstreamer":
+        uri = getattr(source, "uri", "")
+        node = f"/dev/video{int(uri)}" if isinstance(uri, int) or uri.isdigit() else uri
+        if node.startswith("/dev/") and not Path(node).exists():
+            return "uri", (f"no such device {node}: is the camera plugged in? `ls /dev/video*` "
+                           "(the pipeline starts without it and retries until it appears)"), False
+    elif tag == "serial":
+        port = str(getattr(source, "port", ""))
+        if not Path(port).exists():
+            return "port", (f"no such device {port}: is the sensor plugged in? "
+                            "`ls /dev/tty*` (the pipeline retries until it appears)"), False
+    elif tag in ("video", "audio"):
+        key = "uri" if tag == "video" else "path"
+        path = getattr(source, key, None)
+        if path is not None and not Path(path).is_file():
+            what = "not a file" if Path(path).exists() else f"no such {tag} file"
+            return key, f"{what}: {path}", True
+    elif tag == "images":
+        uri = str(getattr(source, "uri", ""))
+        if not any(c in uri for c in "*?[") and not Path(uri).exists():
+            return "uri", f"no such folder or image file: {uri}", True
+    return None
 
 
 def _model_problem(config: Config, index: int) -> str | None:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from .. import __version__
 from ..errors import ConfigError
 from .commands import CommandServer
-from .status import backend_of, device_birth, device_stats
+from .status import backend_of, device_birth, device_stats, pipeline_health
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -127,14 +127,18 @@ class MqttLink:
                 self.publish_discovery()
 
     def _current_shape(self) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...],
-                                      tuple[str, ...], tuple[tuple[str, str], ...]]:
+                                      tuple[str, ...], tuple[tuple[str, str], ...],
+                                      tuple[tuple[str, str, str], ...]]:
         """(configured pipelines with their task, running ones, failed ones, the backend each
-        runs on: a measured backend swapped in shows on the status topic)."""
+        runs on: a measured backend swapped in shows on the status topic, and each one's state
+        and reason: a camera lost or back shows there, and in Home Assistant's availability)."""
         return (tuple(sorted(self._configured().items())),
                 tuple(sorted(p.name for p in self.daemon.pipelines)),
                 tuple(sorted(self.daemon.failed)),
                 tuple(sorted((p.name, backend_of(p.model)["choice"])
-                             for p in self.daemon.pipelines if not p.model.closed)))
+                             for p in self.daemon.pipelines if not p.model.closed)),
+                tuple(sorted((name, h["state"], h["reason"])
+                             for name, h in pipeline_health(self.daemon).items())))
 
     def _configured(self) -> dict[str, str]:
         """Configured pipeline -> task type: discovery covers a pipeline that failed to start

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from .._metrics_http import MetricsEndpoint, prometheus_client
+from ..health import STATES
 
 if TYPE_CHECKING:
     from ..config import MetricsConfig
@@ -73,6 +74,13 @@ class DaemonCollector:
                                     "The backend running a pipeline's model (always 1); "
                                     "selecting=1 while measuring candidates.",
                                     labels=["pipeline", "backend", "selecting"])
+        retries = CounterMetricFamily("edgeinfer_source_retries",
+                                      "Attempts to reopen a pipeline's source after a failure.",
+                                      labels=["pipeline"])
+        state = GaugeMetricFamily("edgeinfer_pipeline_state",
+                                  "1 for the pipeline's current state, 0 for the others "
+                                  "(only running is healthy; see edgeinfer.health).",
+                                  labels=["pipeline", "state"])
         restarts = CounterMetricFamily("edgeinfer_pipeline_restarts",
                                        "Internal restarts of a stuck pipeline.",
                                        labels=["pipeline"])
@@ -97,6 +105,9 @@ class DaemonCollector:
                 for key, quantile in _QUANTILES:
                     latency.add_metric([name, stage, quantile], window.get(key, 0.0))
             reconnects.add_metric([name], (s.get("source") or {}).get("reconnects", 0))
+            retries.add_metric([name], (s.get("source") or {}).get("retries", 0))
+            for known in STATES:
+                state.add_metric([name, known], 1 if s.get("state") == known else 0)
             m = s.get("model") or {}
             model.add_metric([name, str(m.get("name") or ""), str(m.get("version") or ""),
                               str(m.get("sha256") or ""), str(s.get("provider") or "")], 1)
@@ -107,8 +118,8 @@ class DaemonCollector:
             restarts.add_metric([name], restart_counts.pop(name, 0))
         for name, count in restart_counts.items():  # restarted, and not running now
             restarts.add_metric([name], count)
-        yield from (processed, emitted, dropped, errors, fps, latency, reconnects, model, backend,
-                    restarts)
+        yield from (processed, emitted, dropped, errors, fps, latency, reconnects, retries,
+                    state, model, backend, restarts)
         yield from self._outbox()
 
     def _outbox(self) -> Iterator[Any]:

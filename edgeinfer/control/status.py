@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 from .. import __version__
 
-__all__ = ["Device", "backend_of", "device_birth", "device_stats"]
+__all__ = ["Device", "backend_of", "device_birth", "device_stats", "pipeline_health"]
 
 
 class Device(Protocol):
@@ -22,7 +22,8 @@ class Device(Protocol):
 
 
 def device_birth(daemon: Device, device_id: str) -> dict[str, Any]:
-    """State, version, pipelines with their models, providers and backends, failures, groups."""
+    """State, version, pipelines with their models, providers and backends, failures, each
+    pipeline's state (``health``), groups."""
     pipes = daemon.pipelines
     config = daemon.config
     return {
@@ -33,8 +34,20 @@ def device_birth(daemon: Device, device_id: str) -> dict[str, Any]:
         "providers": {p.name: p.model.provider for p in pipes if not p.model.closed},
         "backends": {p.name: backend_of(p.model) for p in pipes if not p.model.closed},
         "failed": dict(daemon.failed),
+        "health": pipeline_health(daemon),
         "groups": list(config.ota.groups) if config.ota is not None else [],
     }
+
+
+def pipeline_health(daemon: Device) -> dict[str, dict[str, str]]:
+    """Each pipeline's state and reason (``edgeinfer.health``), a pipeline that failed to start
+    as ``failed``: what Home Assistant's availability reads from the retained status. Retries
+    and the next retry change every few seconds and are on the stats topic only."""
+    states = {name: {"state": "failed", "reason": reason} for name, reason in daemon.failed.items()}
+    for p in daemon.pipelines:
+        health = p.health()
+        states[p.name] = {"state": health.state, "reason": health.reason}
+    return states
 
 
 def device_stats(daemon: Device, device_id: str, started: float) -> dict[str, Any]:

@@ -4,8 +4,10 @@ For each pipeline: a binary sensor (something detected / speech), a count and a 
 sensor (detection and classification), and fps and latency sensors from the stats topic; per
 zone an occupancy sensor and per line an ``in`` and an ``out`` counter (``total_increasing``)
 from the retained counts topic.
-Availability follows the status topic (``online`` / ``offline`` from the last will /
-``stopped``). The link publishes them after every connect, again whenever Home Assistant
+Availability follows the status topic: an entity is available while the device is ``online``
+(not ``offline`` from the last will, nor ``stopped``) and its pipeline's state there
+(``health``) is ``running``; a camera that cannot be read makes its pipeline's entities
+unavailable. The link publishes them after every connect, again whenever Home Assistant
 announces ``<ha>/status`` = ``online``, and after a reload; a config of this device that is
 not (or no longer) part of the set is cleared with an empty retained message.
 
@@ -46,15 +48,12 @@ def discovery_messages(topics: Any, device_id: str, pipelines: dict[str, str], h
     device = {"identifiers": [node], "name": f"edgeinfer {device_id}",
               "manufacturer": "edgeinfer", "model": "edge inference daemon",
               "sw_version": version}
-    availability = [{"topic": topics.status,
-                     "value_template": "{{ 'online' if value_json.state == 'online' "
-                                       "else 'offline' }}"}]
     out: list[tuple[str, bytes]] = []
 
     def add(component: str, name: str, what: str, config: dict[str, Any]) -> None:
         object_id = f"{name}_{what}"
         config.update(unique_id=f"{node}:{object_id}", object_id=f"{node}_{object_id}",
-                      device=device, availability=availability)
+                      device=device, availability=_availability(topics.status, name))
         out.append((f"{ha_prefix}/{component}/{node}/{object_id}/config",
                     json.dumps(config).encode()))
 
@@ -100,6 +99,17 @@ def discovery_messages(topics: Any, device_id: str, pipelines: dict[str, str], h
             "unit_of_measurement": "ms", "state_class": "measurement",
             "value_template": _stat(name, "latency_ms.infer.p50")})
     return out
+
+
+def _availability(status_topic: str, pipeline: str) -> list[dict[str, str]]:
+    # Online while the device is and the pipeline's state (the retained status's "health",
+    # edgeinfer.health) is running: a camera that cannot be read, a paused or failed pipeline
+    # makes its entities unavailable instead of showing stale values.
+    health = f"value_json.health['{pipeline}']"
+    return [{"topic": status_topic,
+             "value_template": f"{{{{ 'online' if value_json.state == 'online' and "
+                               f"value_json.health is defined and {health} is defined and "
+                               f"{health}.state == 'running' else 'offline' }}}}"}]
 
 
 def _word(name: str) -> str:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Self
 
 from ..config.pipeline import ReconnectConfig
+from ..health import Health
 
 
 @dataclass(slots=True)
@@ -29,12 +30,13 @@ class SourceStats:
     skipped: int = 0  # frames read but not yielded (over max_fps)
     corrupt: int = 0  # frames or lines that could not be decoded/parsed, skipped
     reconnects: int = 0  # times a live source reopened its device or stream
+    retries: int = 0  # attempts to reopen it (each one after a failure, successful or not)
     errors: int = 0  # failures to open or read, including those that led to a reconnect
     last_error: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {"frames": self.frames, "skipped": self.skipped, "corrupt": self.corrupt,
-                "reconnects": self.reconnects, "errors": self.errors,
+                "reconnects": self.reconnects, "retries": self.retries, "errors": self.errors,
                 "last_error": self.last_error}
 
 
@@ -70,6 +72,11 @@ class Source(ABC):
         pipeline is waiting for hardware (reported on stats), not stuck, so the watchdog leaves
         it alone. Sources that can tell override this."""
         return False
+
+    def health(self) -> Health | None:
+        """The source's part of its pipeline's state: ``None`` while it works (or cannot
+        tell), ``no_source`` / ``reconnecting`` with the reason while a live device is out."""
+        return None
 
     def stop(self) -> None:
         """Make iteration end soon; safe from any thread."""
@@ -109,36 +116,61 @@ class Source(ABC):
 
 
 class Outage:
-    """A live device's failures in a row: counted on the source's stats, logged once per outage
-    (a warning when it starts, debug after, info when the device is back), cleared by the first
-    good frame, and a ``SourceError`` naming the device once ``max_attempts`` are spent."""
+    """A live device's failures: counted on the source's stats, logged in words (a warning when
+    an outage starts or its reason changes, again every ``REMIND_S`` while it lasts, debug in
+    between, info when the device is back), cleared by the first good frame, and a
+    ``SourceError`` naming the device once ``max_attempts`` failures in a row are spent.
 
-    __slots__ = ("_name", "_stats", "_logger", "failures", "reason", "since")
+    Its ``health()`` is the source's part of the pipeline's state (``edgeinfer.health``):
+    ``no_source`` while the device never opened, ``reconnecting`` when it was lost after."""
+
+    __slots__ = ("_name", "_stats", "_logger", "_warned", "failures", "opened", "reason",
+                 "since")
+
+    REMIND_S = 60.0  # how often a lasting outage is logged again at warning level
 
     def __init__(self, name: str, stats: SourceStats, log: logging.Logger) -> None:
         self._name, self._stats, self._logger = name, stats, log
         self.failures = 0
         self.reason = ""
         self.since: float | None = None  # when the outage began; None while the device works
+        self.opened = False  # the device opened at least once (reconnecting, not no_source)
+        self._warned: tuple[float, str] = (0.0, "")  # when and what was last warned
 
     @property
     def down(self) -> bool:
         return self.since is not None
 
     def fail(self, reason: str) -> None:
+        """Count a failure; ``reason`` in words, with the fix."""
+        now = time.monotonic()
         self.failures += 1
         self.reason = reason
         self._stats.errors += 1
         self._stats.last_error = f"{self._name}: {reason}"
         if self.since is None:
-            self.since = time.monotonic()
-            self._logger.warning("camera %s: %s; retrying with backoff", self._name, reason)
+            self.since = now
+        when, said = self._warned
+        if said != reason or now - when >= self.REMIND_S:
+            self._warned = (now, reason)
+            if said == reason:
+                self._logger.warning("camera %s: still %s (%d retries in %.0f s); retrying "
+                                     "with backoff", self._name, reason, self._stats.retries,
+                                     now - self.since)
+            else:
+                self._logger.warning("camera %s: %s; retrying with backoff", self._name,
+                                     reason)
         elif self._logger.isEnabledFor(logging.DEBUG):
             self._logger.debug("camera %s: %s (failure %d in a row)", self._name, reason,
                                self.failures)
 
+    def retry(self) -> None:
+        """An attempt to reopen the device begins (counted on stats: ``retries``)."""
+        self._stats.retries += 1
+
     def reopened(self) -> None:
-        """The device opened again after failing (not yet a good frame)."""
+        """The device opened (again, after failing: not yet a good frame)."""
+        self.opened = True
         if self.since is not None:
             self._stats.reconnects += 1
             self._logger.info("camera %s: reopened after %d failures (%.1f s down)", self._name,
@@ -146,10 +178,18 @@ class Outage:
 
     def recovered(self, backoff: Backoff) -> None:
         """A good frame arrived: the outage is over."""
-        if self.failures:
+        if self.failures or self.since is not None:
             self.failures = 0
             self.since = None
+            self._warned = (0.0, "")
             backoff.reset()
+
+    def health(self, next_retry_at: float | None = None) -> Health | None:
+        """``no_source`` / ``reconnecting`` with the reason during an outage, else ``None``."""
+        if self.since is None:
+            return None
+        return Health("reconnecting" if self.opened else "no_source", self.reason,
+                      self._stats.retries, next_retry_at)
 
     def check(self, max_attempts: int | None) -> None:
         """Raise once ``max_attempts`` failures in a row are reached."""
@@ -167,6 +207,7 @@ class Backoff:
         self._config = config
         self._stop = stop
         self.attempts = 0
+        self.next_at: float | None = None  # Unix time of the attempt being waited for
 
     def reset(self) -> None:
         self.attempts = 0
@@ -184,7 +225,11 @@ class Backoff:
             return False
         delay = self.next_delay()
         self.attempts += 1
-        return not self._stop.wait(delay)
+        self.next_at = time.time() + delay
+        try:
+            return not self._stop.wait(delay)
+        finally:
+            self.next_at = None
 
 
 class RateLimiter:

@@ -11,6 +11,7 @@ hanging a read forever.
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -23,14 +24,23 @@ import numpy as np
 from ..config.pipeline import CameraSource as CameraConfig
 from ..errors import SourceError
 from ..frames import Frame
+from ..health import Health
 from .._opencv import quiet_opencv
+from .._stderr import native_logs_to_debug
 from .base import Backoff, Outage, RateLimiter, Source
+from .reasons import device_path, device_reason, stream_reason
 
 quiet_opencv()
 
 __all__ = ["CameraSource", "gstreamer_available", "redact"]
 
 logger = logging.getLogger(__name__)
+
+# FFmpeg's own lines (``[tcp @ 0x55d0...] Connection to tcp://... failed: Connection refused``)
+# and OpenCV's (``[ WARN:0@0.04] global cap.cpp:212 ...``), printed while a capture opens: they go
+# to the debug log, and the reason for a failure is read out of them (sources/reasons.py).
+NATIVE_CAPTURE_LINE = re.compile(rb"^(?:\[[\w:./ -]+ @ 0x[0-9a-fA-F]+\] |\[ ?(?:WARN|ERROR|INFO)"
+                                 rb"(?::\d+@[\d.]+)?\])")
 
 
 @cache
@@ -70,6 +80,7 @@ class CameraSource(Source):
         super().__init__(config)
         self._cap: cv2.VideoCapture | None = None
         self._outage = Outage(self.name, self.stats, logger)
+        self._backoff = Backoff(self.config.reconnect, self._stop)
 
     @property
     def name(self) -> str:
@@ -81,6 +92,9 @@ class CameraSource(Source):
     @property
     def waiting(self) -> bool:
         return self._cannot_open and not self.stopped
+
+    def health(self) -> Health | None:
+        return self._outage.health(self._backoff.next_at)
 
     def _open_failed(self, started: float) -> None:
         # Refused at once (no device node, nothing listening): the camera is absent and we wait
@@ -118,11 +132,14 @@ class CameraSource(Source):
         return uri, cv2.CAP_ANY, []
 
     def _connect(self) -> bool:
-        """Open the capture once; on failure count it, log it (once per outage), return False."""
+        """Open the capture once; on failure count it with the reason in words, log it (rate
+        limited: see `Outage`), return False. FFmpeg's and OpenCV's lines go to the debug log."""
         uri, api, params = self._target()
         started = time.monotonic()
+        lines: list[str] = []
         try:
-            cap = cv2.VideoCapture(uri, api, params)
+            with native_logs_to_debug(NATIVE_CAPTURE_LINE, lines):
+                cap = cv2.VideoCapture(uri, api, params)
         except cv2.error as exc:
             self._open_failed(started)
             self._fail(f"cannot open: {exc}")
@@ -130,7 +147,7 @@ class CameraSource(Source):
         if not cap.isOpened():
             cap.release()
             self._open_failed(started)
-            self._fail("cannot open")
+            self._fail(self._why_not_opened(lines, time.monotonic() - started))
             return False
         self._cannot_open = False
         if api == cv2.CAP_V4L2:
@@ -143,6 +160,28 @@ class CameraSource(Source):
         self._cap = cap
         self._outage.reopened()
         return True
+
+    def _why_not_opened(self, lines: list[str], took_s: float) -> str:
+        """The reason in words, with the fix (see sources/reasons.py)."""
+        uri = self.config.uri
+        said = f" ({lines[-1]})" if lines else ""
+        if self.config.backend == "gstreamer":
+            return f"cannot open the GStreamer pipeline{said}: try it with `gst-launch-1.0`"
+        path = device_path(uri)
+        if path is not None:
+            return device_reason(path)
+        if isinstance(uri, str) and "://" in uri:
+            return stream_reason(self.name, lines,
+                                 timed_out=took_s >= 0.9 * self.config.open_timeout_s)
+        return f"cannot open {uri}{said}: no such device, file or stream (check the uri)"
+
+    def _lost(self) -> str:
+        """Why a read failed, in words: the device or the stream went away mid-stream."""
+        uri = self.config.uri
+        if self.config.backend != "gstreamer" and device_path(uri) is not None:
+            return (f"read failed: {device_path(uri)} stopped giving frames (unplugged, or its "
+                    "USB link reset?)")
+        return "read failed: the stream stopped (camera rebooting, or the network down?)"
 
     def _apply_mode(self, cap: cv2.VideoCapture) -> None:
         """Ask the V4L2 device for the configured mode and log what it actually gave."""
@@ -173,7 +212,7 @@ class CameraSource(Source):
     # --- reading -------------------------------------------------------------------------
 
     def _frames(self) -> Iterator[Frame]:
-        backoff = Backoff(self.config.reconnect, self._stop)
+        backoff = self._backoff
         limiter = RateLimiter(self.config.max_fps)
         max_attempts = self.config.reconnect.max_attempts
         stats = self.stats
@@ -182,7 +221,10 @@ class CameraSource(Source):
             cap = self._cap
             if cap is None:
                 self._outage.check(max_attempts)
-                if not backoff.wait() or not self._connect():
+                if not backoff.wait():
+                    continue
+                self._outage.retry()
+                if not self._connect():
                     continue
                 cap = self._cap
                 assert cap is not None
@@ -191,7 +233,7 @@ class CameraSource(Source):
                 if self._stop.is_set():
                     return
                 self._release()
-                self._fail("read failed (device or stream lost)")
+                self._fail(self._lost())
                 continue
             ts = time.monotonic()
             index += 1

@@ -22,6 +22,7 @@ import numpy as np
 from ..config.pipeline import Picamera2Source as Picamera2Config
 from ..errors import SourceError
 from ..frames import Frame
+from ..health import Health
 from .base import Backoff, Outage, RateLimiter, Source
 
 __all__ = ["INSTALL_HINT", "Picamera2Source"]
@@ -54,10 +55,14 @@ class Picamera2Source(Source):
         self._module: Any = None
         self._cam: Any = None
         self._outage = Outage(self.name, self.stats, logger)
+        self._backoff = Backoff(self.config.reconnect, self._stop)
 
     @property
     def name(self) -> str:
         return f"picamera2:{self.config.camera}"
+
+    def health(self) -> Health | None:
+        return self._outage.health(self._backoff.next_at)
 
     def _open(self) -> None:
         try:
@@ -83,7 +88,8 @@ class Picamera2Source(Source):
         except Exception as exc:  # libcamera raises RuntimeError, IndexError (no camera), ...
             if cam is not None:
                 _close_quietly(cam)
-            self._fail(f"cannot open: {type(exc).__name__}: {exc}")
+            self._fail(f"cannot open: {type(exc).__name__}: {exc} (is the camera ribbon "
+                       "seated? `rpicam-hello --list-cameras`)")
             return False
         self._cam = cam
         self._outage.reopened()
@@ -93,7 +99,7 @@ class Picamera2Source(Source):
         self._outage.fail(reason)
 
     def _frames(self) -> Iterator[Frame]:
-        backoff = Backoff(self.config.reconnect, self._stop)
+        backoff = self._backoff
         limiter = RateLimiter(self.config.max_fps)
         max_attempts = self.config.reconnect.max_attempts
         timeout = max(CAPTURE_TIMEOUT_S, 3.0 / self.config.fps) if self.config.fps else CAPTURE_TIMEOUT_S
@@ -103,7 +109,10 @@ class Picamera2Source(Source):
             cam = self._cam
             if cam is None:
                 self._outage.check(max_attempts)
-                if not backoff.wait() or not self._connect():
+                if not backoff.wait():
+                    continue
+                self._outage.retry()
+                if not self._connect():
                     continue
                 cam = self._cam
             try:

@@ -291,7 +291,7 @@ def _describe(p: Pipeline) -> dict[str, Any]:
     latest = p.latest()
     return {
         "name": p.name, "task": task_type or type(p.task).__name__, "state": snap["state"],
-        "fps": snap["fps"], "model": snap["model"], "provider": snap["provider"],
+        "health": snap["health"], "fps": snap["fps"], "model": snap["model"], "provider": snap["provider"],
         "backend": snap["backend"], "paused": p.paused,
         "frame": ({"width": latest[0].width, "height": latest[0].height}
                   if latest is not None and latest[0].kind == "image" else None),

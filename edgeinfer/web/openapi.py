@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import __version__
+from ..health import STATES
 
 __all__ = ["openapi_document"]
 
@@ -64,10 +65,19 @@ def _schemas() -> dict[str, Any]:
         "Error": {"type": "object", "required": ["error"],
                   "properties": {"error": {"type": "string"}}},
         "Model": model,
-        "Pipeline": {"type": "object", "required": ["name", "task", "state", "urls"],
+        "Health": {"type": "object", "required": ["state", "reason", "retries", "next_retry_at"],
+                   "description": "A pipeline's state; only running is healthy (edgeinfer.health).",
+                   "properties": {
+                       "state": {"enum": list(STATES)},
+                       "reason": {"type": "string",
+                                  "description": "Why it is not running, with the fix."},
+                       "retries": {"type": "integer", "description": "Source reopen attempts."},
+                       "next_retry_at": {"type": ["number", "null"],
+                                         "description": "Unix time of the next attempt."}}},
+        "Pipeline": {"type": "object", "required": ["name", "task", "state", "health", "urls"],
                      "properties": {
                          "name": {"type": "string"}, "task": {"type": "string"},
-                         "state": {"enum": ["running", "paused", "done", "failed"]},
+                         "state": {"enum": list(STATES)}, "health": _ref("Health"),
                          "fps": number, "model": model, "provider": {"type": "string"},
                          "backend": {"type": ["object", "null"]}, "paused": {"type": "boolean"},
                          "frame": {"type": ["object", "null"]},

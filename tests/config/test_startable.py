@@ -73,3 +73,36 @@ def test_run_refuses_with_the_same_message_and_exit_78(tmp_path: Path, yolo_path
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 78, proc.stderr
     assert "cannot start" in proc.stderr and words in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize(("source", "words", "waits"), [
+    ("{type: camera, uri: /dev/video9}", "$.pipelines[0].source.uri: pipeline 'a': no such "
+     "device /dev/video9: is the camera plugged in? `ls /dev/video*`", True),
+    ("{type: camera, uri: '9'}", "no such device /dev/video9: is the camera plugged in?", True),
+    ("{type: serial, port: /dev/ttyNOPE0}", "$.pipelines[0].source.port: pipeline 'a': no such "
+     "device /dev/ttyNOPE0: is the sensor plugged in?", True),
+    ("{type: video, uri: DIR/gone.mp4}", "$.pipelines[0].source.uri: pipeline 'a': no such "
+     "video file: DIR/gone.mp4", False),
+    ("{type: images, uri: DIR/nothing}", "no such folder or image file: DIR/nothing", False),
+])
+def test_validate_config_warns_about_a_source_that_is_not_here(
+        source: str, words: str, waits: bool, tmp_path: Path, yolo_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """As for a model: a video file or a device path that does not exist is named. A device is
+    only waited for (the pipeline starts and retries), so `run` starts; a missing file of a
+    required pipeline keeps `run` from starting."""
+    path = _config(tmp_path, str(yolo_path))
+    path.write_text(path.read_text().replace("{type: synthetic}",
+                                             source.replace("DIR", str(tmp_path))))
+    assert main(["validate-config", str(path)]) == 0
+    out, err = capsys.readouterr()
+    words = words.replace("DIR", str(tmp_path))
+    assert "OK" not in out and words in err and "warning: $.pipelines[0].source." in err, err
+    head = "some devices it reads are missing here" if waits else "some pipelines cannot start"
+    assert head in err, err
+    assert main(["validate-config", "--strict", str(path)]) == 78
+    from edgeinfer.config import load_config
+    from edgeinfer.config.startable import start_problems
+
+    required = load_config(str(path)).pipelines[0].required
+    assert [p.fatal for p in start_problems(load_config(str(path)))] == [not waits and required]

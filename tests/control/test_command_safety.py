@@ -337,6 +337,9 @@ def test_command_policy_and_signed_commands(
     assert r["ok"]
 
     assert "Traceback" not in run.stop()
+    # up to the first run's last word: its births (one more per pipeline state change, as at
+    # the pause above) must not pass for the second run's
+    peer.next(f"{base}/status", where=lambda m: json.loads(m.payload)["state"] == "stopped")
     again = start_daemon(config)  # same state dir: the nonce is remembered
     _online(peer, base)
     r = peer.request(set_, signed, set_reply)

@@ -94,6 +94,35 @@ def test_zone_and_line_entities_are_injective_and_counted() -> None:
     assert len(messages) == 5 + 3 + 2 * 2
 
 
+# The retained birth: one pipeline runs, one waits for its camera, one failed to start; "kind",
+# "voice" and "tensor" are not in it (an older daemon's birth has no "health" at all).
+STATUS_ONLINE = {"state": "online", "health": {
+    "faces": {"state": "running", "reason": ""},
+    "cam-a": {"state": "no_source", "reason": "no such device /dev/video9: ..."},
+    "cam_a": {"state": "failed", "reason": "model missing"}}}
+
+
+def test_availability_follows_each_pipelines_state() -> None:
+    """An entity is available only while the device is online and its pipeline runs: a
+    camera that cannot be read (or a failed, paused, unknown pipeline) makes it unavailable."""
+    import jinja2
+
+    env = jinja2.Environment()
+    paused = {"state": "online", "health": {"faces": {"state": "paused", "reason": ""}}}
+    seen: dict[str, list[str]] = {}
+    for _, config in _messages():
+        name = config["name"].split()[0]
+        [availability] = config["availability"]
+        template = env.from_string(availability["value_template"])
+        states = [template.render(value_json=status) for status in (
+            STATUS_ONLINE, {"state": "offline"}, {"state": "stopped"}, {"state": "online"},
+            dict(STATUS_ONLINE, state="stopped"), paused)]
+        assert seen.setdefault(name, states) == states, (name, states)  # same for all of one
+    assert seen == {
+        "faces": ["online", "offline", "offline", "offline", "offline", "offline"],
+        **{n: ["offline"] * 6 for n in ("cam-a", "cam_a", "kind", "voice", "tensor")}}
+
+
 def test_payloads_have_the_keys_home_assistant_documents() -> None:
     """The keys Home Assistant's MQTT sensor / binary sensor docs ask of a discovered entity
     that is part of a device and follows an availability topic."""
@@ -136,6 +165,7 @@ def test_discovery_passes_home_assistant_schemas() -> None:
     stats = {"pipelines": {"faces": {"fps": 12.5, "latency_ms": {"infer": {"p50": 3.2}}}}}
     samples[topics.stats] = [json.dumps(stats)]  # the others failed to start: "unknown"
     samples[topics.status] = [json.dumps({"state": s}) for s in ("online", "offline", "stopped")]
+    samples[topics.status] += [json.dumps(STATUS_ONLINE)]
     samples[topics.counts("faces")] = [json.dumps(COUNTS), json.dumps({"zones": {}, "lines": {}})]
     messages = discovery_messages(topics, "cam.1", TASKS, "homeassistant", "1.0", scenes=SCENES)
     data = {"messages": [[t, p.decode()] for t, p in messages], "samples": samples}
@@ -232,5 +262,55 @@ def test_reload_refreshes_discovery_and_status_and_clears_removed_configs(
             _retained(peer, f"{ha}/{what.format(node)}/config", lambda m: m.payload == b"")
         faces = peer.drain(f"{ha}/sensor/{node}/faces_count/config")
         assert all(m.payload for m in faces)  # kept, never cleared
+    finally:
+        peer.close()
+
+
+def test_a_camera_that_cannot_be_read_shows_on_status_stats_and_availability(
+        mqtt_broker: tuple[str, int], blazeface_path: Path, tmp_path: Path,
+        start_daemon: Callable[[dict[str, Any]], Run]) -> None:
+    """``edgeinfer run`` with a working pipeline and one whose RTSP camera refuses (a free
+    loopback port): the retained status and the stats name the state and the reason, and the
+    discovered entities of that pipeline render unavailable on the status there is."""
+    import jinja2
+
+    from edgeinfer.testing.mosquitto import free_port
+
+    host, port = mqtt_broker
+    device = f"nocam{uuid.uuid4().hex[:6]}"
+    ha, node, base = f"ha-{device}", node_id(device), f"edgeinfer/{device}"
+    config = _config(host, port, blazeface_path, tmp_path, device, ["faces", "cam"])
+    cam_port = free_port()
+    config["pipelines"][1]["source"] = {
+        "type": "camera", "uri": f"rtsp://127.0.0.1:{cam_port}/live", "open_timeout_s": 1,
+        "reconnect": {"initial_s": 0.1, "max_s": 0.3}}
+    reason = (f"connection refused by 127.0.0.1:{cam_port}: is the camera (or RTSP server) on, "
+              "and the port right?")
+    peer = Peer(host, port)
+    try:
+        run = start_daemon(config)
+        peer.subscribe(f"{ha}/#")
+        peer.subscribe(f"{base}/status")
+        peer.subscribe(f"{base}/stats")
+        status = json.loads(_retained(peer, f"{base}/status", lambda m: "cam" in json.loads(
+            m.payload).get("health", {})).payload)  # the birth once the pipelines started
+        assert status["health"] == {"faces": {"state": "running", "reason": ""},
+                                    "cam": {"state": "no_source", "reason": reason}}
+        stats = json.loads(_retained(peer, f"{base}/stats", lambda m: json.loads(
+            m.payload)["pipelines"]["cam"]["health"]["retries"] >= 2).payload)
+        cam = stats["pipelines"]["cam"]
+        assert (cam["state"], cam["health"]["reason"], cam["fps"]) == ("no_source", reason, 0.0)
+        assert cam["source"]["retries"] == cam["health"]["retries"]
+        assert stats["pipelines"]["faces"]["health"]["state"] == "running"
+        env = jinja2.Environment()
+        for name, expected in (("faces", "online"), ("cam", "offline")):
+            entity = json.loads(_retained(peer, f"{ha}/sensor/{node}/{name}_fps/config",
+                                          lambda m: m.payload).payload)
+            [availability] = entity["availability"]
+            assert availability["topic"] == f"{base}/status"
+            rendered = env.from_string(availability["value_template"]).render(value_json=status)
+            assert rendered == expected, (name, rendered)
+        stderr = run.stop()
+        assert run.proc.returncode == 0, stderr
     finally:
         peer.close()

@@ -208,3 +208,27 @@ def test_tune_snapshot_pause_and_resume_a_running_pipeline(
         assert p.stats.processed > before + 2
     finally:
         p.close()
+
+
+@pytest.mark.parametrize("kind", ["detect", "classify"])
+def test_labels_on_snapshots_sit_on_a_dark_plate(kind: str) -> None:
+    """Box and class labels stay readable on a bright scene: bare green text on white (or
+    on a green field) was low-contrast."""
+    import cv2
+    import numpy as np
+
+    from edgeinfer.frames import Classification, Detection, Frame, TaskResult
+    from edgeinfer.tuning import annotate
+
+    frame = Frame(0, 0.0, 0.0, np.full((480, 640, 3), 255, np.uint8))
+    if kind == "detect":
+        part = TaskResult(detections=(Detection("face", 0, 0.91, (100.0, 100.0, 300.0, 300.0)),))
+        rows, cols = slice(78, 100), slice(100, 190)  # just above the box
+    else:
+        part = TaskResult(top=(Classification("tabby cat", 281, 0.87),))
+        rows, cols = slice(4, 26), slice(4, 120)
+    image = cv2.imdecode(np.frombuffer(annotate(frame, part), np.uint8), cv2.IMREAD_COLOR)
+    label = image[rows, cols].astype(np.int16)
+    dark = (label.max(axis=2) < 60).sum()
+    text = ((label[..., 1] > 150) & (label[..., 0] < 120) & (label[..., 2] < 120)).sum()
+    assert dark > 300 and text > 20, (dark, text)

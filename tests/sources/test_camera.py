@@ -3,12 +3,14 @@ a missing V4L2 device, and picamera2 through a stand-in module (a CSI camera can
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
 import time
 import types
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,9 +21,13 @@ from edgeinfer.config.pipeline import Picamera2Source as Picamera2Config
 from edgeinfer.config.pipeline import ReconnectConfig
 from edgeinfer.errors import SourceError
 from edgeinfer.frames import Frame
+from edgeinfer.health import Health
 from edgeinfer.sources import Source, open_source
+from edgeinfer.sources.base import Outage
 from edgeinfer.sources.camera import CameraSource, gstreamer_available, redact
 from edgeinfer.sources.picamera import Picamera2Source
+from edgeinfer.sources.reasons import device_reason, stream_reason
+from edgeinfer.testing.mosquitto import free_port
 from edgeinfer.testing.streams import APT_PACKAGES, MjpegServer, RtspServer, rtsp_available
 
 FAST = ReconnectConfig(initial_s=0.05, max_s=0.2)
@@ -79,7 +85,7 @@ def test_mjpeg_frames_and_reconnect_after_server_restart(mjpeg: MjpegServer) -> 
         until_reconnected(source, frames)
         after = take(source, frames, 5)
     assert source.stats.reconnects >= 1 and source.stats.errors >= 1
-    assert "read failed" in source.stats.last_error or "cannot open" in source.stats.last_error
+    assert any(w in source.stats.last_error for w in ("read failed", "connection refused"))
     assert after[0].index > before[-1].index  # the index keeps counting across reconnects
     assert all(f.data.shape == (120, 160, 3) for f in after)
 
@@ -161,14 +167,138 @@ def test_missing_device_retries_then_gives_up_naming_it() -> None:
                           reconnect=ReconnectConfig(initial_s=0.02, max_s=0.05, max_attempts=3))
     with CameraSource(config) as source:  # the daemon starts without its camera
         assert source.stats.errors == 1
+        health = source.health()
+        assert health is not None and health.state == "no_source" and health.retries == 0
+        assert health.reason == ("no such device /dev/video99: is the camera plugged in? "
+                                 "`ls /dev/video*`")
         t0 = time.monotonic()
         with pytest.raises(SourceError, match="/dev/video99"):
             for _ in source:
                 pass
         assert time.monotonic() - t0 >= 0.04  # it waited between attempts
-    assert source.stats.errors == 3
+    assert source.stats.errors == 3 and source.stats.retries == 2  # every retry counted
     assert source.stats.reconnects == 0 and source.stats.frames == 0
-    assert "/dev/video99" in source.stats.last_error
+    assert "no such device /dev/video99" in source.stats.last_error
+
+
+def test_a_lasting_outage_is_warned_again_now_and_then_not_per_retry(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(Outage, "REMIND_S", 0.4)
+    config = CameraConfig(uri="/dev/video99", reconnect=ReconnectConfig(initial_s=0.02, max_s=0.05))
+    caplog.set_level(logging.DEBUG)
+    with CameraSource(config) as source:
+        reader = threading.Thread(target=lambda: list(source), daemon=True)
+        reader.start()
+        deadline = time.monotonic() + 20
+        while not [r for r in caplog.records if "still" in r.getMessage()] \
+                and time.monotonic() < deadline:
+            time.sleep(0.02)
+        source.stop()
+        reader.join(10)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warned[0].startswith("camera /dev/video99: no such device /dev/video99"), warned
+    assert warned[1].startswith("camera /dev/video99: still no such device /dev/video99"), warned
+    assert " retries in " in warned[1]
+    assert len(warned) < source.stats.errors / 2, (len(warned), source.stats.errors)
+
+
+def _until_health(source: CameraSource, state: str, says: str = "",
+                  timeout_s: float = 20.0) -> Health:
+    """Until ``source.health()`` (iterated in another thread) is ``state`` with a reason that
+    says ``says`` (or fail after the timeout)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        health = source.health()
+        if health is not None and health.state == state and says in health.reason:
+            return health
+        time.sleep(0.02)
+    raise AssertionError(f"not {state} within {timeout_s} s: {source.health()}")
+
+
+def test_a_refused_stream_is_no_source_in_words_and_ffmpegs_lines_go_to_debug(
+        capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+    port = free_port()  # nothing listens there: refused at once, as a camera that is off
+    config = CameraConfig(uri=f"rtsp://admin:s3cret@127.0.0.1:{port}/x", open_timeout_s=2,
+                          reconnect=ReconnectConfig(initial_s=0.05, max_s=0.1))
+    caplog.set_level(logging.DEBUG)
+    with CameraSource(config) as source:
+        reader = threading.Thread(target=lambda: list(source), daemon=True)
+        reader.start()
+        deadline = time.monotonic() + 20
+        while source.stats.retries < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        health = _until_health(source, "no_source")
+        source.stop()
+        reader.join(10)
+    assert health.reason == (f"connection refused by 127.0.0.1:{port}: is the camera (or RTSP "
+                             "server) on, and the port right?")
+    assert health.retries >= 3 and source.stats.retries >= 3
+    raw = capfd.readouterr().err
+    assert "[tcp @" not in raw and "Connection to tcp://" not in raw, raw
+    debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    assert any(m.startswith("[tcp @ 0x") and "Connection refused" in m for m in debug), debug
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warned == [f"camera rtsp://admin:***@127.0.0.1:{port}/x: {health.reason}; retrying "
+                      "with backoff"], warned  # once, not once per retry
+    assert "s3cret" not in caplog.text
+
+
+def test_a_stream_that_is_lost_is_reconnecting_then_running(
+        mjpeg: MjpegServer, caplog: pytest.LogCaptureFixture) -> None:
+    source = CameraSource(CameraConfig(uri=mjpeg.url, open_timeout_s=2, reconnect=FAST))
+    with source:
+        frames = iter(source)
+        take(source, frames, 2)
+        assert source.health() is None  # working: the pipeline says running
+        mjpeg.stop()
+        reader = threading.Thread(target=lambda: take(source, frames, 1, 30), daemon=True)
+        reader.start()
+        health = _until_health(source, "reconnecting", "connection refused by 127.0.0.1")
+        assert health.retries >= 1
+        assert f"camera {mjpeg.url}: read failed: the stream stopped (camera rebooting, or the " \
+               "network down?); retrying with backoff" in caplog.text  # how it was lost
+        mjpeg.start()
+        reader.join(30)
+        assert source.health() is None and source.stats.reconnects >= 1
+
+
+def test_rtsp_path_not_found_is_named(rtsp: RtspServer) -> None:
+    uri = f"rtsp://127.0.0.1:{rtsp.port}/nosuchpath"
+    config = CameraConfig(uri=uri, open_timeout_s=5,
+                          reconnect=ReconnectConfig(initial_s=0.05, max_attempts=1))
+    with CameraSource(config) as source:
+        health = source.health()
+    assert health is not None and health.state == "no_source"
+    assert health.reason == (f"404 stream not found on 127.0.0.1:{rtsp.port}: check the stream "
+                             "path in the URI")
+
+
+@pytest.mark.parametrize(("uri", "lines", "reason"), [
+    ("rtsp://cam.lan/live", ["[rtsp @ 0x55aa] method DESCRIBE failed: 401 Unauthorized"],
+     "401 Unauthorized from cam.lan: check the user name and password in the URI"),
+    ("rtsp://cam.lan:8554/live", ["[tcp @ 0x1] Failed to resolve hostname cam.lan: Temporary "
+                                  "failure in name resolution"],
+     "cannot resolve cam.lan (DNS failure): check the host name, or use the IP address"),
+    ("http://10.0.0.9:40123/x", ["[tcp @ 0x1] Connection to tcp://10.0.0.9:40123?timeout=0 "
+                                 "failed: Connection refused"],
+     "connection refused by 10.0.0.9:40123: is the camera (or RTSP server) on, and the port "
+     "right?"),
+    ("rtsp://10.0.0.9/live", [], "timed out connecting to 10.0.0.9: is the camera on this "
+                                 "network, and the address right?"),
+])
+def test_ffmpegs_errors_in_words(uri: str, lines: list[str], reason: str) -> None:
+    """The FFmpeg lines each failure prints (401 and DNS cannot be made on loopback here)."""
+    assert stream_reason(uri, lines, timed_out=not lines) == reason
+
+
+def test_device_errors_in_words(tmp_path: Path) -> None:
+    node = tmp_path / "video5"
+    node.write_bytes(b"")
+    node.chmod(0)
+    if os.access(node, os.R_OK):
+        pytest.skip("running as root: permissions do not refuse")
+    assert device_reason(str(node)).startswith(f"permission denied on {node}: add the service "
+                                               "user to the video group")
 
 
 def test_credentials_in_the_uri_stay_out_of_names_and_errors() -> None:
@@ -299,3 +429,12 @@ def test_picamera2_missing_module_says_how_to_install(monkeypatch: pytest.Monkey
     assert "sudo apt install python3-picamera2" in message
     assert "--system-site-packages" in message
     assert isinstance(info.value.__cause__, ImportError)
+
+
+def test_a_node_that_opens_but_gives_no_video_is_named_with_both_likely_causes() -> None:
+    config = CameraConfig(uri="/dev/null", reconnect=ReconnectConfig(max_attempts=1))
+    with CameraSource(config) as source:
+        health = source.health()
+    assert health is not None and health.reason == (
+        "/dev/null opens but gives no video: another program may hold the camera "
+        "(`fuser -v /dev/null`), or it is not a capture node (`v4l2-ctl --list-devices`)")

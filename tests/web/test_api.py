@@ -42,6 +42,7 @@ def test_status_pipelines_and_headers(client: Client) -> None:
     pipelines = client.get("/v1/pipelines").json()
     [p] = pipelines
     assert p["name"] == PIPELINE and p["task"] == "detect" and p["state"] == "running"
+    assert p["health"] == {"state": "running", "reason": "", "retries": 0, "next_retry_at": None}
     assert p["model"]["sha256"] and p["frame"] == {"width": 640, "height": 480}
     assert [z["name"] for z in p["zones"]] and len(p["zones"][0]["points"]) == 4
     assert len(p["lines"][0]["points"]) == 2
@@ -172,9 +173,14 @@ def test_commands(client: Client, pipeline: Any) -> None:
     try:
         r = client.post_json("/v1/commands/pause", {"pipeline": PIPELINE})
         assert r.json() == {"ok": True, "result": {"paused": [PIPELINE]}} and pipeline.paused
+        # what the device and live pages show: paused, making no frames (not its old average)
+        info = client.get("/v1/pipelines").json()[0]
+        assert (info["state"], info["fps"], info["stats"]["fps"]) == ("paused", 0.0, 0.0), info
+        assert info["stats"]["fps_overall"] > 0
     finally:
         r = client.post_json("/v1/commands/resume", {})
     assert r.status == 200 and not pipeline.paused
+    assert client.get("/v1/pipelines").json()[0]["state"] == "running"
     bad = client.post_json("/v1/commands/pause", {"pipline": PIPELINE})
     assert bad.status == 400 and bad.json()["ok"] is False and "pipline" in bad.json()["error"]
     assert client.post_json("/v1/commands/explode", {}).status == 404

@@ -39,6 +39,7 @@ from edgeinfer.testing.scene_video import SceneTruth
 
 ROOT = Path(__file__).resolve().parents[2]
 PIPELINE = "scene"
+NOCAM = "door"  # an RTSP camera on a loopback port nothing listens on: refused, never opens
 TOKEN = "browser-test-token-0123456789"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -75,12 +76,19 @@ class Daemon:
 
     def __init__(self, folder: Path, truth: SceneTruth, model: Path) -> None:
         self.url = f"http://127.0.0.1:{_free_port()}"
+        self.cam_port = _free_port()
         config = {
             "device_id": "browser-test",
             "runtime": {"state_dir": str(folder / "state")},
             "http": {"port": int(self.url.rsplit(":", 1)[1]), "bind": "127.0.0.1",
                      "token": TOKEN, "live_fps": 10},
-            "pipelines": [scene_pipeline(PIPELINE, truth, model, folder, "auto")],
+            "pipelines": [scene_pipeline(PIPELINE, truth, model, folder, "auto"), {
+                "name": NOCAM,
+                "source": {"type": "camera", "uri": f"rtsp://127.0.0.1:{self.cam_port}/live",
+                           "open_timeout_s": 1, "reconnect": {"initial_s": 0.5, "max_s": 2}},
+                "model": {"path": str(model), "threads": 1, "probe": False},
+                "task": {"type": "detect", "decoder": "blazeface"},
+                "sinks": [{"type": "jsonl", "path": str(folder / "door.jsonl")}]}],
         }
         path = folder / "config.json"
         path.write_text(json.dumps(config))
@@ -265,7 +273,39 @@ def test_the_device_page_lists_the_pipeline_with_fps_and_backend(page: Page,
     assert "zone desk" in page.inner_text(card) and "line door" in page.inner_text(card)
     page.wait_for_function(f"() => parseInt(document.querySelector('{card} [data-field=events]')"
                            ".textContent) > 0", timeout=20_000)
+    model = page.eval_on_selector(card, "c => [...c.querySelectorAll('dt')].find((d) => "
+                                  "d.textContent === 'Model').nextElementSibling.textContent")
+    assert model == "face_detection_short_range", model  # no version: no dangling "–"
     _screenshot(page, "web-device.png")
+
+
+def test_a_camera_that_cannot_be_read_is_a_red_card_and_a_placeholder(page: Page,
+                                                                      daemon: Daemon) -> None:
+    page.goto(daemon.url + "/")
+    card = f"article[data-pipeline={NOCAM}]"
+    page.wait_for_selector(f"{card}.bad .badge.no_source")
+    page.wait_for_function(f"() => / [0-9]+ retr/.test(document.querySelector("
+                           f"'{card} [data-field=reason]').textContent)", timeout=20_000)
+    reason = page.inner_text(f"{card} [data-field=reason]")
+    assert reason.startswith(f"connection refused by 127.0.0.1:{daemon.cam_port}: is the camera"), \
+        reason
+    assert page.inner_text(f"{card} [data-field=state]") == "no source"
+    assert page.inner_text(f"{card} [data-field=fps]") == "0"
+    style = page.eval_on_selector(card, "c => [getComputedStyle(c).borderTopColor, "
+                                  "getComputedStyle(c.querySelector('.badge')).backgroundColor]")
+    assert style == ["rgb(198, 40, 40)", "rgb(198, 40, 40)"], style  # red, not green
+    assert f"{NOCAM} no source" in page.inner_text("[data-field=not-running]")
+    _screenshot(page, "web-device-no-camera.png")
+    [door] = [p for p in daemon.get("/v1/pipelines") if p["name"] == NOCAM]
+    assert door["state"] == door["health"]["state"] == "no_source" and door["fps"] == 0
+    assert door["health"]["reason"] == reason.split(" · ")[0] and door["health"]["retries"] >= 1
+    page.goto(f"{daemon.url}/live/{NOCAM}")
+    page.wait_for_selector("#live-placeholder:not([hidden])")
+    assert page.is_hidden("#live")  # no black box
+    words = page.inner_text("#live-placeholder")
+    assert "No picture: no source" in words and "connection refused by 127.0.0.1" in words, words
+    assert page.inner_text("#state") == "no source"
+    _screenshot(page, "web-live-no-camera.png")
 
 
 def test_the_live_view_moves_and_boxes_the_face(page: Page, daemon: Daemon,
@@ -284,10 +324,13 @@ def test_the_live_view_moves_and_boxes_the_face(page: Page, daemon: Daemon,
     print(f"live: face match {best[0]:.2f}, green on {best[1]:.0%} of its outline")
     assert best[0] > 0.4, f"the face is not in the live image (match {best[0]:.2f})"
     assert best[1] > 0.8, f"no green box around the face: {best[1]:.0%} of its outline"
-    # the latency histogram has bars drawn
+    # the latency histogram has bars drawn, and a legend in words
     page.wait_for_function("""() => { const c = document.querySelector('#histogram');
         const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
         for (let i = 3; i < d.length; i += 4) if (d[i]) return true; return false; }""")
+    legend = page.inner_text("#histogram-legend")
+    assert "end to end (blue)" in legend and "_" not in legend, legend
+    assert page.is_hidden("#live-placeholder")
     # an event with its snapshot loaded, and a clip that plays
     page.wait_for_function("() => [...document.querySelectorAll('#events img.thumb')]"
                            ".some((i) => i.complete && i.naturalWidth > 0)", timeout=20_000)
@@ -324,7 +367,10 @@ def test_pause_stops_the_frames_and_resume_restarts_them(page: Page, context: Br
         device = context.new_page()
         device.goto(daemon.url + "/")
         device.wait_for_selector(f"article[data-pipeline={PIPELINE}] .badge.paused")
+        fps = device.inner_text(f"article[data-pipeline={PIPELINE}] [data-field=fps]")
+        assert fps == "0", f"a paused pipeline shows {fps} frames/s"
         device.close()
+        assert page.inner_text("#fps") == "0 frames/s"
         page.click("#snapshot")
         page.wait_for_function("() => document.querySelector('#snapshot-img').naturalWidth > 0",
                                timeout=10_000)

@@ -140,19 +140,57 @@ function dropsText(dropped) {
   return Object.entries(dropped).map(([k, v]) => `${k} ${fmt(v)}`).join(" · ");
 }
 
+// A pipeline's state (edgeinfer/health.py): only "running" is healthy; these mean it does not
+// do its job and show red, with the reason.
+const BAD_STATES = new Set(["no_source", "reconnecting", "failed"]);
+
+function healthOf(info, stats) {
+  const h = info.health || stats.health || {};
+  return { state: h.state || stats.state || info.state || "?", reason: h.reason || "",
+    retries: h.retries || 0, next_retry_at: h.next_retry_at };
+}
+
+function stateWords(state) { return String(state).replace(/_/g, " "); }
+
+function healthText(h) {
+  const parts = [h.reason];
+  if (h.retries) parts.push(`${h.retries} ${h.retries === 1 ? "retry" : "retries"}`);
+  if (typeof h.next_retry_at === "number") {
+    parts.push(`next in ${Math.max(0, Math.round(h.next_retry_at - Date.now() / 1000))} s`);
+  }
+  return parts.filter(Boolean).join(" · ");
+}
+
+function modelText(model) {
+  // "name version", or the name alone: no dangling "–" when the version is unknown
+  const parts = [model.name, model.version].filter((v) => v !== null && v !== undefined && v !== "");
+  return parts.length ? parts.join(" ") : "–";
+}
+
+function stateBadge(state, attrs) {
+  return el("span", { class: `badge ${state}`, "data-state": state, ...attrs }, stateWords(state));
+}
+
 function pipelineCard(info, stats, backend) {
   const name = info.name;
   const model = info.model || stats.model || {};
-  const state = stats.state || info.state || "?";
+  const health = healthOf(info, stats);
+  const state = health.state;
   const choice = (backend && backend.choice) || (stats.backend && stats.backend.choice) ||
     info.backend || stats.provider;
   const backendText = typeof choice === "object" ? JSON.stringify(choice) : fmt(choice);
-  const card = el("article", { class: "card", "data-pipeline": name },
+  const bad = BAD_STATES.has(state);
+  const card = el("article", { class: bad ? "card bad" : "card", "data-pipeline": name },
     el("h2", {}, el("a", { href: `/live/${encodeURIComponent(name)}` }, name), " ",
-      el("span", { class: `badge ${state}`, "data-field": "state" }, state)),
+      stateBadge(state, { "data-field": "state" })));
+  if (state !== "running" && (health.reason || health.retries)) {
+    card.append(el("p", { class: bad ? "reason error" : "reason muted", "data-field": "reason",
+      role: bad ? "alert" : null }, healthText(health)));
+  }
+  card.append(
     rows([
       ["Task", fmt(info.task && typeof info.task === "object" ? info.task.type : info.task)],
-      ["Model", `${fmt(model.name)} ${fmt(model.version)}`],
+      ["Model", modelText(model)],
       ["Backend", el("span", { "data-field": "backend" }, backendText)],
       ["Why", fmt(backend && backend.decision)],
       ["Frames/s", el("span", { "data-field": "fps" }, fmt(stats.fps ?? info.fps, 2))],
@@ -160,7 +198,7 @@ function pipelineCard(info, stats, backend) {
       ["Dropped", dropsText(stats.dropped)],
       ["Events", el("span", { "data-field": "events" }, fmt(stats.events))],
     ]));
-  if (stats.last_error) card.append(el("p", { class: "error" }, stats.last_error));
+  if (stats.last_error && !bad) card.append(el("p", { class: "error" }, stats.last_error));
   const list = counters(stats.analytics);
   if (list) card.append(list);
   card.append(el("p", {}, el("a", { href: `/live/${encodeURIComponent(name)}` }, "Live view ›")));
@@ -178,8 +216,22 @@ function deviceSummary(status) {
     ["Memory", `${fmt(stats.memory_mb)} MB`],
     ["Outbox", outbox ? `${fmt(outbox.depth)} queued` : "no MQTT"],
     ["OTA", ota ? fmt(ota.state || (ota.busy ? "busy" : "idle")) : "off"],
-    ["Failed", Object.keys(status.failed || {}).join(", ") || "none"],
+    ["Not running", notRunning(status)],
   ]);
+}
+
+function notRunning(status) {
+  // every pipeline whose state is not "running" (a camera that cannot be read, paused, failed
+  // to start), not only those that failed to start
+  const states = { ...Object.fromEntries(Object.keys(status.failed || {}).map((n) => [n, "failed"])) };
+  for (const [name, h] of Object.entries(status.health || {})) states[name] = h.state;
+  const names = Object.entries(states).filter(([, state]) => state !== "running");
+  if (!names.length) return "none";
+  const list = el("span", { "data-field": "not-running" });
+  names.forEach(([name, state], i) => {
+    list.append(i ? ", " : "", `${name} `, stateBadge(state));
+  });
+  return list;
 }
 
 async function refreshDevice() {
@@ -253,6 +305,9 @@ function histogramSeries(data) {
   return main.length ? main : series;
 }
 
+const SERIES_WORDS = { end_to_end: "end to end", infer: "inference", pre: "preprocessing",
+  post: "postprocessing", wait: "waiting for the shared model" };
+
 function drawHistogram(canvas, series) {
   const ctx = canvas.getContext("2d");
   const w = canvas.width, h = canvas.height, pad = 22;
@@ -276,7 +331,8 @@ function drawHistogram(canvas, series) {
     ctx.fillText(String(edges[i]), pad + i * slot, h - 6);
   }
   ctx.fillText(`${top}`, 2, pad);
-  return series.map((s, k) => `${s.name} (${["blue", "orange", "green"][k % 3]})`).join(", ");
+  return series.map((s, k) => `${SERIES_WORDS[s.name] || stateWords(s.name)} ` +
+    `(${["blue", "orange", "green"][k % 3]})`).join(", ");
 }
 
 async function command(verb, name) {
@@ -289,7 +345,8 @@ function setupLive() {
   $("title").textContent = name;
   const live = $("live");
   const stream = `/v1/pipelines/${encodeURIComponent(name)}/live.mjpg`;
-  live.src = stream;
+  // The stream is opened once the pipeline has a frame (see refreshLive): one that has none
+  // would hold the page's load forever behind an image that never comes.
   live.addEventListener("error", () => {
     // the stream ends when the server restarts or turns viewers away: try again later
     setTimeout(() => { live.src = `${stream}?t=${Date.now()}`; }, REFRESH_MS);
@@ -320,10 +377,21 @@ function setupLive() {
     ]);
     const info = listOf(pipelines, "pipelines").find((p) => p.name === name);
     if (!info) throw new Error(`no pipeline ${name}`);
-    const state = info.state || "?";
-    $("state").textContent = state;
+    const health = healthOf(info, info.stats || {});
+    const state = health.state;
+    $("state").textContent = stateWords(state);
     $("state").className = `badge ${state}`;
     $("fps").textContent = `${fmt(info.fps, 2)} frames/s`;
+    // No frame to show (the camera cannot be read, or none came yet): say why instead of a
+    // black box.
+    const noFrame = BAD_STATES.has(state) || state === "starting" || !info.frame;
+    const placeholder = $("live-placeholder");
+    placeholder.hidden = !noFrame;
+    live.hidden = noFrame;
+    if (!noFrame && !live.getAttribute("src")) live.src = stream;
+    placeholder.replaceChildren(
+      el("b", {}, BAD_STATES.has(state) ? `No picture: ${stateWords(state)}` : "No frame yet"),
+      el("span", {}, healthText(health) || "waiting for the first frame"));
     $("histogram-legend").textContent = drawHistogram($("histogram"), histogramSeries(latency)) + " · ms";
     updateEvents($("events"), listOf(events, "events"), true);
   };
