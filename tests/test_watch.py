@@ -211,6 +211,13 @@ def test_describe_events_and_counts() -> None:
     kind, line = describe("edgeinfer/cam1/faces/event", json.dumps(event).encode(), "edgeinfer")
     assert (kind, line) == ("event", "cam1 faces event cross gate in  face #4 0.91 frame 120 "
                                      "snapshot /m/s.jpg")
+    # A path only once the file exists: before, the event says it is pending, or why missing.
+    pending = {**event, "snapshot": None, "snapshot_pending": "/m/s.jpg"}
+    assert describe("edgeinfer/cam1/faces/event", json.dumps(pending).encode(),
+                    "edgeinfer")[1].endswith("frame 120 snapshot pending")
+    missing = {**pending, "snapshot_pending": None, "snapshot_missing": "cannot write (EMFILE)"}
+    assert describe("edgeinfer/cam1/faces/event", json.dumps(missing).encode(),
+                    "edgeinfer")[1].endswith("frame 120 no snapshot: cannot write (EMFILE)")
     exit_ = {"type": "exit", "zone": "door", "track_id": 2, "label": "face", "dwell_s": 3.25,
              "frame": 9}
     assert describe("edgeinfer/cam1/faces/event", json.dumps(exit_).encode(), "edgeinfer")[1] \
