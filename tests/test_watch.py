@@ -204,6 +204,37 @@ def test_watch_waits_for_the_broker_and_ctrl_c_exits_0(device: str) -> None:
         proc.kill()
 
 
+def test_ctrl_c_exits_while_the_broker_floods_a_terminal_that_stalls(
+        mqtt_broker: tuple[str, int], device: str) -> None:
+    """Printing stalled (a pipe nobody reads, a terminal on hold) while the broker kept
+    sending: the inbox filled, the network thread blocked in its put, and after Ctrl-C
+    ``client.stop()`` waited for that thread for good (paho's ``loop_stop`` joins without a
+    timeout). Now the network thread drops what does not fit, and says so."""
+    host, port = mqtt_broker
+    proc = watch("--host", host, "--port", str(port), "--device", device)
+    try:
+        err = lines(proc.stderr)
+        wait_line(err, "connected to")
+        publisher = MqttClient(MqttConfig(host=host, port=port), device)
+        publisher.start()
+        try:
+            assert publisher.wait_connected(10)
+            # More than the inbox (10,000) and a pipe's worth of lines (64 KiB) hold.
+            for i in range(25_000):
+                while not publisher.publish(publisher.topics.stats, b'{"n": %d}' % i):
+                    assert publisher.wait_connected(10)
+            wait_line(err, "messages dropped", timeout=60)
+        finally:
+            publisher.stop()
+        proc.send_signal(signal.SIGINT)
+        out = lines(proc.stdout)  # the terminal reads again
+        assert proc.wait(20) == 0
+        assert "(printing could not keep up)" in wait_line(err, "messages dropped (")
+        assert not out.empty()
+    finally:
+        proc.kill()
+
+
 def test_describe_events_and_counts() -> None:
     event = {"event_id": "faces-1a2b-3", "pipeline": "faces", "type": "cross", "zone": None,
              "line": "gate", "track_id": 4, "label": "face", "score": 0.91,
