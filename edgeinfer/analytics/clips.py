@@ -25,6 +25,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -107,6 +108,7 @@ class PendingClip:
         frames: Collected entries, in clock order.
         filled: The ring's earlier frames were added (the encoder thread reached the event).
         done: Complete or cut short; no more events join.
+        events: The records of the events in the clip, told when it cannot be written.
     """
 
     clip_id: str
@@ -117,6 +119,7 @@ class PendingClip:
     frames: list[Entry] = field(default_factory=list)
     filled: bool = False
     done: bool = False
+    events: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(slots=True)

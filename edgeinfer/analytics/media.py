@@ -121,8 +121,7 @@ class MediaStore:
                 return None
             except OSError as exc:
                 if exc.errno in _TRANSIENT and attempt < tries:
-                    with self._lock:
-                        self.retries += 1
+                    self.retried()
                     time.sleep(delay_s * 2 ** (attempt - 1))
                     continue
                 with self._lock:
@@ -130,6 +129,11 @@ class MediaStore:
                 name = errno.errorcode.get(exc.errno or 0, "error")
                 logger.warning("cannot write %s: %s (%d tries)", final, exc, attempt)
                 return f"cannot write {final.name}: {exc.strerror or exc} ({name}, {attempt} tries)"
+
+    def retried(self) -> None:
+        """Count one more write tried again (a clip's, written by its own code)."""
+        with self._lock:
+            self.retries += 1
 
     def enforce(self) -> None:
         """Delete files past ``max_age_h``, then the oldest until the total fits ``max_mb``."""

@@ -25,6 +25,7 @@ milliseconds a frame.
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import os
@@ -41,7 +42,7 @@ from types import TracebackType
 from typing import Any
 
 from ..config.analytics import ClipConfig, RecordConfig
-from ..errors import EdgeInferError, StateError
+from ..errors import EdgeInferError, StateError, StorageError
 from ..frames import Frame
 from .clips import ClipFormat, Entry, FrameBuffer, PendingClip, probe_format, write_clip
 from .draw import Boxed, Geometry, encode_jpeg
@@ -60,6 +61,8 @@ _MIB = 1024 * 1024
 _ENCODER_NICE = 5
 _WRITER_NICE = 10
 _SNAPSHOT_NICE = 5
+_CLIP_TRIES = 4  # 0.2 s doubling: 1.4 s of waiting in all
+_CLIP_RETRY_S = 0.2
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -130,7 +133,8 @@ class Recorder:
         self._last_entry = time.monotonic()
         self._in_flight = 0
         self._n = dict.fromkeys(("kept", "encoded", "dropped_queue", "errors",
-                                 "clips_written", "snapshots_written", "snapshots_missed"), 0)
+                                 "clips_written", "clips_missed", "snapshots_written",
+                                 "snapshots_missed"), 0)
 
     def __enter__(self) -> Recorder:
         self.start()
@@ -214,10 +218,11 @@ class Recorder:
             ``event`` (or a new dict) with ``snapshot`` (``None``: not written yet),
             ``snapshot_pending`` (the absolute path it will have), ``snapshot_missing`` (why
             there is none), ``clip`` (the absolute path the clip will have) and
-            ``clip_format``; all ``None`` for event types not in ``record.events``.
+            ``clip_format``, ``clip_missing`` (why the clip could not be written: then
+            ``clip`` is ``None`` again); all ``None`` for event types not in ``record.events``.
         """
         media = event if event is not None else {}
-        media.update(dict.fromkeys((*SNAPSHOT_KEYS, "clip", "clip_format")))
+        media.update(dict.fromkeys((*SNAPSHOT_KEYS, "clip", "clip_format", "clip_missing")))
         if event_type not in self._events or self._state != "running":
             return media
         name = _safe_name(event_id)
@@ -232,6 +237,7 @@ class Recorder:
             if clip is not None and self._format is not None:
                 media["clip"] = str(clip.path.absolute())
                 media["clip_format"] = self._format.name
+                clip.events.append(media)
             if own:
                 assert request is not None
                 self._wanted.append(request)  # the next frame offered is the event's
@@ -467,12 +473,43 @@ class Recorder:
         return self._geometry() if self._geometry is not None else ()
 
     def _write_clip(self, clip: PendingClip) -> None:
-        if not clip.frames or self._format is None or not self._store.has_room():
+        if self._format is None:
             return
-        with self._store.atomic(clip.path) as temp:
-            write_clip(temp, self._format, clip.frames, self._scene(), clip.track_id,
-                       self._clip_cfg.fps, self._hurry)
-        self._count("clips_written")
+        if not clip.frames:
+            self._clip_missing(clip, "no frame of its span was kept (the encoder lagged)")
+            return
+        if not self._store.has_room():
+            self._clip_missing(clip, f"the disk had less than retention.min_free_mb "
+                                     f"({self.config.retention.min_free_mb:g} MiB) free")
+            return
+        for attempt in range(1, _CLIP_TRIES + 1):
+            try:
+                with self._store.atomic(clip.path) as temp:
+                    write_clip(temp, self._format, clip.frames, self._scene(), clip.track_id,
+                               self._clip_cfg.fps, self._hurry)
+            except (StorageError, OSError) as exc:
+                # OpenCV says only that it cannot open the file: no descriptor left (EMFILE
+                # under a flood of web clients) passes, so it is tried again, bounded.
+                if attempt == _CLIP_TRIES or self._hurry.is_set():
+                    self._count("errors")
+                    logger.warning("pipeline %s: %s (%d tries)", self.pipeline, exc, attempt)
+                    detail = (f"{exc.strerror} ({errno.errorcode.get(exc.errno or 0, '?')})"
+                              if isinstance(exc, OSError) else "OpenCV cannot open it")
+                    self._clip_missing(clip, f"cannot write clip {clip.path.name}: {detail} "
+                                             f"({attempt} tries)")
+                    return
+                self._store.retried()
+                time.sleep(_CLIP_RETRY_S * 2 ** (attempt - 1))
+            else:
+                self._count("clips_written")
+                return
+
+    def _clip_missing(self, clip: PendingClip, why: str) -> None:
+        with self._lock:
+            self._n["clips_missed"] += 1
+        for event in clip.events:  # values of keys the records have: they keep their size
+            event["clip"] = None
+            event["clip_missing"] = why
 
     def _count(self, key: str) -> None:
         with self._lock:

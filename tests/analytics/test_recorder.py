@@ -285,7 +285,7 @@ def test_event_types_and_switches(tmp_path: Path) -> None:
         _feed(rec, range(10))
         assert rec.on_event("e1", "enter", 1, 0.3) == {
             "snapshot": None, "snapshot_pending": None, "snapshot_missing": None, "clip": None,
-            "clip_format": None}
+            "clip_format": None, "clip_missing": None}
         assert rec.on_event("e2", "cross", 1, 0.3)["snapshot"] is None
         assert rec.stats()["kept"] == 0  # nothing to record: no frame is kept
     snaps = RecordConfig(snapshot="best", clips=None, events=["exit"], retention=ROOMY)
@@ -547,3 +547,28 @@ def test_no_file_descriptor_left_retries_then_says_why(tmp_path: Path, freed: bo
     else:
         assert media["snapshot"] is None and not Path(str(media["snapshot_pending"])).exists()
         assert "EMFILE" in str(media["snapshot_missing"]), media
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts fds in /proc")
+@pytest.mark.parametrize("freed", [True, False])
+def test_a_clip_that_cannot_be_opened_is_retried_then_says_why(tmp_path: Path,
+                                                                freed: bool) -> None:
+    """OpenCV cannot open a clip file while no descriptor is left (EMFILE): the clip was lost
+    with a warning, its events still naming it."""
+    config = RecordConfig(snapshots=False, clips=_config(pre_s=0.5, post_s=0.5).clips,
+                          retention=ROOMY)
+    with Recorder("cam", config, tmp_path) as rec:
+        media = _feed(rec, range(30), {15: "ev"})["ev"]  # its clip ends at frame 30
+        with _no_fds_left() as fds:
+            _feed(rec, range(30, 40))  # the clip is complete: written with no fd left
+            _wait(rec, "write_retries", 1)
+            assert rec.stats()["write_retries"] >= 1
+            if freed:
+                while fds:
+                    os.close(fds.pop())
+            _wait(rec, "clips_written" if freed else "clips_missed", 1)
+    if freed:
+        assert media["clip_missing"] is None and Path(str(media["clip"])).is_file()
+    else:
+        assert media["clip"] is None and "cannot write clip" in str(media["clip_missing"])
+        assert not list((tmp_path / "clips").iterdir())
