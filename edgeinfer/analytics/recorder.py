@@ -61,6 +61,7 @@ _MIB = 1024 * 1024
 _ENCODER_NICE = 5
 _WRITER_NICE = 10
 _SNAPSHOT_NICE = 5
+_SNAPSHOT_GRACE_S = 10.0
 _CLIP_TRIES = 4  # 0.2 s doubling: 1.4 s of waiting in all
 _CLIP_RETRY_S = 0.2
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -71,7 +72,7 @@ class _Event:
     seq: int  # the last frame offered before the event
     track_id: int
     snapshot: SnapRequest | None  # taken from the buffer: the best or the last frame
-    kind: str  # "best" or "last" (which frame of the buffer)
+    kind: str  # "best" or "last" (which frame of the buffer), "frame": the next one encoded
     clip: PendingClip | None
 
 
@@ -297,7 +298,12 @@ class Recorder:
             self._hurry.set()
             for t in self._threads:
                 t.join()  # one frame's encoding at most, per clip left
-        self._snaps.close()  # the encoder queued its last snapshot before it ended
+        # The encoder queued its last snapshot before it ended; a snapshot retrying a file
+        # that cannot be opened waits 1.5 s at most.
+        if not self._snaps.close(max(1.0, deadline - time.monotonic())):
+            logger.warning("pipeline %s: event snapshots still being written after %.0f s",
+                           self.pipeline, timeout)
+            self._snaps.close(_SNAPSHOT_GRACE_S)
         self._state = "closed"
 
     # -- emit thread ---------------------------------------------------------------------------

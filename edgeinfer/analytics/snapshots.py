@@ -88,6 +88,7 @@ class SnapshotWriter:
         self._thread = threading.Thread(target=self._loop, name=f"rec-snap-{pipeline}",
                                          daemon=True)
         self.pipeline = pipeline
+        self._closing = False
 
     def start(self) -> None:
         self._thread.start()
@@ -102,8 +103,11 @@ class SnapshotWriter:
         self._count("snapshots_missed")
 
     def close(self, timeout: float | None = None) -> bool:
-        """Write what is queued and end the thread; ``True`` if it ended within ``timeout``."""
-        self._jobs.put(None)
+        """Write what is queued and end the thread; ``True`` if it ended within ``timeout``
+        (calling again waits again)."""
+        if not self._closing:
+            self._closing = True
+            self._jobs.put(None)
         if self._thread.ident is not None:
             self._thread.join(timeout)
         return not self._thread.is_alive()
