@@ -574,3 +574,25 @@ def test_a_clip_that_cannot_be_opened_is_retried_then_says_why(tmp_path: Path,
     else:
         assert media["clip"] is None and "cannot write clip" in str(media["clip_missing"])
         assert not list((tmp_path / "clips").iterdir())
+
+
+def test_more_event_frames_than_wait_for_the_encoder_all_get_snapshots(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Event frames are never dropped for a lagging encoder up to 16 waiting; past that the
+    oldest is, and its events take the next frame encoded: none is missed."""
+    import edgeinfer.analytics.recorder as recorder
+
+    monkeypatch.setattr(recorder, "_lower_priority", lambda increment: time.sleep(0.5))
+    rec = Recorder("p", _config(), tmp_path)
+    rec.start()
+    media = []
+    for i in range(24):  # all offered before the encoder thread runs, each with an event
+        media.append(rec.on_event(f"ev{i}", "enter", 1, i / FPS))
+        frame, box = _frame(i)
+        rec.offer(frame, i / FPS, [box])
+    rec.close()
+    stats = rec.stats()
+    assert stats["dropped_queue"] <= 24 - 16 and stats["snapshots_missed"] == 0  # 8 unless
+    # the encoder woke before all were offered
+    assert stats["snapshots_written"] == 24
+    assert all(m["snapshot"] and Path(str(m["snapshot"])).is_file() for m in media)
