@@ -214,6 +214,37 @@ def test_watch_waits_for_the_broker_and_ctrl_c_exits_0(device: str) -> None:
         proc.kill()
 
 
+def test_ctrl_c_exits_while_the_broker_floods_a_terminal_that_stalls(
+        mqtt_broker: tuple[str, int], device: str) -> None:
+    """Printing stalled (a pipe nobody reads, a terminal on hold) while the broker kept
+    sending: the inbox filled, the network thread blocked in its put, and after Ctrl-C
+    ``client.stop()`` waited for that thread for good (paho's ``loop_stop`` joins without a
+    timeout). Now the network thread drops what does not fit, and says so."""
+    host, port = mqtt_broker
+    proc = watch("--host", host, "--port", str(port), "--device", device)
+    try:
+        err = lines(proc.stderr)
+        wait_line(err, "connected to")
+        publisher = MqttClient(MqttConfig(host=host, port=port), device)
+        publisher.start()
+        try:
+            assert publisher.wait_connected(10)
+            # More than the inbox (10,000) and a pipe's worth of lines (64 KiB) hold.
+            for i in range(25_000):
+                while not publisher.publish(publisher.topics.stats, b'{"n": %d}' % i):
+                    assert publisher.wait_connected(10)
+            wait_line(err, "messages dropped", timeout=60)
+        finally:
+            publisher.stop()
+        proc.send_signal(signal.SIGINT)
+        out = lines(proc.stdout)  # the terminal reads again
+        assert proc.wait(20) == 0
+        assert "(printing could not keep up)" in wait_line(err, "messages dropped (")
+        assert not out.empty()
+    finally:
+        proc.kill()
+
+
 def test_describe_events_and_counts() -> None:
     event = {"event_id": "faces-1a2b-3", "pipeline": "faces", "type": "cross", "zone": None,
              "line": "gate", "track_id": 4, "label": "face", "score": 0.91,
@@ -221,6 +252,13 @@ def test_describe_events_and_counts() -> None:
     kind, line = describe("edgeinfer/cam1/faces/event", json.dumps(event).encode(), "edgeinfer")
     assert (kind, line) == ("event", "cam1 faces event cross gate in  face #4 0.91 frame 120 "
                                      "snapshot /m/s.jpg")
+    # A path only once the file exists: before, the event says it is pending, or why missing.
+    pending = {**event, "snapshot": None, "snapshot_pending": "/m/s.jpg"}
+    assert describe("edgeinfer/cam1/faces/event", json.dumps(pending).encode(),
+                    "edgeinfer")[1].endswith("frame 120 snapshot pending")
+    missing = {**pending, "snapshot_pending": None, "snapshot_missing": "cannot write (EMFILE)"}
+    assert describe("edgeinfer/cam1/faces/event", json.dumps(missing).encode(),
+                    "edgeinfer")[1].endswith("frame 120 no snapshot: cannot write (EMFILE)")
     exit_ = {"type": "exit", "zone": "door", "track_id": 2, "label": "face", "dwell_s": 3.25,
              "frame": 9}
     assert describe("edgeinfer/cam1/faces/event", json.dumps(exit_).encode(), "edgeinfer")[1] \

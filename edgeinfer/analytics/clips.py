@@ -25,6 +25,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -107,6 +108,7 @@ class PendingClip:
         frames: Collected entries, in clock order.
         filled: The ring's earlier frames were added (the encoder thread reached the event).
         done: Complete or cut short; no more events join.
+        events: The records of the events in the clip, told when it cannot be written.
     """
 
     clip_id: str
@@ -117,19 +119,21 @@ class PendingClip:
     frames: list[Entry] = field(default_factory=list)
     filled: bool = False
     done: bool = False
+    events: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
 class _Best:
     score: float
-    entry: Entry
+    entry: Entry  # the frame the track scored highest in
     seen: float
+    last: Entry  # the last frame the track was seen in
 
 
 class FrameBuffer:
     """The encoded frames held in memory: a ring of the last ``pre_s`` seconds, the frames of
-    clips still collecting, and the best-scoring frame of each live track (at most 64, each
-    forgotten 2 minutes after it was last seen). A frame held by several counts once in
+    clips still collecting, and the best-scoring and the last frame of each live track (at most
+    64, each forgotten 2 minutes after it was last seen). A frame held by several counts once in
     ``bytes``; over ``budget`` bytes the oldest frame held anywhere is let go. Not locked: the
     recorder calls it under its own lock.
 
@@ -197,12 +201,21 @@ class FrameBuffer:
             self.hold(entry)
         return entry
 
+    def last(self, track_id: int) -> Entry | None:
+        """The last frame ``track_id`` was seen in (``None``: none is held), held for the
+        caller."""
+        best = self._best.get(track_id)
+        if best is None:
+            return None
+        self.hold(best.last)
+        return best.last
+
     def clear(self) -> None:
-        """Let go of the ring and the best frames."""
+        """Let go of the ring and the tracks' frames."""
         self.release_all(self.ring)
         self.ring.clear()
-        self.release_all([b.entry for b in self._best.values()])
-        self._best.clear()
+        while self._best:
+            self._forget(next(iter(self._best)))
 
     def hold(self, entry: Entry) -> None:
         """Count one more holder of ``entry``."""
@@ -226,35 +239,52 @@ class FrameBuffer:
             if b.track_id is None:
                 continue
             best = self._best.get(b.track_id)
-            if best is None or b.score > best.score:
+            if best is None:
                 self.hold(entry)
-                if best is not None:
+                self.hold(entry)
+                best = self._best[b.track_id] = _Best(b.score, entry, entry.clock, entry)
+            else:
+                if b.score > best.score:
+                    self.hold(entry)
                     self.release(best.entry)
-                best = self._best[b.track_id] = _Best(b.score, entry, entry.clock)
+                    best.score, best.entry = b.score, entry
+                if best.last is not entry:
+                    self.hold(entry)
+                    self.release(best.last)
+                    best.last = entry
             best.seen = entry.clock
             self._best.move_to_end(b.track_id)
         while self._best and (len(self._best) > _MAX_TRACKS or next(iter(
                 self._best.values())).seen < entry.clock - _TRACK_TTL_S):
-            self.release(self._best.popitem(last=False)[1].entry)
+            self._forget(next(iter(self._best)))
+
+    def _forget(self, track_id: int) -> None:
+        best = self._best.pop(track_id)
+        self.release(best.entry)
+        self.release(best.last)
 
     def _fit_budget(self) -> None:
         while self.bytes > self._budget:
-            # The oldest frame held anywhere goes first: the ring's, a clip's or a best frame.
-            oldest: tuple[float, Entry, Callable[[], object]] | None = None
+            # The oldest frame held anywhere goes first: the ring's, a clip's or a track's.
+            oldest: tuple[float, Callable[[], object]] | None = None
             if self.ring:
-                oldest = (self.ring[0].clock, self.ring[0], self.ring.popleft)
+                oldest = (self.ring[0].clock, self._pop_ring)
             for clip in self.clips:
                 if clip.frames and (oldest is None or clip.frames[0].clock < oldest[0]):
-                    oldest = (clip.frames[0].clock, clip.frames[0],
-                              functools.partial(clip.frames.pop, 0))
+                    oldest = (clip.frames[0].clock, functools.partial(self._pop_clip, clip))
             for tid, best in self._best.items():
                 if oldest is None or best.entry.clock < oldest[0]:
-                    oldest = (best.entry.clock, best.entry, functools.partial(self._best.pop, tid))
+                    oldest = (best.entry.clock, functools.partial(self._forget, tid))
             if oldest is None:
                 return  # only frames being written are left
-            oldest[2]()
-            self.release(oldest[1])
+            oldest[1]()
             self.dropped += 1
+
+    def _pop_ring(self) -> None:
+        self.release(self.ring.popleft())
+
+    def _pop_clip(self, clip: PendingClip) -> None:
+        self.release(clip.frames.pop(0))
 
 
 @functools.cache

@@ -9,6 +9,7 @@ links are neither followed nor deleted) and only deletes snapshots and clips (``
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import shutil
@@ -28,6 +29,10 @@ TEMP_PREFIX = ".tmp-"
 _MIB = 1024 * 1024
 _WARN_EVERY_S = 60.0
 _MAX_DEPTH = 4
+# Errors that pass: a process out of file descriptors (a flood of web clients), the system out
+# of them, memory or buffers for a moment. Others (read-only, permissions) do not.
+_TRANSIENT = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS, errno.EAGAIN,
+                        errno.EINTR})
 
 
 class MediaStore:
@@ -49,6 +54,7 @@ class MediaStore:
         self.deleted = 0
         self.skipped = 0
         self.errors = 0
+        self.retries = 0
         self.bytes_on_disk = 0
         self._lock = threading.Lock()
         self._warned_at: float | None = None
@@ -95,16 +101,39 @@ class MediaStore:
     def write_bytes(self, final: Path, data: bytes) -> bool:
         """Write ``data`` to ``final`` atomically; ``False`` when skipped for low disk or failed
         (logged, counted in ``errors``)."""
+        return self.save(final, data) is None
+
+    def save(self, final: Path, data: bytes, *, tries: int = 1, delay_s: float = 0.05,
+             ) -> str | None:
+        """Write ``data`` to ``final`` atomically, trying up to ``tries`` times while the error
+        is one that passes (``EMFILE``, ``ENFILE``, ``ENOMEM``, ...), the delay doubling from
+        ``delay_s``; returns ``None`` once written, else why not (logged, counted in
+        ``errors``; a retry counts in ``retries``)."""
         if not self.has_room():
-            return False
-        try:
-            with self.atomic(final) as temp:
-                temp.write_bytes(data)
-        except OSError as exc:
-            self.errors += 1
-            logger.warning("cannot write %s: %s", final, exc)
-            return False
-        return True
+            return (f"the disk had less than retention.min_free_mb "
+                    f"({self.retention.min_free_mb:g} MiB) free")
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                with self.atomic(final) as temp:
+                    temp.write_bytes(data)
+                return None
+            except OSError as exc:
+                if exc.errno in _TRANSIENT and attempt < tries:
+                    self.retried()
+                    time.sleep(delay_s * 2 ** (attempt - 1))
+                    continue
+                with self._lock:
+                    self.errors += 1
+                name = errno.errorcode.get(exc.errno or 0, "error")
+                logger.warning("cannot write %s: %s (%d tries)", final, exc, attempt)
+                return f"cannot write {final.name}: {exc.strerror or exc} ({name}, {attempt} tries)"
+
+    def retried(self) -> None:
+        """Count one more write tried again (a clip's, written by its own code)."""
+        with self._lock:
+            self.retries += 1
 
     def enforce(self) -> None:
         """Delete files past ``max_age_h``, then the oldest until the total fits ``max_mb``."""

@@ -7,17 +7,26 @@ frame then lives in a ring buffer of ``pre_s`` seconds, in the clips still colle
 and as the best-scoring frame of each live track. Every encoded frame is counted once however
 many of these hold it, and the total is kept under ``buffer_mb`` by dropping the oldest.
 
-An event gets a snapshot (its track's best frame, annotated) and a clip (``pre_s`` before to
-``post_s`` after the event); events that arrive while a clip collects its post-roll join it. A
-writer thread writes the files (``media.MediaStore``: atomic, retention, free-space floor).
+An event gets a snapshot and a clip (``pre_s`` before to ``post_s`` after the event); events
+that arrive while a clip collects its post-roll join it. The snapshot shows, with
+``snapshot: event``, the event's own frame: ``on_event`` comes before the frame's ``offer``,
+which then keeps that frame whatever ``clips.fps`` says, and the encoder never drops it for
+lagging (up to ``_PINNED`` such frames wait; past that the next frame encoded serves). An
+``exit`` shows the last kept frame its track was seen in. With ``snapshot: best`` it is the
+track's best-scoring kept frame. Snapshots have a thread of their own (``snapshots``) and are
+written as soon as their frame is encoded; clips are written later by the writer thread
+(``media.MediaStore``: atomic, retention, free-space floor).
 
-On Linux both threads lower their own priority (the encoder's nice value by 5, the writer's by
-10, relative to the thread that started them) so that media work yields the CPU to inference
-on a 2- or 4-core board; encoding a VP8 clip takes tens of milliseconds a frame.
+On Linux the threads lower their own priority (the encoder's and the snapshot writer's nice
+value by 5, the clip writer's by 10, relative to the thread that started them) so that media
+work yields the CPU to inference on a 2- or 4-core board; encoding a VP8 clip takes tens of
+milliseconds a frame.
 """
 
 from __future__ import annotations
 
+import errno
+import functools
 import logging
 import os
 import queue
@@ -33,22 +42,28 @@ from types import TracebackType
 from typing import Any
 
 from ..config.analytics import ClipConfig, RecordConfig
-from ..errors import EdgeInferError, StateError
+from ..errors import EdgeInferError, StateError, StorageError
 from ..frames import Frame
 from .clips import ClipFormat, Entry, FrameBuffer, PendingClip, probe_format, write_clip
-from .draw import Boxed, Geometry, decode_jpeg, draw_scene, encode_jpeg
+from .draw import Boxed, Geometry, encode_jpeg
 from .media import MediaStore
+from .snapshots import SNAPSHOT_KEYS, SnapJob, SnapRequest, SnapshotWriter
 
 __all__ = ["Recorder"]
 
 logger = logging.getLogger(__name__)
 
 _QUEUE = 4  # raw frames waiting for the encoder: each may be megabytes
+_PINNED = 16  # event frames waiting for the encoder (never dropped for lagging, up to this)
 _MAX_CLIP_S = 60.0
 _STALL_S = 5.0  # no frames this long (wall time): clips waiting for post-roll are cut
 _MIB = 1024 * 1024
 _ENCODER_NICE = 5
 _WRITER_NICE = 10
+_SNAPSHOT_NICE = 5
+_SNAPSHOT_GRACE_S = 10.0
+_CLIP_TRIES = 4  # 0.2 s doubling: 1.4 s of waiting in all
+_CLIP_RETRY_S = 0.2
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -56,28 +71,33 @@ _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 class _Event:
     seq: int  # the last frame offered before the event
     track_id: int
-    snapshot: Path | None
+    snapshot: SnapRequest | None  # taken from the buffer: the best or the last frame
+    kind: str  # "best" or "last" (which frame of the buffer), "frame": the next one encoded
     clip: PendingClip | None
 
 
-@dataclass(frozen=True, slots=True)
-class _Snap:
-    path: Path
-    entry: Entry
-    track_id: int
+@dataclass(slots=True)
+class _Item:
+    seq: int
+    frame: Frame
+    clock: float
+    boxes: tuple[Boxed, ...]
+    kept: bool  # on the clips.fps grid: goes into the ring and clips
+    snaps: tuple[SnapRequest, ...] = ()  # the events this frame is the snapshot of
 
 
 class Recorder:
     """Keeps encoded frames of one pipeline and writes event snapshots and clips.
 
     Use as a context manager, or call ``start`` and ``close``. ``offer`` and ``on_event`` are
-    called from one thread (the pipeline's emit thread); ``snapshot`` and ``stats`` from any.
+    called from one thread (the pipeline's emit thread): an event's ``on_event`` before the
+    ``offer`` of the frame it was decided in; ``snapshot`` and ``stats`` from any.
 
     Args:
         pipeline: The pipeline's name (for logs).
         config: The pipeline's ``record:`` section.
         directory: The pipeline's media folder (``<state>/media/<pipeline>``).
-        geometry: Returns the zones and lines to draw, in pixels (called by the writer thread).
+        geometry: Returns the zones and lines to draw, in pixels (called by the writer threads).
     """
 
     def __init__(self, pipeline: str, config: RecordConfig, directory: Path, *,
@@ -91,12 +111,17 @@ class Recorder:
         self._period = 1.0 / self._clip_cfg.fps
         self._pre = self._clip_cfg.pre_s if config.clips is not None else 0.0
         self._on = config.snapshots or config.clips is not None
+        self._own_frame = config.snapshot == "event"
         self._format: ClipFormat | None = None
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
-        self._inbox: deque[tuple[int, Frame, float, tuple[Boxed, ...]]] = deque()
+        self._inbox: deque[_Item] = deque()
         self._pending_events: deque[_Event] = deque()
-        self._jobs: queue.SimpleQueue[_Snap | PendingClip | None] = queue.SimpleQueue()
+        self._wanted: list[SnapRequest] = []  # events of the frame about to be offered
+        self._jobs: queue.SimpleQueue[PendingClip | None] = queue.SimpleQueue()
+        self._snaps = SnapshotWriter(pipeline, self._store, self._clip_cfg.quality, self._scene,
+                                     self._release, self._count,
+                                     functools.partial(_lower_priority, _SNAPSHOT_NICE))
         self._buf = FrameBuffer(self._pre, self._period, self._clip_cfg.buffer_mb * _MIB)
         self._open: PendingClip | None = None
         self._threads: list[threading.Thread] = []
@@ -109,7 +134,8 @@ class Recorder:
         self._last_entry = time.monotonic()
         self._in_flight = 0
         self._n = dict.fromkeys(("kept", "encoded", "dropped_queue", "errors",
-                                 "clips_written", "snapshots_written", "snapshots_missed"), 0)
+                                 "clips_written", "clips_missed", "snapshots_written",
+                                 "snapshots_missed"), 0)
 
     def __enter__(self) -> Recorder:
         self.start()
@@ -144,53 +170,82 @@ class Recorder:
         self._state = "running"
         for t in self._threads:
             t.start()
+        self._snaps.start()
 
     def offer(self, frame: Frame, clock: float, boxes: Sequence[Boxed]) -> None:
         """Offer a processed frame (every one) at scene ``clock`` seconds with its boxes.
 
-        Frames are kept at ``clips.fps``; a kept frame is queued by reference for the encoder
-        (the oldest queued one is dropped when the encoder lags). Others return at once.
+        Frames are kept at ``clips.fps``, and so is every frame an event was just decided in
+        (``snapshot: event``); a kept frame is queued by reference for the encoder (the oldest
+        queued one is dropped when the encoder lags, an event's frame only past ``_PINNED``).
+        Others return at once.
         """
-        if self._last_kept <= clock < self._due:
+        if self._last_kept <= clock < self._due and not self._wanted:
             return
         if not self._on or self._state != "running":
             return
-        due = self._due + self._period * 1.05  # undo the tolerance, step one period
-        if clock >= due or clock < self._last_kept:  # late, or the clock went back (a loop)
-            due = clock + self._period
-        self._due = due - self._period * 0.05
-        self._last_kept = clock
+        wanted = self._wanted
+        kept = not (self._last_kept <= clock < self._due)
+        if kept:
+            due = self._due + self._period * 1.05  # undo the tolerance, step one period
+            if clock >= due or clock < self._last_kept:  # late, or the clock went back (a loop)
+                due = clock + self._period
+            self._due = due - self._period * 0.05
+            self._last_kept = clock
         with self._cv:
+            if wanted:
+                self._wanted = []
             if len(self._inbox) >= _QUEUE:
-                self._inbox.popleft()
-                self._n["dropped_queue"] += 1
+                self._drop_one()
             self._seq += 1
-            self._inbox.append((self._seq, frame, clock, tuple(boxes)))
+            self._inbox.append(_Item(self._seq, frame, clock, tuple(boxes), kept, tuple(wanted)))
             self._n["kept"] += 1
             self._cv.notify()
 
-    def on_event(self, event_id: str, event_type: str, track_id: int,
-                 clock: float) -> dict[str, Any]:
-        """The media event ``event_id`` will have; the files are written in the background.
+    def on_event(self, event_id: str, event_type: str, track_id: int, clock: float,
+                 event: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Start the media of event ``event_id``; the files are written in the background.
+
+        Args:
+            event_id: The event's id (the files' stem).
+            event_type: ``enter``, ``exit``, ``cross`` or ``loiter``.
+            track_id: The event's track.
+            clock: The scene clock of the event's frame.
+            event: The event's record: the media keys are set in it (before anything is
+                queued) and its snapshot keys are updated once the file is written or given
+                up (``snapshots.settle``).
 
         Returns:
-            ``{"snapshot": path | None, "clip": path | None, "clip_format": name | None}`` with
-            absolute paths; all ``None`` for event types not in ``record.events``.
+            ``event`` (or a new dict) with ``snapshot`` (``None``: not written yet),
+            ``snapshot_pending`` (the absolute path it will have), ``snapshot_missing`` (why
+            there is none), ``clip`` (the absolute path the clip will have) and
+            ``clip_format``, ``clip_missing`` (why the clip could not be written: then
+            ``clip`` is ``None`` again); all ``None`` for event types not in ``record.events``.
         """
-        media: dict[str, Any] = {"snapshot": None, "clip": None, "clip_format": None}
+        media = event if event is not None else {}
+        media.update(dict.fromkeys((*SNAPSHOT_KEYS, "clip", "clip_format", "clip_missing")))
         if event_type not in self._events or self._state != "running":
             return media
         name = _safe_name(event_id)
-        snap = self._store.snapshots / f"{name}.jpg" if self.config.snapshots else None
+        request = None
+        if self.config.snapshots:
+            path = self._store.snapshots / f"{name}.jpg"
+            media["snapshot_pending"] = str(path.absolute())
+            request = SnapRequest(path, track_id, media)
+        own = request is not None and self._own_frame and event_type != "exit"
         with self._cv:
             clip = self._clip_for(name, track_id, clock)
-            self._pending_events.append(_Event(self._seq, track_id, snap, clip))
+            if clip is not None and self._format is not None:
+                media["clip"] = str(clip.path.absolute())
+                media["clip_format"] = self._format.name
+                clip.events.append(media)
+            if own:
+                assert request is not None
+                self._wanted.append(request)  # the next frame offered is the event's
+            kind = "last" if self._own_frame else "best"
+            self._pending_events.append(
+                _Event(self._seq, track_id, None if own else request, kind, clip))
             self._cv.notify()
-        if snap is not None:
-            media["snapshot"] = str(snap.absolute())
-        if clip is not None and self._format is not None:
-            media["clip"] = str(clip.path.absolute())
-            media["clip_format"] = self._format.name
         return media
 
     def snapshot(self, event_id: str) -> bytes | None:
@@ -207,8 +262,9 @@ class Recorder:
 
     def stats(self) -> dict[str, Any]:
         """Counters: frames kept, queued (or being encoded), encoded and dropped (queue, buffer),
-        the ring's frames and encoded bytes, all buffered bytes, files written, disk use,
-        retention and low-disk skips, the clip format."""
+        the ring's frames and encoded bytes, all buffered bytes, files written, snapshots
+        missed, disk use, retention and low-disk skips, write errors and retries, the clip
+        format."""
         with self._lock:
             s: dict[str, Any] = dict(self._n)
             buf = self._buf
@@ -218,13 +274,14 @@ class Recorder:
                      best_frames=buf.tracks)
         s.update(bytes_on_disk=self._store.bytes_on_disk, deleted=self._store.deleted,
                  skipped_low_disk=self._store.skipped, write_errors=self._store.errors,
+                 write_retries=self._store.retries,
                  clip_format=self._format.name if self._format else None)
         return s
 
     def close(self, timeout: float = 10.0) -> None:
-        """Encode what is queued, write clips still waiting for post-roll with the frames they
-        have, and join the threads. After ``timeout`` seconds the clip being written ends at
-        its next frame and the rest are cut short too: a stop never
+        """Encode what is queued, write the snapshots, write clips still waiting for post-roll
+        with the frames they have, and join the threads. After ``timeout`` seconds the clip
+        being written ends at its next frame and the rest are cut short too: a stop never
         waits long, and no thread is left inside OpenCV when the process exits."""
         if self._state != "running":
             self._state = "closed"
@@ -241,6 +298,12 @@ class Recorder:
             self._hurry.set()
             for t in self._threads:
                 t.join()  # one frame's encoding at most, per clip left
+        # The encoder queued its last snapshot before it ended; a snapshot retrying a file
+        # that cannot be opened waits 1.5 s at most.
+        if not self._snaps.close(max(1.0, deadline - time.monotonic())):
+            logger.warning("pipeline %s: event snapshots still being written after %.0f s",
+                           self.pipeline, timeout)
+            self._snaps.close(_SNAPSHOT_GRACE_S)
         self._state = "closed"
 
     # -- emit thread ---------------------------------------------------------------------------
@@ -259,6 +322,21 @@ class Recorder:
                                  min(clock + cfg.post_s, start + _MAX_CLIP_S))
         return self._open
 
+    def _drop_one(self) -> None:
+        # The oldest frame no event waits for; when events wait for all, the oldest of those
+        # past _PINNED, its events then served by the next frame encoded.
+        inbox = self._inbox
+        for i, item in enumerate(inbox):
+            if not item.snaps:
+                del inbox[i]
+                self._n["dropped_queue"] += 1
+                return
+        if len(inbox) >= _PINNED:
+            item = inbox.popleft()
+            self._n["dropped_queue"] += 1
+            self._deferred.extend(_Event(item.seq, r.track_id, r, "frame", None)
+                                  for r in item.snaps)
+
     # -- encoder thread ------------------------------------------------------------------------
 
     def _encode_loop(self) -> None:
@@ -271,7 +349,7 @@ class Recorder:
                         self._finish_clips()
                 ev = item = None
                 if self._pending_events and (not self._inbox
-                                             or self._pending_events[0].seq < self._inbox[0][0]):
+                                             or self._pending_events[0].seq < self._inbox[0].seq):
                     ev = self._pending_events.popleft()
                 elif self._inbox:
                     item = self._inbox.popleft()
@@ -282,22 +360,35 @@ class Recorder:
                 if ev is not None:
                     self._handle_event(ev)
                 elif item is not None:
-                    self._encode(*item)
-            except Exception:  # one bad frame or event must not end recording for good
+                    self._encode(item)
+            except Exception as exc:  # one bad frame or event must not end recording for good
                 self._count("errors")
                 if self._n["errors"] == 1 or logger.isEnabledFor(logging.DEBUG):
                     logger.warning("pipeline %s: recording a frame failed", self.pipeline,
                                    exc_info=True)
+                why = f"recording the event's frame failed: {type(exc).__name__}: {exc}"
+                lost = item.snaps if item is not None else ()
+                if ev is not None and ev.snapshot is not None:
+                    lost = (ev.snapshot,)
+                for request in lost:
+                    self._snaps.missed(request, why)
             finally:
                 self._in_flight = 0
         with self._lock:
             self._finish_clips()
             self._buf.clear()
-            self._n["snapshots_missed"] += len(self._deferred)
-            self._deferred.clear()
+            deferred, self._deferred = self._deferred, []
+            wanted, self._wanted = self._wanted, []
+        for ev in deferred:
+            if ev.snapshot is not None:
+                self._snaps.missed(ev.snapshot, "the recorder stopped before a frame for the "
+                                                "snapshot was encoded")
+        for request in wanted:
+            self._snaps.missed(request, "the recorder stopped before the event's frame came")
         self._jobs.put(None)
 
-    def _encode(self, _seq: int, frame: Frame, clock: float, boxes: tuple[Boxed, ...]) -> None:
+    def _encode(self, item: _Item) -> None:
+        frame = item.frame
         image, scale = frame.data, 1.0
         width = self._clip_cfg.max_width
         try:
@@ -308,77 +399,123 @@ class Recorder:
                 size = (width, max(2, round(frame.height * scale)))
                 image = cv2.resize(image, size, interpolation=cv2.INTER_AREA)
             jpeg = encode_jpeg(image, self._clip_cfg.quality)
-        except EdgeInferError:
+        except EdgeInferError as exc:
             self._count("errors")
+            for request in item.snaps:
+                self._snaps.missed(request, f"the event's frame could not be encoded: {exc}")
             return
-        self._add(Entry(jpeg, clock, frame.wall, frame.index, boxes, scale))
-
-    def _add(self, entry: Entry) -> None:
+        entry = Entry(jpeg, item.clock, frame.wall, frame.index, item.boxes, scale)
         with self._lock:
             self._n["encoded"] += 1
-            self._last_entry = time.monotonic()
-            for clip in self._buf.add(entry):
-                self._jobs.put(clip)
-            deferred, self._deferred = self._deferred, []
-            for ev in deferred:  # their frames were dropped while the encoder lagged
-                snap = self._buf.best(ev.track_id)
-                if snap is not None and ev.snapshot is not None:
-                    self._jobs.put(_Snap(ev.snapshot, snap, ev.track_id))
+            for _ in item.snaps:
+                self._buf.hold(entry)
+            if item.kept:
+                self._add(entry)
+        for request in item.snaps:
+            self._snaps.put(SnapJob(request, entry))
+
+    def _add(self, entry: Entry) -> None:  # under the lock
+        self._last_entry = time.monotonic()
+        for clip in self._buf.add(entry):
+            self._jobs.put(clip)
+        deferred, self._deferred = self._deferred, []
+        for ev in deferred:  # their frames were dropped while the encoder lagged
+            if ev.snapshot is None:
+                continue
+            if ev.kind == "best":
+                held = self._buf.best(ev.track_id)
+            else:  # the next frame encoded after the event's
+                self._buf.hold(entry)
+                held = entry
+            if held is not None:
+                self._snaps.put(SnapJob(ev.snapshot, held))
 
     def _handle_event(self, ev: _Event) -> None:
+        why = ""
         with self._lock:
             if ev.clip is not None and not ev.clip.filled:
                 self._buf.open_clip(ev.clip)
             if ev.snapshot is None:
                 return
-            entry = self._buf.best(ev.track_id)
-            if entry is None:  # no frame kept yet (all dropped): the next one encoded serves
-                self._deferred.append(ev)
-                return
-        self._jobs.put(_Snap(ev.snapshot, entry, ev.track_id))
+            if ev.kind == "last":
+                entry = self._buf.last(ev.track_id)
+                if entry is None:
+                    why = (f"track #{ev.track_id} was in no kept frame still held (frames are "
+                           "kept at clips.fps; the encoder may have dropped them)")
+            else:
+                entry = self._buf.best(ev.track_id)
+                if entry is None:  # no frame kept yet (all dropped): the next one encoded serves
+                    self._deferred.append(ev)
+                    return
+        if entry is None:
+            self._snaps.missed(ev.snapshot, why)
+            return
+        self._snaps.put(SnapJob(ev.snapshot, entry))
 
     def _finish_clips(self) -> None:
         for clip in self._buf.take_clips():
             self._jobs.put(clip)
 
-    # -- writer thread -------------------------------------------------------------------------
+    # -- writer threads ------------------------------------------------------------------------
 
     def _write_loop(self) -> None:
         _lower_priority(_WRITER_NICE)
         while (job := self._jobs.get()) is not None:
-            held = job.frames if isinstance(job, PendingClip) else [job.entry]
             try:
-                if isinstance(job, PendingClip):
-                    self._write_clip(job)
-                else:
-                    self._write_snapshot(job)
+                self._write_clip(job)
             except Exception:  # a bad frame or geometry must not stop the writer for good
                 self._count("errors")
                 logger.warning("pipeline %s: cannot write event media", self.pipeline,
                                exc_info=True)
             finally:
                 with self._lock:
-                    self._buf.release_all(held)
+                    self._buf.release_all(job.frames)
+
+    def _release(self, entry: Entry) -> None:
+        with self._lock:
+            self._buf.release(entry)
 
     def _scene(self) -> Geometry:
         return self._geometry() if self._geometry is not None else ()
 
-    def _write_snapshot(self, job: _Snap) -> None:
-        if not self._store.has_room():
-            return
-        image = decode_jpeg(job.entry.jpeg)
-        draw_scene(image, job.entry.boxes, self._scene(), scale=job.entry.scale,
-                   highlight=job.track_id)
-        if self._store.write_bytes(job.path, encode_jpeg(image, self._clip_cfg.quality)):
-            self._count("snapshots_written")
-
     def _write_clip(self, clip: PendingClip) -> None:
-        if not clip.frames or self._format is None or not self._store.has_room():
+        if self._format is None:
             return
-        with self._store.atomic(clip.path) as temp:
-            write_clip(temp, self._format, clip.frames, self._scene(), clip.track_id,
-                       self._clip_cfg.fps, self._hurry)
-        self._count("clips_written")
+        if not clip.frames:
+            self._clip_missing(clip, "no frame of its span was kept (the encoder lagged)")
+            return
+        if not self._store.has_room():
+            self._clip_missing(clip, f"the disk had less than retention.min_free_mb "
+                                     f"({self.config.retention.min_free_mb:g} MiB) free")
+            return
+        for attempt in range(1, _CLIP_TRIES + 1):
+            try:
+                with self._store.atomic(clip.path) as temp:
+                    write_clip(temp, self._format, clip.frames, self._scene(), clip.track_id,
+                               self._clip_cfg.fps, self._hurry)
+            except (StorageError, OSError) as exc:
+                # OpenCV says only that it cannot open the file: no descriptor left (EMFILE
+                # under a flood of web clients) passes, so it is tried again, bounded.
+                if attempt == _CLIP_TRIES or self._hurry.is_set():
+                    self._count("errors")
+                    logger.warning("pipeline %s: %s (%d tries)", self.pipeline, exc, attempt)
+                    detail = (f"{exc.strerror} ({errno.errorcode.get(exc.errno or 0, '?')})"
+                              if isinstance(exc, OSError) else "OpenCV cannot open it")
+                    self._clip_missing(clip, f"cannot write clip {clip.path.name}: {detail} "
+                                             f"({attempt} tries)")
+                    return
+                self._store.retried()
+                time.sleep(_CLIP_RETRY_S * 2 ** (attempt - 1))
+            else:
+                self._count("clips_written")
+                return
+
+    def _clip_missing(self, clip: PendingClip, why: str) -> None:
+        with self._lock:
+            self._n["clips_missed"] += 1
+        for event in clip.events:  # values of keys the records have: they keep their size
+            event["clip"] = None
+            event["clip_missing"] = why
 
     def _count(self, key: str) -> None:
         with self._lock:

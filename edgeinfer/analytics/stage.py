@@ -31,6 +31,8 @@ logger = logging.getLogger(__name__)
 __all__ = ["SceneAnalytics", "media_dir"]
 
 _NO_EVENTS: list[dict[str, Any]] = []
+_NO_MEDIA = dict.fromkeys(("snapshot", "snapshot_pending", "snapshot_missing", "clip",
+                           "clip_format", "clip_missing"))
 RECENT_EVENTS = 200  # events kept in memory for the web view (all are on MQTT and in results)
 
 
@@ -130,11 +132,10 @@ class SceneAnalytics:
     def _event(self, e: Any) -> dict[str, Any]:
         self._events += 1
         event_id = f"{self.pipeline}-{self._run}-{self._events}"
-        data: dict[str, Any] = {"event_id": event_id, "pipeline": self.pipeline, **e.to_dict()}
-        media: dict[str, Any] = {"snapshot": None, "clip": None, "clip_format": None}
-        if self.recorder is not None:
-            media.update(self.recorder.on_event(event_id, e.type, e.track_id, e.clock))
-        data.update(media)
+        data: dict[str, Any] = {"event_id": event_id, "pipeline": self.pipeline, **e.to_dict(),
+                                **_NO_MEDIA}
+        if self.recorder is not None:  # before the frame's offer: the snapshot may show it
+            self.recorder.on_event(event_id, e.type, e.track_id, e.clock, data)
         return data
 
     # -- control and reporting ------------------------------------------------------------------

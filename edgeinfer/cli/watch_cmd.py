@@ -15,12 +15,17 @@ from __future__ import annotations
 import argparse
 import json
 import queue
+import signal
 import sys
-from typing import Any
-
+import threading
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from ..config.mqtt import MqttConfig
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..mqtt.client import Message
 
 __all__ = ["cmd_watch", "describe", "result_from_dict"]
 
@@ -28,8 +33,16 @@ _MAX_LINE = 240
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
-    """Print messages until Ctrl-C (exit 0) or ``--count`` results."""
-    from ..mqtt.client import Message, MqttClient
+    """Print messages until Ctrl-C (exit 0) or ``--count`` results.
+
+    Ctrl-C only sets a flag that the loop reads (a second one interrupts at once): a
+    KeyboardInterrupt raised anywhere in the main thread could leave a lock of the inbox held
+    (CPython runs the handler right after a C call such as a lock's acquire, before the
+    ``with`` block that releases it is entered), and the network thread would wait on it for
+    good. The network thread never waits on the printing either: when the inbox is full
+    (printing slower than the broker sends), messages are dropped and counted.
+    """
+    from ..mqtt.client import MqttClient
     from ..mqtt.topics import check_level
 
     config = _config(args)
@@ -48,32 +61,86 @@ def cmd_watch(args: argparse.Namespace) -> int:
         client = MqttClient(config, "watch", announce=False)
     except ValueError as exc:  # a --prefix that is no topic level
         raise ConfigError(f"--prefix: {exc}") from exc
-    inbox: queue.Queue[Message] = queue.Queue(maxsize=10_000)
+    inbox = _Inbox(_INBOX)
     for topic in filters:
         client.subscribe(topic, 1, inbox.put)
     where = f"{config.host}:{config.resolved_port()}"
     print(f"edgeinfer watch: {', '.join(filters)} on {where}", file=sys.stderr, flush=True)
     results = 0
     state = ""
-    client.start()
-    try:
-        while args.count is None or results < args.count:
-            if client.state != state:
-                state = client.state
-                _say_state(client, where)
-            try:
-                msg = inbox.get(timeout=0.5)
-            except queue.Empty:
-                continue
-            kind, line = describe(msg.topic, msg.payload, prefix, as_json=args.json,
-                                  retained=msg.retain)
-            print(line, flush=True)
-            results += kind == "result"
-    except KeyboardInterrupt:
-        pass
-    finally:
-        client.stop(timeout_s=1.0)
+    interrupt = _Interrupt()
+    with interrupt:
+        client.start()
+        try:
+            while not interrupt.asked and (args.count is None or results < args.count):
+                if client.state != state:
+                    state = client.state
+                    _say_state(client, where)
+                msg = inbox.get(_POLL_S)
+                if msg is None:
+                    continue
+                kind, line = describe(msg.topic, msg.payload, prefix, as_json=args.json,
+                                      retained=msg.retain)
+                print(line, flush=True)
+                results += kind == "result"
+        except KeyboardInterrupt:  # the second Ctrl-C
+            pass
+        finally:
+            client.stop(timeout_s=1.0)
+    if inbox.dropped:
+        print(f"edgeinfer watch: {inbox.dropped} messages dropped (printing could not keep up)",
+              file=sys.stderr, flush=True)
     return 0
+
+
+_INBOX = 10_000
+_POLL_S = 0.25
+
+
+class _Inbox:
+    """Messages from the network thread to the printing loop; ``put`` never waits."""
+
+    def __init__(self, size: int) -> None:
+        self._queue: queue.Queue[Message] = queue.Queue(maxsize=size)
+        self.dropped = 0
+
+    def put(self, msg: Message) -> None:
+        try:
+            self._queue.put_nowait(msg)
+        except queue.Full:
+            self.dropped += 1  # only the network thread writes it
+            if self.dropped == 1:  # said once now (the loop may be stuck printing), all at exit
+                print("edgeinfer watch: messages dropped: printing cannot keep up with the "
+                      "broker", file=sys.stderr, flush=True)
+
+    def get(self, timeout: float) -> Message | None:
+        try:
+            return self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+
+class _Interrupt:
+    """While the block runs (in the main thread; elsewhere nothing changes), SIGINT sets
+    ``asked``; a second one raises KeyboardInterrupt."""
+
+    def __init__(self) -> None:
+        self.asked = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _Interrupt:
+        if threading.current_thread() is threading.main_thread():
+            self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.asked:
+            raise KeyboardInterrupt
+        self.asked = True
 
 
 def _say_state(client: Any, where: str) -> None:

@@ -174,13 +174,18 @@ class RecordConfig(ConfigStruct, frozen=True):
     """Snapshots and clips of events, stored under ``<state>/media/<pipeline>/``.
 
     Attributes:
-        snapshots: Write the track's best frame, annotated, as a JPEG per event.
+        snapshots: Write an annotated JPEG per event.
+        snapshot: Which frame the snapshot shows: ``event``, the event's own frame (an
+            ``exit``: the last kept frame in which the object was seen), or ``best``, the
+            frame in which the track scored highest (it may show the object before it
+            entered, or after it left).
         clips: Write a clip per event (``None``: no clips).
         events: The event types that get media.
         retention: Disk limits.
     """
 
     snapshots: bool = True
+    snapshot: Literal["event", "best"] = "event"
     clips: ClipConfig | None = msgspec.field(default_factory=ClipConfig)
     events: list[Literal["enter", "exit", "cross", "loiter"]] = msgspec.field(
         default_factory=lambda: ["enter", "cross", "loiter"])

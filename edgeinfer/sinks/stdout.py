@@ -63,6 +63,11 @@ def format_event(pipeline: str, event: dict[str, Any]) -> str:
     if isinstance(dwell, (int, float)):
         parts.append(f"dwell {dwell:.1f} s")
     parts.append(f"frame {event.get('frame', '?')}")
+    # A path only once the file is on disk; until then the snapshot is pending, or missing.
     if event.get("snapshot"):
         parts.append(f"snapshot {event['snapshot']}")
+    elif event.get("snapshot_missing"):
+        parts.append(f"no snapshot: {event['snapshot_missing']}")
+    elif event.get("snapshot_pending"):
+        parts.append("snapshot pending")
     return " ".join(parts)

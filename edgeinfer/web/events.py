@@ -139,6 +139,11 @@ def _checked(p: Pipeline, named: Any) -> Path | None:
 def _media_file(p: Pipeline, event: dict[str, Any], kind: str) -> Path:
     named = event.get(kind)
     if named is None:
+        why, pending = event.get(f"{kind}_missing"), event.get(f"{kind}_pending")
+        if why:
+            raise Refused(404, f"event {event['event_id']!r} has no {kind}: {why}")
+        if pending:
+            raise Refused(404, f"the {kind} of event {event['event_id']!r} is not written yet")
         raise Refused(404, f"event {event['event_id']!r} has no {kind} (not recorded for "
                            "its type)")
     path = _checked(p, named)

@@ -287,6 +287,28 @@ def test_clip_outside_the_media_folder_is_not_served(client: Client, pipeline: A
         pipeline.analytics.recent.remove(event)
 
 
+def test_an_event_without_its_snapshot_says_why(client: Client, pipeline: Any) -> None:
+    """The recorder records on the event why its snapshot is missing (``EMFILE`` after its
+    retries, say); the API answers with that reason, and pending is not 'not recorded'."""
+    missing = {"event_id": "web-test-missing", "pipeline": PIPELINE, "type": "enter",
+               "snapshot": None, "snapshot_pending": None,
+               "snapshot_missing": "cannot write x.jpg: Too many open files (EMFILE, 6 tries)",
+               "clip": None, "clip_format": None}
+    pending = {**missing, "event_id": "web-test-pending", "snapshot_missing": None,
+               "snapshot_pending": "/nowhere/x.jpg"}
+    pipeline.analytics.recent.extend([missing, pending])
+    try:
+        r = client.get("/v1/events/web-test-missing/snapshot.jpg")
+        assert r.status == 404 and "Too many open files (EMFILE" in r.json()["error"]
+        listed = client.get("/v1/events/web-test-missing").json()
+        assert listed["snapshot_url"] is None and "EMFILE" in listed["snapshot_missing"]
+        r = client.get("/v1/events/web-test-pending/snapshot.jpg")
+        assert r.status == 404 and "not written yet" in r.json()["error"]
+    finally:
+        pipeline.analytics.recent.remove(missing)
+        pipeline.analytics.recent.remove(pending)
+
+
 # -- the rest --------------------------------------------------------------------------------------
 def test_openapi_describes_every_route(client: Client, server: Any) -> None:
     doc = client.get("/openapi.json").json()

@@ -393,3 +393,29 @@ def test_the_events_page_shows_events_with_snapshots_and_clips(page: Page,
     assert "line door" in text or "zone desk" in text, text
     _plays(page)
     _screenshot(page, "web-events.png")
+
+
+def test_an_event_without_a_snapshot_shows_why_on_the_events_page(browser: Browser,
+                                                                   server: Any,
+                                                                   pipeline: Any) -> None:
+    """The events card showed nothing when an event had no snapshot; now it says why (the
+    recorder puts the reason on the event: EMFILE after its retries, say)."""
+    why = "cannot write x.jpg: Too many open files (EMFILE, 6 tries)"
+    event = {"event_id": "web-test-no-snapshot", "pipeline": pipeline.name, "type": "enter",
+             "zone": "desk", "track_id": 7, "label": "face", "start": time.time() + 3600,
+             "snapshot": None, "snapshot_pending": None, "snapshot_missing": why,
+             "clip": None, "clip_format": None, "clip_missing": None}
+    pipeline.analytics.recent.append(event)
+    ctx = _context(browser)
+    try:
+        page = ctx.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(server.url.rstrip("/") + "/events")
+        card = page.wait_for_selector("li[data-event='web-test-no-snapshot'] .snapshot-missing",
+                                      timeout=20_000)
+        assert card is not None and card.inner_text() == f"No snapshot: {why}"
+        assert not errors, errors
+    finally:
+        ctx.close()
+        pipeline.analytics.recent.remove(event)

@@ -264,6 +264,10 @@ function eventItem(e, withClip) {
   if (e.snapshot_url) {
     item.append(el("img", { src: e.snapshot_url, alt: `Snapshot of ${eventTitle(e)}`,
       class: "thumb" }));
+  } else if (e.snapshot_missing) {
+    item.append(el("span", { class: "snapshot-missing error" }, `No snapshot: ${e.snapshot_missing}`));
+  } else if (e.snapshot_pending) {
+    item.append(el("span", { class: "snapshot-pending muted" }, "Snapshot being written…"));
   }
   if (withClip && e.clip_url) {
     item.append(el("video", { src: e.clip_url, controls: true, preload: "metadata",
@@ -278,7 +282,8 @@ function updateEvents(list, events, withClip) {
   const nodes = events.map((e) => {
     const old = shown.get(String(e.event_id));
     const fresh = !old || (e.clip_url && !old.querySelector("video") && withClip) ||
-      (e.snapshot_url && !old.querySelector("img"));
+      (e.snapshot_url && !old.querySelector("img")) ||
+      (e.snapshot_missing && !old.querySelector(".snapshot-missing"));
     return fresh ? eventItem(e, withClip) : old;
   });
   if (!nodes.length) nodes.push(el("li", { class: "muted" }, "No events yet."));
