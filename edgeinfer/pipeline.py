@@ -132,7 +132,7 @@ class Pipeline:
         for sink in self.sinks:
             sink.open()
         if self.analytics is not None:
-            self.analytics.start()
+            self.analytics.start(self.run_id)
         self.source.__enter__()
         self.stats.start()
         stages = ((self._capture, "capture"), (self._infer, "infer"), (self._emit, "emit"))
@@ -495,8 +495,9 @@ class Pipeline:
         """Hand a frame's events to the sinks that publish them (the MQTT sink's outbox) and
         keep them for the next result."""
         stats = self.stats
-        for event in events:
-            event["run_id"] = self.run_id
+        for event in events:  # made with it (SceneAnalytics.start); a value, never a new key,
+            if event.get("run_id") != self.run_id:  # since the web view may be reading it
+                event["run_id"] = self.run_id
         self._events.extend(events)
         if len(self._events) > _MAX_HELD_EVENTS:  # emission held back for long: keep the newest
             del self._events[:-_MAX_HELD_EVENTS]

@@ -67,6 +67,7 @@ class SceneAnalytics:
         self.recorder: Recorder | None = None
         self._size: tuple[int, int] | None = None
         self._run = secrets.token_hex(4)  # event ids stay unique across restarts
+        self.run_id = ""  # the pipeline's (start): in every event from its creation on
         self._events = 0
         self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_EVENTS)  # the web view's list
         if pc.zones or pc.lines:
@@ -83,7 +84,11 @@ class SceneAnalytics:
                                      geometry=self.geometry)
 
     # -- lifecycle ------------------------------------------------------------------------------
-    def start(self) -> None:
+    def start(self, run_id: str = "") -> None:
+        """Start the recorder; ``run_id`` (the pipeline's, new at each start) goes into every
+        event as it is made: the web view may be reading an event already, so no key is added
+        to it later."""
+        self.run_id = run_id
         if self.recorder is not None:
             self.recorder.start()
 
@@ -132,8 +137,8 @@ class SceneAnalytics:
     def _event(self, e: Any) -> dict[str, Any]:
         self._events += 1
         event_id = f"{self.pipeline}-{self._run}-{self._events}"
-        data: dict[str, Any] = {"event_id": event_id, "pipeline": self.pipeline, **e.to_dict(),
-                                **_NO_MEDIA}
+        data: dict[str, Any] = {"event_id": event_id, "pipeline": self.pipeline,
+                                "run_id": self.run_id, **e.to_dict(), **_NO_MEDIA}
         if self.recorder is not None:  # before the frame's offer: the snapshot may show it
             self.recorder.on_event(event_id, e.type, e.track_id, e.clock, data)
         return data
