@@ -56,6 +56,10 @@ class HttpConfig(ConfigStruct, frozen=True):
             it opened or after its last answer is closed (idle keep-alive, slowloris).
         body_timeout_s: Longest time a client may take to send a request body (408 beyond).
         live_stall_s: A live viewer whose connection takes no frame for this long is dropped.
+        auth_failures_per_client: Failed token checks (wrong bearer token or login) one address
+            may make in a minute; then tokens from it are not checked (429) until the minute
+            has room.
+        auth_failures_total: The same for all addresses together.
     """
 
     bind: Host = "127.0.0.1"
@@ -73,6 +77,8 @@ class HttpConfig(ConfigStruct, frozen=True):
     header_timeout_s: Annotated[float, Meta(ge=0.5, le=3600)] = 10.0
     body_timeout_s: Annotated[float, Meta(ge=0.5, le=3600)] = 60.0
     live_stall_s: Annotated[float, Meta(ge=0.5, le=3600)] = 10.0
+    auth_failures_per_client: Annotated[int, Meta(ge=1, le=100_000)] = 5
+    auth_failures_total: Annotated[int, Meta(ge=1, le=100_000)] = 30
 
     def __post_init__(self) -> None:
         if self.token is not None and _TOKEN.fullmatch(self.token) is None:

@@ -13,9 +13,9 @@ Checks run in this order on every request (`security_middleware`):
    ``POST`` that relies on the cookie must carry ``X-Edgeinfer-CSRF`` equal to the session's
    CSRF token (the readable ``edgeinfer_csrf`` cookie, or ``GET /v1/session``).
 4. Failed token checks (a wrong bearer token or a wrong login) are limited: after
-   ``FAILURES_PER_CLIENT`` in ``FAILURE_WINDOW_S`` from one address, or ``FAILURES_TOTAL`` from
-   all addresses together, tokens are not checked at all (429) until the window has room. A
-   logged-in browser's session cookie still works then.
+   ``http.auth_failures_per_client`` in ``FAILURE_WINDOW_S`` from one address, or
+   ``http.auth_failures_total`` from all addresses together, tokens are not checked at all
+   (429) until the window has room. A logged-in browser's session cookie still works then.
 """
 
 from __future__ import annotations
@@ -38,8 +38,6 @@ CSRF_COOKIE = "edgeinfer_csrf"
 CSRF_HEADER = "X-Edgeinfer-CSRF"
 SESSION_S = 12 * 3600
 MAX_SESSIONS = 64
-FAILURES_PER_CLIENT = 5  # failed token checks per client address and FAILURE_WINDOW_S
-FAILURES_TOTAL = 30  # ... from all addresses together
 FAILURE_WINDOW_S = 60.0
 _LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "ip6-localhost"})
 _PUBLIC = ("/login", "/static/")
@@ -73,7 +71,8 @@ class Auth:
         self.secure = config.tls is not None
         self._sessions: dict[str, Session] = {}
         self._failures: dict[str, deque[float]] = {}
-        self._all_failures: deque[float] = deque(maxlen=FAILURES_TOTAL)
+        self.per_client, self.total = config.auth_failures_per_client, config.auth_failures_total
+        self._all_failures: deque[float] = deque(maxlen=self.total)
         self.throttled_count = 0
         hosts = {config.bind.lower().strip("[]"), *_LOOPBACK_NAMES}
         hosts.update(h.lower().strip("[]") for h in config.allowed_hosts)
@@ -133,14 +132,14 @@ class Auth:
         every = self._all_failures
         while every and every[0] < cutoff:
             every.popleft()
-        if len(every) >= FAILURES_TOTAL:
+        if len(every) >= self.total:
             return True
         recent = self._failures.get(client)
         if recent is None:
             return False
         while recent and recent[0] < cutoff:
             recent.popleft()
-        return len(recent) >= FAILURES_PER_CLIENT
+        return len(recent) >= self.per_client
 
     def throttle_refusal(self, client: str) -> web.Response | None:
         """The 429 answer when ``client`` may not try a token now (counted), else ``None``."""
@@ -155,7 +154,7 @@ class Auth:
         if len(self._failures) > 4096:  # a flood of addresses: forget the oldest
             self._failures.pop(next(iter(self._failures)))
         now = time.monotonic()
-        self._failures.setdefault(client, deque(maxlen=FAILURES_PER_CLIENT)).append(now)
+        self._failures.setdefault(client, deque(maxlen=self.per_client)).append(now)
         self._all_failures.append(now)
 
     def login(self, client: str, given: str) -> tuple[str, Session] | None:

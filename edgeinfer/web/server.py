@@ -139,7 +139,7 @@ class WebServer:
         guard, loop = self.guard, asyncio.get_running_loop()
         # aiohttp's keep-alive timer stays as a backstop behind the guard's header timer.
         options: dict[str, Any] = {
-            "loop": loop, "access_log": None, "lingering_time": 2.0,
+            "loop": loop, "access_log": None, "lingering_time": 0.5,
             "keepalive_timeout": 2 * self.config.header_timeout_s}
         self._listener = await loop.create_server(
             lambda: GuardedHandler(guard, manager, **options), self.config.bind,

@@ -186,9 +186,10 @@ def test_a_hard_link_in_the_media_folder_is_not_served(
 
 def test_failed_bearer_tokens_are_throttled_per_address_and_in_total(
         make_server: ServerFactory) -> None:
-    from edgeinfer.web.auth import FAILURES_PER_CLIENT, FAILURES_TOTAL
-
+    per_client, total = 5, 30  # the defaults
     server = make_server(token=TOKEN)
+    assert (server.config.auth_failures_per_client, server.config.auth_failures_total) == (
+        per_client, total)
     good = {"Authorization": f"Bearer {TOKEN}"}
     wrong = {"Authorization": "Bearer " + "x" * 20}
 
@@ -202,12 +203,12 @@ def test_failed_bearer_tokens_are_throttled_per_address_and_in_total(
         finally:
             sock.close()
 
-    for _ in range(FAILURES_PER_CLIENT):
+    for _ in range(per_client):
         assert get("127.0.0.5", wrong) == 401
     assert get("127.0.0.5", wrong) == 429
     assert get("127.0.0.5", good) == 429  # even the right token, from that address
     assert get("127.0.0.1", good) == 200  # others are not locked out by one address
-    for i in range(FAILURES_TOTAL - FAILURES_PER_CLIENT):  # one guess from each of many
+    for i in range(total - per_client):  # one guess from each of many
         assert get(f"127.0.2.{i + 1}", wrong) == 401
     assert get("127.0.3.1", wrong) == 429
     assert get("127.0.3.2", good) == 429  # for the window, no token is checked at all
