@@ -269,7 +269,8 @@ def test_malformed_requests_and_abandoned_uploads_are_counted_not_logged(
         sock.settimeout(5)
         assert sock.recv(64)[8:13] == b" 400 "
         sock.close()
-    loud = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    loud = [r for r in caplog.records if r.levelno >= logging.WARNING
+            and r.name.split(".")[0] in ("aiohttp", "edgeinfer")]
     assert not loud, [r.getMessage() for r in loud][:3]
     for _ in range(5):  # uploads abandoned half way
         sock = _connect(server)
@@ -279,7 +280,8 @@ def test_malformed_requests_and_abandoned_uploads_are_counted_not_logged(
              10, "the abandoned uploads counted")
     assert server.stats()["client_gone"] >= 1
     assert server.stats()["connections"]["server_errors_logged_at_debug"] >= len(bad)
-    loud = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    loud = [r for r in caplog.records if r.levelno >= logging.WARNING
+            and r.name.split(".")[0] in ("aiohttp", "edgeinfer")]
     assert not loud, [r.getMessage() for r in loud][:3]
     debug = [r for r in caplog.records if r.name == "edgeinfer.web.guard"]
     assert 1 <= len(debug) <= 10  # rate-limited: about one a second
