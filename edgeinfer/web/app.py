@@ -14,6 +14,7 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import parse_qs
 
 from aiohttp import web
 
@@ -36,6 +37,7 @@ logger = logging.getLogger(__name__)
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 PAGES = {"/": "index.html", "/events": "events.html", "/live/{name}": "live.html"}
 MAX_COMMAND_BYTES = 65536
+MAX_LOGIN_BYTES = 4096  # the login form is public: its body is read only this far
 LATENCY_BINS_MS = [0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0,
                    5000.0]
 """Lower edges of the latency histogram's bins; the last bin is open-ended."""
@@ -296,9 +298,14 @@ class WebApp:
         refused = self.auth.throttle_refusal(client)
         if refused is not None:
             return refused
-        form = await within(self.config.body_timeout_s, request.post())
-        given = form.get("token")
-        found = self.auth.login(client, given if isinstance(given, str) else "")
+        if request.content_type != "application/x-www-form-urlencoded":
+            raise Refused(415, "log in with a form: Content-Type "
+                               "application/x-www-form-urlencoded, field token")
+        body = await within(self.config.body_timeout_s, _read_at_most(request, MAX_LOGIN_BYTES))
+        if body is None:
+            raise Refused(413, f"a login form is at most {MAX_LOGIN_BYTES} bytes")
+        given = parse_qs(body.decode("utf-8", "replace")).get("token", [""])[0]
+        found = self.auth.login(client, given)
         if found is None:
             return error(401, "wrong token")
         response = _see_other("/")
@@ -358,6 +365,17 @@ def latency_histogram(p: Pipeline) -> dict[str, Any]:
     return {"pipeline": p.name, "bins_ms": LATENCY_BINS_MS,
             **{name: {"counts": w.histogram(LATENCY_BINS_MS), **w.summary()}
                for name, w in windows.items()}}
+
+
+async def _read_at_most(request: web.Request, limit: int) -> bytes | None:
+    """The request body, or ``None`` when it is longer than ``limit`` (read no further)."""
+    data = bytearray()
+    while len(data) <= limit:
+        chunk = await request.content.read(limit + 1 - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return bytes(data) if len(data) <= limit else None
 
 
 def not_found(what: str) -> web.Response:

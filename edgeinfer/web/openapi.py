@@ -201,6 +201,8 @@ def _paths() -> dict[str, Any]:
                                           **_errors(e400="no token is configured",
                                                     e403="cross-site request",
                                                     e408="body too slow",
+                                                    e413="a form over 4 KiB",
+                                                    e415="not a urlencoded form",
                                                     e429="too many failed logins")}}},
         "/logout": {"post": {"summary": "End the cookie session.",
                              "responses": {"303": {"description": "to /login"},

@@ -215,6 +215,16 @@ def test_failed_bearer_tokens_are_throttled_per_address_and_in_total(
     assert server.stats()["auth_throttled"] >= 4
 
 
+def test_the_public_login_form_is_read_only_4_kib_far(make_server: ServerFactory) -> None:
+    client = Client(make_server(token=TOKEN))
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    big = client.call("POST", "/login", b"token=" + b"x" * 100_000, form)
+    assert big.status == 413 and "4096 bytes" in big.json()["error"]
+    assert client.call("POST", "/login", f"token={TOKEN}".encode(), form).status == 303
+    assert client.call("POST", "/login", b'{"token": "x"}',
+                       {"Content-Type": "application/json"}).status == 415
+
+
 def test_a_viewer_that_never_reads_is_dropped(
         make_server: ServerFactory, sockets: list[socket.socket], wait_for: Any) -> None:
     server = make_server(live_fps=30, live_quality=100, max_viewers=1, live_stall_s=1.0)
