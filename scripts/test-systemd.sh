@@ -599,6 +599,14 @@ if T=60 inside sh -c "/opt/edgeinfer/venv/bin/edgeinfer validate-config --system
 d = json.load(u.urlopen("http://127.0.0.1:18080/v1/status", timeout=5))
 assert d["stats"]["pipelines"]["faces"]["processed"] > 0'; then
         pass "web view served under the sandbox on the configured port 18080"
+        # LimitNOFILE=4096 reaches the daemon: the web server's default cap is a quarter of it.
+        cap=$(T=10 inside "$PY" -c 'import json, urllib.request as u
+print(json.load(u.urlopen("http://127.0.0.1:18080/v1/status", timeout=5))["http"]["connections"]["max"])' 2>&1 || true)
+        if [[ $cap == 1024 ]]; then
+            pass "LimitNOFILE=4096: the web server keeps at most 1024 connections (a quarter)"
+        else
+            fail "the web server's connection cap is '${cap}', not 1024 (a quarter of LimitNOFILE=4096)"
+        fi
     else
         fail "web view: no status on 127.0.0.1:18080: $(T=10 inside journalctl -u edgeinfer -n 8 --no-pager)"
     fi

@@ -8,11 +8,13 @@ snapshot and commands go to a small thread pool. Every error is JSON ``{"error":
 from __future__ import annotations
 
 import asyncio
+import html
 import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import parse_qs
 
 from aiohttp import web
 
@@ -20,26 +22,30 @@ from ..control.commands import CommandError
 from ..errors import EdgeInferError
 from .auth import Auth, error
 from .events import EventRoutes, Refused
-from .infer import ImageRefused, InferRequests, image_pipeline_problem
+from .guard import BodyTimeout, ConnectionGuard, GuardedHandler, within
+from .infer import MAX_AT_ONCE, ImageRefused, InferRequests, image_pipeline_problem
 from .live import LiveFeeds
 
 if TYPE_CHECKING:
     from ..config.http import HttpConfig
     from ..pipeline import Pipeline
 
-__all__ = ["STATIC_DIR", "WebApp", "WebHost"]
+__all__ = ["STATIC_DIR", "WebApp", "WebHost", "not_found"]
 
 logger = logging.getLogger(__name__)
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 PAGES = {"/": "index.html", "/events": "events.html", "/live/{name}": "live.html"}
 MAX_COMMAND_BYTES = 65536
+MAX_LOGIN_BYTES = 4096  # the login form is public: its body is read only this far
 LATENCY_BINS_MS = [0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0,
                    5000.0]
 """Lower edges of the latency histogram's bins; the last bin is open-ended."""
 _LOGIN_FORM = b"""<!doctype html><html><head><meta charset="utf-8"><title>edgeinfer login</title>
 </head><body><form method="post" action="/login"><label>Token <input type="password"
 name="token" autofocus></label> <button>Log in</button></form></body></html>"""
+_NOT_FOUND = """<!doctype html><html><head><meta charset="utf-8"><title>edgeinfer: not found</title>
+</head><body><h1>Not found</h1><p>{what}</p><p><a href="/">The device page</a></p></body></html>"""
 _PAGE_CSP = ("default-src 'self'; img-src 'self' data: blob:; media-src 'self'; "
              "frame-ancestors 'none'; base-uri 'none'; form-action 'self'; object-src 'none'")
 
@@ -65,21 +71,33 @@ class WebApp:
         config: The ``http:`` section.
         host: The daemon.
         pool: Where blocking work runs.
+        guard: The server's connection limits (`ConnectionGuard`; one of its own if none).
     """
 
-    def __init__(self, config: HttpConfig, host: WebHost, pool: ThreadPoolExecutor) -> None:
+    def __init__(self, config: HttpConfig, host: WebHost, pool: ThreadPoolExecutor,
+                 guard: ConnectionGuard | None = None) -> None:
         self.config, self.host, self.pool = config, host, pool
+        self.guard = guard or ConnectionGuard(config.max_connections or 1024,
+                                              config.max_connections_per_client,
+                                              config.header_timeout_s)
         self.auth = Auth(config)
-        self.feeds = LiveFeeds(config.live_fps, config.live_quality, config.max_viewers, pool)
-        self.infer = InferRequests(int(config.max_upload_mb * 1024 * 1024), config.max_pixels)
+        self.feeds = LiveFeeds(config.live_fps, config.live_quality, config.max_viewers, pool,
+                               config.live_stall_s)
+        self.infer = InferRequests(int(config.max_upload_mb * 1024 * 1024), config.max_pixels,
+                                   config.body_timeout_s)
         self.events = EventRoutes(host, pool)
         self.requests = 0
         self.by_class: dict[str, int] = {}
+        self.dropped = {"body_timeouts": 0, "client_gone": 0}
 
     def stats(self) -> dict[str, Any]:
-        """Requests, answers by status class, live viewers and frames, inference calls."""
+        """Requests, answers by status class, live viewers and frames, inference calls, the
+        connections and what was refused, closed or throttled."""
         return {"requests": self.requests, "responses": dict(self.by_class),
-                **self.feeds.stats(), "infer_calls": self.infer.calls}
+                **self.feeds.stats(), "infer_calls": self.infer.calls,
+                "infer_refused_busy": self.infer.refused_busy,
+                "connections": self.guard.stats(), **self.dropped,
+                "auth_throttled": self.auth.throttled_count}
 
     def build(self) -> web.Application:
         app = web.Application(middlewares=[self._count, self._secure, self._errors],
@@ -110,6 +128,9 @@ class WebApp:
     async def _count(self, request: web.Request, handler: Any) -> web.StreamResponse:
         self.requests += 1
         status = 500
+        connection = request.protocol
+        if isinstance(connection, GuardedHandler):
+            connection.request_started()
         try:
             response: web.StreamResponse = await handler(request)
             status = response.status
@@ -120,6 +141,8 @@ class WebApp:
         finally:
             key = f"{status // 100}xx"
             self.by_class[key] = self.by_class.get(key, 0) + 1
+            if isinstance(connection, GuardedHandler):
+                connection.request_done()
 
     @web.middleware
     async def _secure(self, request: web.Request, handler: Any) -> web.StreamResponse:
@@ -136,7 +159,21 @@ class WebApp:
             return response
         except Refused as exc:
             return error(exc.status, str(exc))
+        except BodyTimeout as exc:
+            self.dropped["body_timeouts"] += 1
+            response = error(408, str(exc))
+            response.force_close()
+            return response
+        except (ConnectionError, web.RequestPayloadError) as exc:  # the client went away
+            self.dropped["client_gone"] += 1
+            self.guard.log.exception("%s %s: the client went away", request.method,
+                                     request.path, exc_info=exc)
+            response = error(400, "the client went away before its request was read")
+            response.force_close()
+            return response
         except web.HTTPException as exc:
+            if exc.status == 404 and not _is_api(request):
+                return not_found(f"There is no page {request.path}.")
             if exc.status < 400 or not _is_api(request):
                 raise
             keep = {k: v for k, v in exc.headers.items()
@@ -189,13 +226,16 @@ class WebApp:
         problem = image_pipeline_problem(pipeline)
         if problem is not None:
             raise Refused(409, problem)
-        data = await self.infer.read_upload(request)
-        if isinstance(data, web.Response):
-            return data
+        # The slot is taken before the body is read: at most MAX_AT_ONCE uploads are in memory.
         if not self.infer.try_enter():
-            return error(429, "2 inference requests are running; try again",
-                         {"Retry-After": "1"})
+            response = error(429, f"{MAX_AT_ONCE} inference requests are running; try again",
+                             {"Retry-After": "1"})
+            response.force_close()  # the body is not read
+            return response
         try:
+            data = await self.infer.read_upload(request)
+            if isinstance(data, web.Response):
+                return data
             result = await self._blocking(self.infer.run, pipeline, data)
         except ImageRefused as exc:
             raise Refused(exc.status, str(exc)) from None
@@ -214,7 +254,8 @@ class WebApp:
             raise Refused(415, "commands take Content-Type: application/json")
         if (request.content_length or 0) > MAX_COMMAND_BYTES:
             raise Refused(413, f"a command is at most {MAX_COMMAND_BYTES} bytes")
-        body = await request.content.read(MAX_COMMAND_BYTES + 1)
+        body = await within(self.config.body_timeout_s,
+                            request.content.read(MAX_COMMAND_BYTES + 1))
         try:
             if len(body) > MAX_COMMAND_BYTES:
                 raise CommandError(f"a command is at most {MAX_COMMAND_BYTES} bytes")
@@ -232,7 +273,10 @@ class WebApp:
     def _page(self, name: str) -> Any:
         async def page(request: web.Request) -> web.StreamResponse:
             if "name" in request.match_info:
-                self.find(request.match_info["name"])
+                try:
+                    self.find(request.match_info["name"])
+                except Refused as exc:
+                    return not_found(str(exc))
             return _static_file(name)
         return page
 
@@ -240,6 +284,9 @@ class WebApp:
         return _static_file(request.match_info["path"])
 
     async def login_page(self, request: web.Request) -> web.StreamResponse:
+        if self.auth.token is None:
+            return not_found("This server has no token (http.token): there is nothing to "
+                             "log in to.")
         if (STATIC_DIR / "login.html").is_file():
             return _static_file("login.html")
         return web.Response(body=_LOGIN_FORM, content_type="text/html")
@@ -248,11 +295,17 @@ class WebApp:
         if self.auth.token is None:
             raise Refused(400, "this server has no token: no login needed")
         client = request.remote or "?"
-        if self.auth.throttled(client):
-            return error(429, "too many failed logins; wait a minute", {"Retry-After": "60"})
-        form = await request.post()
-        given = form.get("token")
-        found = self.auth.login(client, given if isinstance(given, str) else "")
+        refused = self.auth.throttle_refusal(client)
+        if refused is not None:
+            return refused
+        if request.content_type != "application/x-www-form-urlencoded":
+            raise Refused(415, "log in with a form: Content-Type "
+                               "application/x-www-form-urlencoded, field token")
+        body = await within(self.config.body_timeout_s, _read_at_most(request, MAX_LOGIN_BYTES))
+        if body is None:
+            raise Refused(413, f"a login form is at most {MAX_LOGIN_BYTES} bytes")
+        given = parse_qs(body.decode("utf-8", "replace")).get("token", [""])[0]
+        found = self.auth.login(client, given)
         if found is None:
             return error(401, "wrong token")
         response = _see_other("/")
@@ -312,6 +365,23 @@ def latency_histogram(p: Pipeline) -> dict[str, Any]:
     return {"pipeline": p.name, "bins_ms": LATENCY_BINS_MS,
             **{name: {"counts": w.histogram(LATENCY_BINS_MS), **w.summary()}
                for name, w in windows.items()}}
+
+
+async def _read_at_most(request: web.Request, limit: int) -> bytes | None:
+    """The request body, or ``None`` when it is longer than ``limit`` (read no further)."""
+    data = bytearray()
+    while len(data) <= limit:
+        chunk = await request.content.read(limit + 1 - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return bytes(data) if len(data) <= limit else None
+
+
+def not_found(what: str) -> web.Response:
+    """The HTML 404 page saying ``what`` was not found."""
+    return web.Response(status=404, content_type="text/html",
+                        text=_NOT_FOUND.format(what=html.escape(what)))
 
 
 def _see_other(location: str) -> web.Response:

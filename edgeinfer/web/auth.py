@@ -4,13 +4,18 @@ Checks run in this order on every request (`security_middleware`):
 
 1. ``Host`` must name the bound address, a loopback name or one of ``allowed_hosts`` (a page
    on another site that rebinds its DNS name to this device is answered 421).
-2. A ``POST`` whose ``Origin`` names another origin, or with ``Sec-Fetch-Site: cross-site``,
-   is refused (403) with or without a token: this guards the loopback no-token mode against a
-   malicious page the local user visits.
+2. A ``POST`` (or a ``GET`` of the API, the live stream included) whose ``Origin`` names
+   another origin, or with ``Sec-Fetch-Site: cross-site``, is refused (403) with or without a
+   token: this guards the loopback no-token mode against a malicious page the local user
+   visits (it could otherwise hold every live view slot).
 3. With a ``token``: every route but ``/login``, ``/static/*`` and ``GET /openapi.json`` needs
    ``Authorization: Bearer <token>`` or the session cookie a successful ``POST /login`` set. A
    ``POST`` that relies on the cookie must carry ``X-Edgeinfer-CSRF`` equal to the session's
    CSRF token (the readable ``edgeinfer_csrf`` cookie, or ``GET /v1/session``).
+4. Failed token checks (a wrong bearer token or a wrong login) are limited: after
+   ``http.auth_failures_per_client`` in ``FAILURE_WINDOW_S`` from one address, or
+   ``http.auth_failures_total`` from all addresses together, tokens are not checked at all
+   (429) until the window has room. A logged-in browser's session cookie still works then.
 """
 
 from __future__ import annotations
@@ -33,8 +38,7 @@ CSRF_COOKIE = "edgeinfer_csrf"
 CSRF_HEADER = "X-Edgeinfer-CSRF"
 SESSION_S = 12 * 3600
 MAX_SESSIONS = 64
-LOGIN_FAILURES = 5  # per client address and LOGIN_WINDOW_S, then 429
-LOGIN_WINDOW_S = 60.0
+FAILURE_WINDOW_S = 60.0
 _LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "ip6-localhost"})
 _PUBLIC = ("/login", "/static/")
 
@@ -67,6 +71,9 @@ class Auth:
         self.secure = config.tls is not None
         self._sessions: dict[str, Session] = {}
         self._failures: dict[str, deque[float]] = {}
+        self.per_client, self.total = config.auth_failures_per_client, config.auth_failures_total
+        self._all_failures: deque[float] = deque(maxlen=self.total)
+        self.throttled_count = 0
         hosts = {config.bind.lower().strip("[]"), *_LOOPBACK_NAMES}
         hosts.update(h.lower().strip("[]") for h in config.allowed_hosts)
         self.hosts = frozenset(hosts)
@@ -102,6 +109,9 @@ class Auth:
             return False
         return hmac.compare_digest(given.strip().encode(), self.token.encode())
 
+    def _has_bearer(self, request: web.Request) -> bool:
+        return request.headers.get("Authorization", "").lower().startswith("bearer")
+
     def session(self, request: web.Request) -> Session | None:
         """The live session the request's cookie names, if any."""
         sid = request.cookies.get(SESSION_COOKIE)
@@ -117,23 +127,42 @@ class Auth:
 
     # -- login ----------------------------------------------------------------------------------
     def throttled(self, client: str) -> bool:
-        """Whether ``client`` failed too many logins lately."""
+        """Whether ``client``, or all clients together, failed too many token checks lately."""
+        cutoff = time.monotonic() - FAILURE_WINDOW_S
+        every = self._all_failures
+        while every and every[0] < cutoff:
+            every.popleft()
+        if len(every) >= self.total:
+            return True
         recent = self._failures.get(client)
         if recent is None:
             return False
-        cutoff = time.monotonic() - LOGIN_WINDOW_S
         while recent and recent[0] < cutoff:
             recent.popleft()
-        return len(recent) >= LOGIN_FAILURES
+        return len(recent) >= self.per_client
+
+    def throttle_refusal(self, client: str) -> web.Response | None:
+        """The 429 answer when ``client`` may not try a token now (counted), else ``None``."""
+        if not self.throttled(client):
+            return None
+        self.throttled_count += 1
+        return error(429, "too many failed token checks (wrong bearer token or login); "
+                          f"wait up to {FAILURE_WINDOW_S:g} s", {"Retry-After": "60"})
+
+    def failed(self, client: str) -> None:
+        """Count a failed token check of ``client``."""
+        if len(self._failures) > 4096:  # a flood of addresses: forget the oldest
+            self._failures.pop(next(iter(self._failures)))
+        now = time.monotonic()
+        self._failures.setdefault(client, deque(maxlen=self.per_client)).append(now)
+        self._all_failures.append(now)
 
     def login(self, client: str, given: str) -> tuple[str, Session] | None:
         """A new session id and session when ``given`` is the token; a failure is counted."""
         if self.token is not None and hmac.compare_digest(given.encode(), self.token.encode()):
             self._failures.pop(client, None)
             return self._new_session()
-        if len(self._failures) > 4096:  # a flood of addresses: forget the oldest
-            self._failures.pop(next(iter(self._failures)))
-        self._failures.setdefault(client, deque(maxlen=LOGIN_FAILURES)).append(time.monotonic())
+        self.failed(client)
         return None
 
     def _new_session(self) -> tuple[str, Session]:
@@ -167,13 +196,22 @@ class Auth:
             return error(421, f"this server does not answer to host {request.host!r} "
                               "(add it to http.allowed_hosts)")
         posting = request.method not in ("GET", "HEAD", "OPTIONS")
-        if posting and self.cross_site(request):
+        if (posting or _is_api(request.path)) and self.cross_site(request):
             return error(403, "cross-site request refused")
         if self.token is None or _public(request):
             return None
+        session = self.session(request)
+        if self._has_bearer(request) and session is None:
+            client = request.remote or "?"
+            refused = self.throttle_refusal(client)
+            if refused is not None:
+                return refused
+            if self.bearer_ok(request):
+                return None
+            self.failed(client)
+            return error(401, "wrong bearer token", {"WWW-Authenticate": "Bearer"})
         if self.bearer_ok(request):
             return None
-        session = self.session(request)
         if session is None:
             if _is_api(request.path):
                 return error(401, "authentication required: Authorization: Bearer <token> "

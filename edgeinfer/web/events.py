@@ -8,6 +8,8 @@ pipeline's media folder: nothing else on the disk can be reached through an even
 from __future__ import annotations
 
 import asyncio
+import os
+import stat
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -128,12 +130,22 @@ def media_root(p: Pipeline) -> Path | None:
 
 
 def _checked(p: Pipeline, named: Any) -> Path | None:
-    """``named`` resolved, if it is a file inside the pipeline's media folder."""
+    """``named`` resolved, if it is a file the recorder wrote inside the pipeline's media
+    folder: a regular file (not a symlink) with one link (a hard link placed there to a file
+    elsewhere has two or more), owned by this process's user."""
     root = media_root(p)
     if not isinstance(named, str) or not named or root is None:
         return None
     path = Path(named).resolve()
-    return path if path.is_relative_to(root) and path.is_file() else None
+    if not path.is_relative_to(root):
+        return None
+    try:
+        info = path.lstat()
+    except OSError:
+        return None
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1 or info.st_uid != os.getuid():
+        return None
+    return path
 
 
 def _media_file(p: Pipeline, event: dict[str, Any], kind: str) -> Path:

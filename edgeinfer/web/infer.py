@@ -19,6 +19,7 @@ from aiohttp import web
 
 from ..errors import EdgeInferError, InvalidInputError
 from .auth import error
+from .guard import within
 
 if TYPE_CHECKING:
     from ..pipeline import Pipeline
@@ -27,6 +28,8 @@ __all__ = ["InferRequests", "ImageRefused", "decode_image"]
 
 IMAGE_TYPES = ("image/jpeg", "image/png", "application/octet-stream")
 MAX_AT_ONCE = 2
+FORMATS = ("JPEG", "PNG")
+"""The image formats ``/v1/infer`` decodes (Pillow is never asked to try any other)."""
 
 
 class ImageRefused(Exception):
@@ -38,19 +41,20 @@ class ImageRefused(Exception):
 
 
 def decode_image(data: bytes, max_pixels: int) -> np.ndarray:
-    """``data`` (JPEG, PNG, anything Pillow reads) as an H x W x 3 BGR uint8 array.
+    """``data`` (a JPEG or PNG) as an H x W x 3 BGR uint8 array.
 
     Raises:
-        ImageRefused: 415 not an image; 413 more than ``max_pixels``; 400 a broken image.
+        ImageRefused: 415 not a JPEG or PNG; 413 more than ``max_pixels``; 400 a broken image.
     """
     from PIL import Image, UnidentifiedImageError
 
     try:
-        image = Image.open(io.BytesIO(data))
-    except Image.DecompressionBombError as exc:  # Pillow's own limit, far above ours
-        raise ImageRefused(413, f"image over http.max_pixels ({max_pixels}): {exc}") from None
-    except (UnidentifiedImageError, OSError, ValueError) as exc:
-        raise ImageRefused(415, f"not an image Pillow can read ({exc})") from None
+        image = Image.open(io.BytesIO(data), formats=FORMATS)
+    except Image.DecompressionBombError:  # Pillow's own limit, far above ours
+        raise ImageRefused(413, f"image over http.max_pixels ({max_pixels})") from None
+    except (UnidentifiedImageError, OSError, ValueError):
+        raise ImageRefused(415, f"not an image of a format taken here (the {len(data)} bytes "
+                                f"start with {data[:8]!r}): send a JPEG or PNG") from None
     width, height = image.size
     if width * height > max_pixels:
         raise ImageRefused(413, f"image of {width}x{height} pixels is over http.max_pixels "
@@ -72,10 +76,12 @@ class InferRequests:
         max_pixels: The largest image (``http.max_pixels``).
     """
 
-    def __init__(self, max_bytes: int, max_pixels: int) -> None:
+    def __init__(self, max_bytes: int, max_pixels: int, body_timeout: float = 60.0) -> None:
         self.max_bytes = max_bytes
         self.max_pixels = max_pixels
+        self.body_timeout = body_timeout
         self.calls = 0
+        self.refused_busy = 0
         self.busy = 0
         self._lock = threading.Lock()
 
@@ -87,11 +93,11 @@ class InferRequests:
                               f"({self.max_bytes} bytes)")
         ctype = request.content_type
         if ctype == "multipart/form-data":
-            data = await _multipart_file(request)
+            data = await within(self.body_timeout, _multipart_file(request))
             if isinstance(data, web.Response):
                 return data
         elif ctype in IMAGE_TYPES:
-            data = await request.read()
+            data = await within(self.body_timeout, request.read())
         else:
             return error(415, f"Content-Type {ctype!r}: send {', '.join(IMAGE_TYPES)} or "
                               "multipart/form-data with a file field")
@@ -105,6 +111,7 @@ class InferRequests:
     def try_enter(self) -> bool:
         with self._lock:
             if self.busy >= MAX_AT_ONCE:
+                self.refused_busy += 1
                 return False
             self.busy += 1
             self.calls += 1

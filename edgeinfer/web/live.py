@@ -3,14 +3,17 @@
 The encoder wakes at most ``live_fps`` times a second, encodes the pipeline's latest frame
 (with its boxes, track ids, zones and lines drawn) only if it has not encoded that frame yet,
 and hands the JPEG to every viewer. A viewer sends the newest JPEG when its connection can take
-it; one that is slower simply skips frames (nothing queues up per viewer). With no viewer there
-is no encoder, so the pipeline's cost of the web view is nothing.
+it; one that is slower simply skips frames (nothing queues up per viewer), and one whose
+connection takes no frame for ``http.live_stall_s`` (a client that never reads) is dropped, so
+its slot frees. With no viewer there is no encoder, so the pipeline's cost of the web view is
+nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any
@@ -25,6 +28,7 @@ __all__ = ["BOUNDARY", "LiveFeed", "LiveFeeds"]
 
 BOUNDARY = "edgeinferframe"
 _POLL_S = 1.0  # how often a waiting viewer looks whether its client left
+_SEND_BUFFER = 256 * 1024  # bytes the kernel holds for one viewer
 
 
 class LiveFeed:
@@ -114,8 +118,11 @@ class LiveFeeds:
         pool: Where encoding runs.
     """
 
-    def __init__(self, fps: float, quality: int, max_viewers: int, pool: Executor) -> None:
+    def __init__(self, fps: float, quality: int, max_viewers: int, pool: Executor,
+                 stall_s: float = 10.0) -> None:
         self.fps, self.quality, self.max_viewers, self.pool = fps, quality, max_viewers, pool
+        self.stall_s = stall_s
+        self.stalled = 0  # viewers dropped because their connection did not drain
         self._feeds: dict[int, LiveFeed] = {}
 
     def feed(self, pipeline: Pipeline) -> LiveFeed:
@@ -135,6 +142,7 @@ class LiveFeeds:
 
     def stats(self) -> dict[str, Any]:
         return {"viewers": self.viewers, "frames_encoded": self.encoded,
+                "viewers_dropped_stalled": self.stalled,
                 "by_pipeline": {f.pipeline.name: {"viewers": f.viewers, "encoded": f.encoded}
                                 for f in self._feeds.values()}}
 
@@ -152,17 +160,30 @@ class LiveFeeds:
         feed = self.feed(pipeline)
         feed.join()
         try:
-            return await _stream(request, feed)
+            return await self._stream(request, feed)
         finally:
             feed.leave()
 
+    async def _stream(self, request: web.Request, feed: LiveFeed) -> web.StreamResponse:
+        response, stalled = await _stream(request, feed, self.stall_s)
+        if stalled:  # the viewer's socket did not drain: drop it
+            self.stalled += 1
+            if request.transport is not None:
+                request.transport.abort()
+        return response
 
-async def _stream(request: web.Request, feed: LiveFeed) -> web.StreamResponse:
+
+async def _stream(request: web.Request, feed: LiveFeed, stall_s: float
+                  ) -> tuple[web.StreamResponse, bool]:
     response = web.StreamResponse(headers={
         "Content-Type": f"multipart/x-mixed-replace; boundary={BOUNDARY}",
         "Cache-Control": "no-store", "Pragma": "no-cache"})
     await response.prepare(request)
     transport = request.transport
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is not None:  # a few frames in the kernel at most: a stalled viewer shows soon
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER)
 
     def alive() -> bool:
         return transport is not None and not transport.is_closing()
@@ -176,7 +197,10 @@ async def _stream(request: web.Request, feed: LiveFeed) -> web.StreamResponse:
         head = (f"--{BOUNDARY}\r\nContent-Type: image/jpeg\r\n"
                 f"Content-Length: {len(jpeg)}\r\n\r\n").encode()
         try:
-            await response.write(head + jpeg + b"\r\n")
+            async with asyncio.timeout(stall_s):
+                await response.write(head + jpeg + b"\r\n")
         except ConnectionError:  # the viewer left
             break
-    return response
+        except TimeoutError:
+            return response, True
+    return response, False

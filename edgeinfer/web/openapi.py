@@ -27,8 +27,11 @@ def _err(description: str) -> dict[str, Any]:
 
 
 def _errors(**codes: str) -> dict[str, Any]:
-    base = {"401": "authentication required (a token is configured)",
-            "421": "the Host header names another server"}
+    base = {"401": "authentication required (a token is configured), or a wrong bearer token",
+            "403": "cross-site request (Origin or Sec-Fetch-Site)",
+            "421": "the Host header names another server",
+            "429": "too many failed token checks lately (from this address, or from all); "
+                   "see Retry-After"}
     base.update({k.lstrip("e"): v for k, v in codes.items()})
     return {code: _err(text) for code, text in base.items()}
 
@@ -179,7 +182,9 @@ def _paths() -> dict[str, Any]:
                 e404="no such pipeline", e409="the pipeline does not take images",
                 e413="over http.max_upload_mb or http.max_pixels",
                 e415="not an image, or another Content-Type",
-                e429="2 requests are running", e503="the model cannot take web requests")}}},
+                e408="the body did not arrive within http.body_timeout_s",
+                e429="2 requests are running, or too many failed token checks",
+                e503="the model cannot take web requests")}}},
         "/v1/commands/{verb}": {"post": {
             "summary": "A command verb, as over MQTT (same handlers and allow-list).",
             "parameters": [{"name": "verb", "in": "path", "required": True, "schema": {
@@ -188,12 +193,14 @@ def _paths() -> dict[str, Any]:
             "responses": {"200": _ok("done", _ref("CommandReply")),
                           "400": _ok("refused (CommandError)", _ref("CommandReply")),
                           **_errors(e403="cross-site request, or missing CSRF header",
-                                    e404="unknown verb", e413="over 64 KiB",
+                                    e404="unknown verb", e408="body too slow", e413="over 64 KiB",
                                     e415="Content-Type is not application/json")}}},
         "/openapi.json": {"get": {"summary": "This document.", "security": [],
                                   "responses": {"200": _ok("OpenAPI", _OBJ)}}},
         "/login": {"get": {"summary": "The login form.", "security": [],
-                           "responses": {"200": page}},
+                           "responses": {"200": page, "404": {
+                               "description": "no token is configured: nothing to log in to",
+                               "content": {"text/html": {"schema": {"type": "string"}}}}}},
                    "post": {"summary": "Log in with the token; sets the session and CSRF "
                                        "cookies.", "security": [],
                             "requestBody": {"required": True, "content": {
@@ -203,6 +210,9 @@ def _paths() -> dict[str, Any]:
                             "responses": {"303": {"description": "logged in: to /"},
                                           **_errors(e400="no token is configured",
                                                     e403="cross-site request",
+                                                    e408="body too slow",
+                                                    e413="a form over 4 KiB",
+                                                    e415="not a urlencoded form",
                                                     e429="too many failed logins")}}},
         "/logout": {"post": {"summary": "End the cookie session.",
                              "responses": {"303": {"description": "to /login"},
@@ -210,15 +220,17 @@ def _paths() -> dict[str, Any]:
         "/": {"get": {"summary": "The device page.", "responses": {"200": page}}},
         "/events": {"get": {"summary": "The events page.", "responses": {"200": page}}},
         "/live/{name}": {"get": {"summary": "A pipeline's live page.", "parameters": [_name()],
-                                 "responses": {"200": page, **_errors(
-                                     e404="no such pipeline")}}},
+                                 "responses": {"200": page, **_errors(), "404": {
+                                     "description": "no such pipeline (an HTML page)",
+                                     "content": {"text/html": {"schema": {
+                                         "type": "string"}}}}}}},
         "/static/{path}": {"get": {
             "summary": "The pages' assets.", "security": [],
             "parameters": [{"name": "path", "in": "path", "required": True,
                             "schema": {"type": "string"}}],
             "responses": {"200": {"description": "the file"}, "404": {
-                "description": "no such file",
-                "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
+                "description": "no such file (an HTML page)",
+                "content": {"text/html": {"schema": {"type": "string"}}}}}}},
     }
 
 

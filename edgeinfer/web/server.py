@@ -20,6 +20,7 @@ from aiohttp import web
 
 from ..errors import ConfigError, StateError
 from .app import WebApp, WebHost
+from .guard import ConnectionGuard, GuardedHandler, default_max_connections
 
 if TYPE_CHECKING:
     from ..config.http import HttpConfig
@@ -43,9 +44,12 @@ class WebServer:
         self.config = config
         self.host = host
         self._pool = ThreadPoolExecutor(_WORKERS, thread_name_prefix="edgeinfer-web")
-        self._app = WebApp(config, host, self._pool)
+        self.guard = ConnectionGuard(config.max_connections or default_max_connections(),
+                                     config.max_connections_per_client, config.header_timeout_s)
+        self._app = WebApp(config, host, self._pool, self.guard)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
+        self._listener: asyncio.Server | None = None
         self._thread: threading.Thread | None = None
         self._port = config.port
         self._state = "new"
@@ -130,15 +134,25 @@ class WebServer:
     async def _listen(self, context: ssl.SSLContext | None) -> None:
         self._runner = web.AppRunner(self._app.build(), access_log=None, shutdown_timeout=2.0)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.config.bind, self.config.port,
-                           ssl_context=context)
-        await site.start()
+        manager = self._runner.server
+        assert manager is not None
+        guard, loop = self.guard, asyncio.get_running_loop()
+        # aiohttp's keep-alive timer stays as a backstop behind the guard's header timer.
+        options: dict[str, Any] = {
+            "loop": loop, "access_log": None, "lingering_time": 0.5,
+            "keepalive_timeout": 2 * self.config.header_timeout_s}
+        self._listener = await loop.create_server(
+            lambda: GuardedHandler(guard, manager, **options), self.config.bind,
+            self.config.port, ssl=context, reuse_address=True,
+            ssl_handshake_timeout=self.config.header_timeout_s if context else None)
 
     async def _shutdown(self, timeout: float) -> None:
         await self._app.feeds.close()
         await asyncio.wait_for(self._cleanup(), timeout)
 
     async def _cleanup(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
         if self._runner is not None:
             await self._runner.cleanup()
 

@@ -335,8 +335,8 @@ def test_pages_and_static(client: Client) -> None:
     assert client.get("/live/nope").status == 404
     assert client.get("/static/../../web/app.py").status == 404
     assert client.get("/static/%2e%2e/app.py").status == 404
-    login = client.get("/login")
-    assert login.status == 200 and b"token" in login.body
+    login = client.get("/login")  # no token: nothing to log in to (docs/web.md)
+    assert login.status == 404 and b"no token" in login.body
     assert "frame-ancestors 'none'" in login.headers["Content-Security-Policy"]
 
 

@@ -62,7 +62,11 @@ class Daemon:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.token = token
-        http: dict[str, Any] = {"port": self.port, "bind": "127.0.0.1", "live_fps": 10}
+        # The fuzzer sends wrong tokens on purpose: failed token checks are not throttled here
+        # (tests/web/test_limits.py checks that they are by default).
+        http: dict[str, Any] = {"port": self.port, "bind": "127.0.0.1", "live_fps": 10,
+                                "auth_failures_per_client": 100_000,
+                                "auth_failures_total": 100_000}
         if token is not None:
             http["token"] = token
         config = {
