@@ -100,19 +100,24 @@ def annotate(frame: Frame, part: TaskResult, quality: int = 85, geometry: Any = 
     for d in part.detections or ():
         x1, y1, x2, y2 = (int(round(v)) for v in d.box)
         cv2.rectangle(image, (x1, y1), (x2, y2), (0, 255, 0), 2)
-        _plated(image, f"{d.label} {d.score:.2f}", (x1, max(16, y1 - 4)), 0.5)
+        _plated(image, f"{d.label} {d.score:.2f}", (x1, y1), 0.5, above=True)
     if part.top:
         c = part.top[0]
         _plated(image, f"{c.label} {c.score:.2f}", (8, 20), 0.6)
     return encode_jpeg(image, quality)
 
 
-def _plated(image: np.ndarray, text: str, at: tuple[int, int], size: float) -> None:
-    # Green text on a black plate: bare green text vanished on a bright or green scene.
+def _plated(image: np.ndarray, text: str, at: tuple[int, int], size: float, *,
+            above: bool = False) -> None:
+    """Green text on a black plate (bare green text vanished on a bright or green scene). With
+    ``above``, ``at`` is a box's top-left corner: the plate sits just above the box's line, or
+    just inside it at the top of the image, so it never hides the box's outline."""
     import cv2
 
     (tw, th), base = cv2.getTextSize(text, cv2.FONT_HERSHEY_SIMPLEX, size, 1)
     x, y = at
+    if above:
+        y = y - 3 - base if y - 3 - base - th - 3 >= 0 else y + 3 + th + 3
     cv2.rectangle(image, (x - 2, y - th - 3), (x + tw + 2, y + base), (0, 0, 0), cv2.FILLED)
     cv2.putText(image, text, (x, y), cv2.FONT_HERSHEY_SIMPLEX, size, (0, 255, 0), 1,
                 cv2.LINE_AA)
