@@ -80,7 +80,8 @@ def draw_scene(image: np.ndarray, boxes: Sequence[Boxed], geometry: Geometry = (
         scale: This image's size over the original frame's (0.5: half as wide).
         highlight: The track id to make stand out.
     """
-    thick = max(1, round(2 * max(image.shape[:2]) / 1000))
+    # 2 px at least: a 1 px coloured line does not survive JPEG's halved colour resolution
+    thick = max(2, round(2 * max(image.shape[:2]) / 1000))
     for name, kind, points in geometry:
         pts = np.round(np.asarray(points, dtype=np.float64) * scale).astype(np.int32)
         if kind == "zone":
@@ -140,16 +141,26 @@ def _draw_box(image: np.ndarray, b: Boxed, scale: float, color: tuple[int, int, 
     x1, y1, x2, y2 = (round(v * scale) for v in b.box)
     cv2.rectangle(image, (x1, y1), (x2, y2), color, thick)
     ident = "" if b.track_id is None else f" #{b.track_id}"
-    _label(image, f"{b.label}{ident} {b.score:.2f}", (x1, y1), color)
+    _label(image, f"{b.label}{ident} {b.score:.2f}", (x1, y1), color, clear_of=thick)
 
 
-def _label(image: np.ndarray, text: str, at: tuple[int, int], color: tuple[int, int, int]) -> None:
+def _label(image: np.ndarray, text: str, at: tuple[int, int], color: tuple[int, int, int],
+           clear_of: int | None = None) -> None:
+    """``text`` on a black plate at ``at``. With ``clear_of`` (a box's line width), ``at`` is
+    the box's top-left corner and the plate stays off the box's line: just above it, or just
+    inside it at the top of the image (a plate over the line hid the box's outline)."""
     import cv2
 
     size = max(0.4, image.shape[0] / 1200)
     (tw, th), base = cv2.getTextSize(text, _FONT, size, 1)
     x = min(max(at[0], 0), max(image.shape[1] - tw, 0))
-    y = max(at[1] - 4, th + 2)
+    if clear_of is None:
+        y = max(at[1] - 4, th + 2)
+    else:
+        gap = clear_of // 2 + 2  # the line's half width, and a pixel of the scene between
+        y = at[1] - gap - base + 2  # plate bottom (y + base - 2) just above the line
+        if y - th - 2 < 0:  # no room above: just inside, under the line
+            y = at[1] + gap + th + 2
     cv2.rectangle(image, (x, y - th - 2), (x + tw, y + base - 2), (0, 0, 0), cv2.FILLED)
     cv2.putText(image, text, (x, y - 2), _FONT, size, color, 1, cv2.LINE_AA)
 
