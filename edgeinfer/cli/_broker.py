@@ -3,6 +3,7 @@ section of ``-c CONFIG``, else a plain MQTT 3.1.1 connection, with a client id o
 
 from __future__ import annotations
 
+import argparse
 import os
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -11,6 +12,21 @@ from ..errors import ConfigError
 
 if TYPE_CHECKING:
     from ..config.mqtt import MqttConfig
+
+
+def add_broker_arguments(p: argparse.ArgumentParser) -> None:
+    """The broker options of a client that sends (``push-model``, ``cmd``); read by
+    `edgeinfer.cli.ota_cmds.mqtt_config`."""
+    p.add_argument("-c", "--config", help="YAML config whose mqtt: section names the broker")
+    p.add_argument("--broker", metavar="HOST[:PORT]", help="broker (default: the config's, or "
+                   "127.0.0.1:1883)")
+    p.add_argument("--prefix", help="first topic level (default: the config's, or edgeinfer)")
+    p.add_argument("--username", help="broker user name")
+    p.add_argument("--password", help="broker password (or EDGEINFER_MQTT_PASSWORD)")
+    p.add_argument("--tls", action="store_true", help="connect with TLS")
+    p.add_argument("--ca", metavar="FILE", help="CA certificate for TLS")
+    p.add_argument("--cert", metavar="FILE", help="client certificate for TLS")
+    p.add_argument("--cert-key", metavar="FILE", help="client certificate's key for TLS")
 
 
 def client_base(config_path: str | None, verb: str, *, instead: str, initial_s: float,

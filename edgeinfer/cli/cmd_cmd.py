@@ -17,14 +17,31 @@ import time
 import uuid
 from typing import Any
 
-from ..control.commands import CommandError
 from ..errors import ConfigError
+from ._broker import add_broker_arguments
 
-__all__ = ["cmd_cmd"]
+__all__ = ["add_cmd_arguments", "cmd_cmd"]
+
+
+def add_cmd_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = ("Publish COMMAND to <prefix>/DEVICE/cmd/COMMAND and print the reply as JSON "
+                     "(exit 1 for an error reply or none). Verbs listed in the device's "
+                     "mqtt.commands.signed need --key.")
+    p.add_argument("device", help="the device id")
+    p.add_argument("command", help="status, pause, resume, reload, snapshot, set or reset")
+    p.add_argument("args", nargs="?", help="the arguments as a JSON object, e.g. "
+                   "'{\"pipeline\": \"faces\", \"score_threshold\": 0.7}'")
+    p.add_argument("--key", help="sign with this private key from `edgeinfer keygen`")
+    p.add_argument("--timeout", type=float, default=30.0, metavar="S",
+                   help="give up waiting for the reply after S seconds (default: %(default)s)")
+    add_broker_arguments(p)
 
 
 def cmd_cmd(args: argparse.Namespace) -> int:
     """Publish the command, wait for the reply carrying its id, print it."""
+    # Inside, not at the top: msgspec (these import it at their top; paho too for the client)
+    # stays out of `edgeinfer --help`, which imports this module.
+    from ..control.commands import CommandError
     from ..mqtt.client import Message, MqttClient
     from ..mqtt.topics import check_level, is_verb
     from .ota_cmds import mqtt_config

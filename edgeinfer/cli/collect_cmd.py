@@ -25,6 +25,17 @@ SOURCES = {
 }
 
 
+def add_collect_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = ("Read every device's results, events and status from the broker (an MQTT 5 "
+                     "shared subscription, or a NATS JetStream durable consumer) and write them "
+                     "into PostgreSQL exactly once: acknowledged only after the commit, "
+                     "duplicates dropped by key. Run one or more; SIGTERM stops after the batch "
+                     "in hand. See docs/fleet.md.")
+    p.add_argument("-c", "--config", required=True, help="collect.yaml")
+    p.add_argument("--migrate-only", action="store_true",
+                   help="apply the database schema migrations and exit")
+
+
 def cmd_collect(args: argparse.Namespace) -> int:
     from ..config.collect import CollectConfig
     from ..config.loader import load_struct

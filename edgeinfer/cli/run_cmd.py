@@ -13,6 +13,16 @@ from typing import Any
 DEMO_CONFIG = Path(__file__).resolve().parent.parent / "demo.yaml"  # also configs/demo.yaml
 
 
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = ("Run every pipeline of CONFIG until their sources end or SIGINT/SIGTERM (a "
+                     "second signal forces exit).")
+    p.add_argument("-c", "--config", help="YAML config file")
+    p.add_argument("config_file", nargs="?", metavar="CONFIG",
+                   help="the config file may also be given without -c")
+    p.add_argument("--stats-interval", type=float, default=0.0, metavar="S",
+                   help="log a stats line every S seconds (default: never)")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from ..config import load_config
     from ..daemon import Daemon
@@ -52,6 +62,16 @@ def _refuse_unstartable(path: str, config: Any) -> None:
     fatal = [str(p) for p in start_problems(config) if p.fatal]
     if fatal:
         raise ConfigError(f"{path}: cannot start: " + "; ".join(fatal))
+
+
+def add_demo_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = ("Fetch the BlazeFace model and a sample video made from a photograph, and "
+                     "run a face-detection pipeline on it: results on stdout and in a JSON Lines "
+                     "file. No camera or broker needed.")
+    p.add_argument("--out", default="results.jsonl", help="JSON Lines output (default: %(default)s)")
+    p.add_argument("--http", nargs="?", type=int, const=8080, default=None, metavar="PORT",
+                   help="also serve the web view on http://127.0.0.1:PORT/ (default port 8080) "
+                   "and loop the video until Ctrl-C")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -21,15 +21,31 @@ import threading
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from ..config.mqtt import MqttConfig
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
+    from ..config.mqtt import MqttConfig
     from ..mqtt.client import Message
 
-__all__ = ["cmd_watch", "describe", "result_from_dict"]
+__all__ = ["add_watch_arguments", "cmd_watch", "describe", "result_from_dict"]
 
 _MAX_LINE = 240
+
+
+def add_watch_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = ("Subscribe to <prefix>/<device>/status, .../<pipeline>/result, "
+                     ".../<pipeline>/event, .../<pipeline>/counts and .../stats and print one "
+                     "line per message. The broker is the -c CONFIG's mqtt: section, else "
+                     "127.0.0.1:1883; options override it. A broker that is down is retried. "
+                     "Ctrl-C ends it.")
+    p.add_argument("-c", "--config", help="YAML config whose mqtt: section names the broker")
+    p.add_argument("--device", help="only this device id (default: every device)")
+    p.add_argument("--prefix", help="first topic level (default: the config's, or edgeinfer)")
+    p.add_argument("--host", help="broker host (default: the config's, or 127.0.0.1)")
+    p.add_argument("--port", type=int, help="broker port (default: the config's, or 1883)")
+    p.add_argument("--json", action="store_true",
+                   help="one JSON object per message: topic, device, kind, retained, payload")
+    p.add_argument("--count", type=int, metavar="N", help="exit after N results")
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
