@@ -33,6 +33,8 @@ def client_base(config_path: str | None, verb: str, *, instead: str, initial_s: 
                 max_s: float) -> tuple[MqttConfig, dict[str, Any]]:
     """The config to start from and the changes every such client makes to it (its own
     client id, its reconnect pace); ``instead`` names the options to use without a section."""
+    # Inside, not at the top, as every config import in this file: they import msgspec at their
+    # top, and `edgeinfer --help` imports this module.
     from ..config.mqtt import MqttConfig
     from ..config.pipeline import ReconnectConfig
 
@@ -55,7 +57,7 @@ def client_base(config_path: str | None, verb: str, *, instead: str, initial_s: 
 def listener_config(args: Any, verb: str, *, initial_s: float, max_s: float) -> MqttConfig:
     """The broker of a listening client (``watch``, ``fleet``): ``-c CONFIG``'s ``mqtt:``
     section or a plain connection, with ``--host``, ``--port`` and ``--prefix`` applied."""
-    import msgspec
+    import msgspec  # inside: as the config imports above
 
     config, changes = client_base(args.config, verb, instead="--host/--port",
                                   initial_s=initial_s, max_s=max_s)

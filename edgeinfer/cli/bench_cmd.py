@@ -67,6 +67,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     """
     if args.providers.strip().lower() in ("all", "auto"):
         return _cmd_candidates(args)
+    # Inside, not at the top: both import numpy (bench msgspec too) at their top; `edgeinfer --help`
+    # imports this module.
     from ..bench import bench, parse_threads, plot_histograms
     from ..catalog import resolve_model
 
@@ -108,7 +110,7 @@ def _row(r: Any) -> str:
 
 
 def _cmd_candidates(args: argparse.Namespace) -> int:
-    from ..bench import candidate_table, parse_threads, plot_candidates
+    from ..bench import candidate_table, parse_threads, plot_candidates  # inside: numpy
 
     caps = [t for t in parse_threads(args.threads) if t is not None]
     table = candidate_table(

@@ -18,7 +18,10 @@ import uuid
 from typing import Any
 
 from ..errors import ConfigError
+from ..keys import load_private_key
+from ..mqtt.topics import check_level, is_verb
 from ._broker import add_broker_arguments
+from .ota_cmds import mqtt_config
 
 __all__ = ["add_cmd_arguments", "cmd_cmd"]
 
@@ -39,12 +42,10 @@ def add_cmd_arguments(p: argparse.ArgumentParser) -> None:
 
 def cmd_cmd(args: argparse.Namespace) -> int:
     """Publish the command, wait for the reply carrying its id, print it."""
-    # Inside, not at the top: msgspec (these import it at their top; paho too for the client)
-    # stays out of `edgeinfer --help`, which imports this module.
+    # Inside, not at the top: these import msgspec (the client paho too) at their top, and
+    # `edgeinfer --help` imports this module.
     from ..control.commands import CommandError
     from ..mqtt.client import Message, MqttClient
-    from ..mqtt.topics import check_level, is_verb
-    from .ota_cmds import mqtt_config
 
     if not is_verb(args.command):
         raise ConfigError(f"{args.command!r} is not a command verb ([a-z0-9_-], 1 to 32 long)")
@@ -95,8 +96,7 @@ def _arguments(text: str | None) -> dict[str, Any]:
 def _payload(args: argparse.Namespace, body: dict[str, Any], request_id: str) -> bytes:
     if not args.key:
         return json.dumps({**body, "id": request_id}).encode()
-    from ..control.signed import make_command
-    from ..keys import load_private_key
+    from ..control.signed import make_command  # inside: msgspec
 
     return make_command(args.device, args.command, body, load_private_key(args.key),
                         request_id=request_id)

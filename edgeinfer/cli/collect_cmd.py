@@ -11,10 +11,11 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from .._importer import import_from_string
+from ..fleet.collector import Collector, Source
+from ..fleet.metrics import CollectMetricsServer
 
 if TYPE_CHECKING:
     from ..config.collect import CollectConfig, MqttSourceConfig, NatsSourceConfig
-    from ..fleet.collector import Source
 
 logger = logging.getLogger("edgeinfer.collect")
 
@@ -37,9 +38,10 @@ def add_collect_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
+    # Inside, not at the top, as every config import in this file: they import msgspec at their
+    # top (the database psycopg when it connects), and `edgeinfer --help` imports this module.
     from ..config.collect import CollectConfig
     from ..config.loader import load_struct
-    from ..fleet.collector import Collector
     from ..fleet.db import Database
 
     config = load_struct(args.config, CollectConfig)
@@ -65,7 +67,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
 def make_source(config: MqttSourceConfig | NatsSourceConfig) -> Source:
     """The source the ``source:`` section's ``type`` names."""
-    from ..config.collect import MqttSourceConfig
+    from ..config.collect import MqttSourceConfig  # inside: msgspec
 
     kind = "mqtt" if isinstance(config, MqttSourceConfig) else "nats"
     source_class: Any = import_from_string(SOURCES[kind])
@@ -85,7 +87,7 @@ def _migrate(db: Any) -> list[int]:
 
 
 def _check_receive_maximum(config: CollectConfig) -> None:
-    from ..config.collect import MqttSourceConfig
+    from ..config.collect import MqttSourceConfig  # inside: msgspec
 
     source, batch = config.source, config.batch
     if not isinstance(source, MqttSourceConfig):
@@ -101,8 +103,6 @@ def _check_receive_maximum(config: CollectConfig) -> None:
 def _metrics(collector: Any, config: Any) -> Any:
     if config.metrics is None:
         return None
-    from ..fleet.metrics import CollectMetricsServer
-
     server = CollectMetricsServer(collector, config.metrics)
     server.start()
     return server

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..sandbox import socket_bind_dropin
+
 
 def add_validate_arguments(p: argparse.ArgumentParser) -> None:
     p.description = "Parse and validate CONFIG; errors name the path and line."
@@ -39,8 +41,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from ..config.startable import start_problems
 
     if getattr(args, "systemd_dropin", False):
-        from ..sandbox import socket_bind_dropin
-
         # The ports need no secrets: credentials the service alone can read are stood in for.
         sys.stdout.write(socket_bind_dropin(load_config(args.config, stand_in_credentials=True),
                                             args.config))
@@ -82,7 +82,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def _validate_collect(args: argparse.Namespace) -> int:
     """A collector's ``collect.yaml`` (``edgeinfer collect -c``)."""
-    import msgspec  # inside: as in cmd_validate
+    import msgspec  # inside, with our config modules: as in cmd_validate
 
     from ..config.collect import CollectConfig, MqttSourceConfig
     from ..config.loader import load_struct

@@ -19,6 +19,8 @@ import time
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
+from ..fleet.listing import Fleet, render_table
+from ._broker import listener_config
 
 if TYPE_CHECKING:
     from ..config.mqtt import MqttConfig
@@ -44,8 +46,7 @@ def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
 
 def cmd_fleet(args: argparse.Namespace) -> int:
     """Gather for ``--wait`` seconds, print the devices; exit 69 when the broker is unreachable."""
-    from ..fleet.listing import Fleet, render_table
-    from ..mqtt.client import MqttClient
+    from ..mqtt.client import MqttClient  # inside: msgspec and paho, not for `edgeinfer --help`
 
     if not 0 < args.wait <= 3600:
         raise ConfigError(f"--wait: {args.wait} is not between 0 and 3600 seconds")
@@ -91,6 +92,4 @@ def cmd_fleet(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace) -> MqttConfig:
-    from ._broker import listener_config
-
     return listener_config(args, "fleet", initial_s=0.2, max_s=1.0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -32,6 +33,9 @@ def _input_shapes(items: list[str]) -> dict[str, list[int]]:
 def model_inputs(model: str, items: list[str]) -> tuple[dict[str, list[int]], dict[str, Any]]:
     """Input shapes (``--input-shape`` over an example model's own) and warm-up values for
     ``model`` (a path or an example model's name)."""
+    # Inside, not at the top, as every catalog, model and runtime import in this file: they
+    # import numpy at their top (onnxruntime when a model loads), and `edgeinfer --help` imports
+    # this module.
     from ..catalog import for_path
 
     entry = for_path(model)
@@ -75,7 +79,7 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from ..catalog import resolve_model
+    from ..catalog import resolve_model  # inside: numpy (see model_inputs)
     from ..model import load_model
 
     shapes, warm = model_inputs(args.model, args.input_shape)
@@ -146,7 +150,7 @@ def add_providers_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_providers(args: argparse.Namespace) -> int:
-    from ..runtime import providers as prov
+    from ..runtime import providers as prov  # inside: numpy (see model_inputs)
 
     platform = prov.detect_platform()
     data: dict[str, Any] = {
@@ -191,9 +195,7 @@ def cmd_providers(args: argparse.Namespace) -> int:
 
 def _backend_facts() -> dict[str, Any]:
     """OpenVINO and ARM NN: installed, version, the precisions they offer on this CPU."""
-    import importlib
-
-    from ..runtime.select import backend_available
+    from ..runtime.select import backend_available  # inside: numpy (see model_inputs)
 
     hints = {"openvino": "pip install 'edgeinfer[openvino]'",
              "armnn": "Debian trixie arm64: apt install python3-pyarmnn libarmnn-cpuacc-backend33"}
@@ -212,7 +214,7 @@ def _backend_facts() -> dict[str, Any]:
 
 
 def _onnxruntime_facts(platform: Any) -> dict[str, Any]:
-    from ..runtime import providers as prov
+    from ..runtime import providers as prov  # inside: numpy (see model_inputs)
 
     try:
         import onnxruntime as ort
@@ -229,7 +231,7 @@ def _onnxruntime_facts(platform: Any) -> dict[str, Any]:
 
 
 def _litert_facts() -> dict[str, Any]:
-    from ..runtime import delegates, tflite
+    from ..runtime import delegates, tflite  # inside: numpy (see model_inputs)
 
     try:
         module, version = tflite.runtime_version()
@@ -240,7 +242,7 @@ def _litert_facts() -> dict[str, Any]:
 
 
 def _say_fetching(entry: Any, target: Path) -> None:
-    from ..catalog import describe_fetch
+    from ..catalog import describe_fetch  # inside: numpy (see model_inputs)
 
     print(describe_fetch(entry, target) + " ...", file=sys.stderr, flush=True)
 
@@ -257,7 +259,7 @@ def add_models_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from .. import catalog
+    from .. import catalog  # inside: numpy (see model_inputs)
 
     if args.models_verb == "pull":
         names = args.names or sorted(catalog.CATALOG)

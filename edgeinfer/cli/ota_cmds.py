@@ -25,7 +25,8 @@ import time
 from typing import IO, TYPE_CHECKING, Any
 
 from ..errors import ConfigError, OtaError
-from ._broker import add_broker_arguments
+from ..keys import generate_keypair, load_private_key
+from ._broker import add_broker_arguments, client_base
 
 if TYPE_CHECKING:
     from ..config.mqtt import MqttConfig
@@ -46,8 +47,6 @@ def add_keygen_arguments(p: argparse.ArgumentParser) -> None:
 
 def cmd_keygen(args: argparse.Namespace) -> int:
     """Write the key pair; refuse to overwrite without ``--force``."""
-    from ..keys import generate_keypair
-
     private, public, key_id = generate_keypair(args.out, force=args.force)
     print(f"wrote {private} (private key, mode 0600: keep it secret) and {public}")
     print(f"key id {key_id}; list {public} in each device's ota.trusted_keys")
@@ -99,6 +98,8 @@ def add_push_model_arguments(p: argparse.ArgumentParser) -> None:
 
 def cmd_push_model(args: argparse.Namespace) -> int:
     """Push MODEL (or a rollback request) and report each target's outcome."""
+    # Inside, not at the top: these import msgspec (the client paho too) at their top, and
+    # `edgeinfer --help` imports this module.
     from ..mqtt.client import MqttClient
     from ..ota.push import Pusher
 
@@ -175,8 +176,6 @@ def _check(args: argparse.Namespace) -> None:
 
 def _key(args: argparse.Namespace) -> Any:
     if args.key:
-        from ..keys import load_private_key
-
         return load_private_key(args.key)
     print("edgeinfer: WARNING: no --key: this push is UNSIGNED; only devices with "
           "ota.allow_unsigned: true (development only) will take it", file=sys.stderr)
@@ -186,10 +185,9 @@ def _key(args: argparse.Namespace) -> Any:
 def mqtt_config(args: argparse.Namespace) -> MqttConfig:
     """The broker connection from ``-c`` and the ``--broker``/``--prefix``/credential/TLS
     options (options win over the config's ``mqtt:`` section)."""
-    import msgspec  # inside: not for `edgeinfer --help`, which imports this module
+    import msgspec  # inside, with our config: not for `edgeinfer --help`
 
     from ..config.mqtt import TlsConfig
-    from ._broker import client_base
 
     config, changes = client_base(args.config, "push", instead="--broker", initial_s=0.2,
                                   max_s=2.0)
@@ -298,7 +296,7 @@ def _rows(statuses: dict[str, OtaStatus], timed_out: list[str], seen_at: dict[st
     ``received``: past ``receiving`` and neither rejected nor rolled back)."""
     import msgspec  # inside: as in mqtt_config
 
-    from ..ota.push import PAST_RECEIVING
+    from ..ota.push import PAST_RECEIVING  # inside: msgspec
 
     rows = []
     for device in sorted(set(statuses) | set(timed_out)):

@@ -8,6 +8,8 @@ import sys
 import time
 from typing import Any
 
+from .model_cmds import model_inputs
+
 __all__ = ["add_quantize_arguments", "cmd_quantize", "format_card"]
 
 
@@ -86,8 +88,7 @@ def add_quantize_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:
-    from ..quantize import quantize_model
-    from .model_cmds import model_inputs
+    from ..quantize import quantize_model  # inside: numpy, msgspec, cv2
 
     shapes = model_inputs(args.input, args.input_shape)[0]
     bar = _Bar("calibrating") if sys.stderr.isatty() or not args.json else None

@@ -8,6 +8,10 @@ import os
 import sys
 from pathlib import Path
 
+from ..errors import ConfigError
+from ..paths import state_dir
+from ..reload import request_reload, result_path
+
 
 def add_reload_arguments(p: argparse.ArgumentParser) -> None:
     p.description = ("Send the daemon SIGHUP and wait until it reports the reload's outcome: exit "
@@ -21,10 +25,6 @@ def add_reload_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_reload(args: argparse.Namespace) -> int:
-    from ..errors import ConfigError
-    from ..paths import state_dir
-    from ..reload import request_reload, result_path
-
     pid = args.pid or int(os.environ.get("MAINPID", "0") or 0)
     if pid <= 0:
         raise ConfigError("reload: pass --pid PID (the daemon's; systemd passes $MAINPID)")

@@ -22,6 +22,8 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
+from ..mqtt.topics import check_level
+from ._broker import listener_config
 
 if TYPE_CHECKING:
     from ..config.mqtt import MqttConfig
@@ -58,8 +60,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     good. The network thread never waits on the printing either: when the inbox is full
     (printing slower than the broker sends), messages are dropped and counted.
     """
-    from ..mqtt.client import MqttClient
-    from ..mqtt.topics import check_level
+    from ..mqtt.client import MqttClient  # inside: msgspec and paho, not for `edgeinfer --help`
 
     config = _config(args)
     device = args.device or "+"
@@ -168,8 +169,6 @@ def _say_state(client: Any, where: str) -> None:
 
 
 def _config(args: argparse.Namespace) -> MqttConfig:
-    from ._broker import listener_config
-
     return listener_config(args, "watch", initial_s=0.5, max_s=5.0)
 
 
@@ -193,7 +192,7 @@ def describe(topic: str, payload: bytes, prefix: str, *, as_json: bool = False,
     if kind == "result":
         line = _result_line(data)
     elif kind == "event":
-        from ..sinks.stdout import format_event
+        from ..sinks.stdout import format_event  # inside: numpy
 
         line = format_event(str(data.get("pipeline", levels[-2] if len(levels) > 2 else "?")),
                             data)
@@ -228,7 +227,7 @@ def _counts_line(data: dict[str, Any]) -> str:
 
 
 def _result_line(data: dict[str, Any]) -> str:
-    from ..sinks.stdout import format_line
+    from ..sinks.stdout import format_line  # inside: numpy
 
     try:
         return format_line(result_from_dict(data))
@@ -240,7 +239,7 @@ def result_from_dict(data: dict[str, Any]) -> Any:
     """A `edgeinfer.frames.Result` back from its JSON form (the frame without pixels)."""
     import numpy as np
 
-    from ..frames import (
+    from ..frames import (  # inside: numpy
         Classification,
         Detection,
         Frame,
