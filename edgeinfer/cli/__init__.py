@@ -39,8 +39,8 @@ class Verb(NamedTuple):
     add_arguments: Callable[[argparse.ArgumentParser], None]  # its description and options
     handler: Callable[[argparse.Namespace], int]  # returns the exit code
 
-# In the order `edgeinfer --help` lists them: each verb's one-line help, the function next to its
-# handler that describes its arguments, and the handler (parsed namespace -> exit code).
+
+# In the order `edgeinfer --help` lists them; each family's functions live in its own module.
 VERBS: dict[str, Verb] = {
     "run": Verb("run the pipelines of a config", run_cmd.add_run_arguments, run_cmd.cmd_run),
     "demo": Verb("run the demo pipeline on a sample video", run_cmd.add_demo_arguments,
