@@ -29,6 +29,28 @@ def test_help_imports_no_runtime() -> None:
     assert "HEAVY []" in out.stdout
 
 
+def test_every_verbs_help_imports_no_runtime() -> None:
+    # Each verb's options are described next to its handler, in modules `--help` imports: every
+    # verb's help works and, like the top one, loads no runtime (handlers import those).
+    code = ("import contextlib, io, sys\nfrom edgeinfer.cli import VERBS, main\n"
+            "argvs = [[v, '--help'] for v in VERBS] + [['models', a, '--help'] for a in "
+            "('list', 'pull')]\n"
+            "for argv in argvs:\n"
+            "    out = io.StringIO()\n"
+            "    with contextlib.redirect_stdout(out):\n"
+            "        try:\n            main(argv)\n"
+            "        except SystemExit as exc:\n            assert exc.code == 0, (argv, exc.code)\n"
+            "    usage = 'usage: edgeinfer ' + ' '.join(argv[:-1]) + ' [-h]'\n"
+            "    assert out.getvalue().startswith(usage), (usage, out.getvalue()[:80])\n"
+            "print('HELPS', len(argvs))\n"
+            "heavy = [m for m in ('onnxruntime', 'cv2', 'ai_edge_litert', 'tflite_runtime', "
+            "'openvino', 'numpy', 'msgspec', 'aiohttp', 'psycopg') if m in sys.modules]\n"
+            "print('HEAVY', heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "HELPS 17" in out.stdout  # the 15 verbs and `models list`/`models pull`
+    assert "HEAVY []" in out.stdout
+
+
 def test_no_verb_prints_help_and_exits_2() -> None:
     r = cli()
     assert r.returncode == 2 and "COMMAND" in r.stdout

@@ -3,6 +3,7 @@ section of ``-c CONFIG``, else a plain MQTT 3.1.1 connection, with a client id o
 
 from __future__ import annotations
 
+import argparse
 import os
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -13,10 +14,27 @@ if TYPE_CHECKING:
     from ..config.mqtt import MqttConfig
 
 
+def add_broker_arguments(p: argparse.ArgumentParser) -> None:
+    """The broker options of a client that sends (``push-model``, ``cmd``); read by
+    `edgeinfer.cli.ota_cmds.mqtt_config`."""
+    p.add_argument("-c", "--config", help="YAML config whose mqtt: section names the broker")
+    p.add_argument("--broker", metavar="HOST[:PORT]", help="broker (default: the config's, or "
+                   "127.0.0.1:1883)")
+    p.add_argument("--prefix", help="first topic level (default: the config's, or edgeinfer)")
+    p.add_argument("--username", help="broker user name")
+    p.add_argument("--password", help="broker password (or EDGEINFER_MQTT_PASSWORD)")
+    p.add_argument("--tls", action="store_true", help="connect with TLS")
+    p.add_argument("--ca", metavar="FILE", help="CA certificate for TLS")
+    p.add_argument("--cert", metavar="FILE", help="client certificate for TLS")
+    p.add_argument("--cert-key", metavar="FILE", help="client certificate's key for TLS")
+
+
 def client_base(config_path: str | None, verb: str, *, instead: str, initial_s: float,
                 max_s: float) -> tuple[MqttConfig, dict[str, Any]]:
     """The config to start from and the changes every such client makes to it (its own
     client id, its reconnect pace); ``instead`` names the options to use without a section."""
+    # Inside, not at the top, as every config import in this file: they import msgspec at their
+    # top, and `edgeinfer --help` imports this module.
     from ..config.mqtt import MqttConfig
     from ..config.pipeline import ReconnectConfig
 
@@ -39,7 +57,7 @@ def client_base(config_path: str | None, verb: str, *, instead: str, initial_s: 
 def listener_config(args: Any, verb: str, *, initial_s: float, max_s: float) -> MqttConfig:
     """The broker of a listening client (``watch``, ``fleet``): ``-c CONFIG``'s ``mqtt:``
     section or a plain connection, with ``--host``, ``--port`` and ``--prefix`` applied."""
-    import msgspec
+    import msgspec  # inside: as the config imports above
 
     config, changes = client_base(args.config, verb, instead="--host/--port",
                                   initial_s=initial_s, max_s=max_s)

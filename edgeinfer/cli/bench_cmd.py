@@ -23,6 +23,42 @@ _CANDIDATE_COLUMNS = (
 )
 
 
+def add_bench_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = ("--providers all|auto: the candidate table the backend selector measures "
+                     "(backend, device, precision, threads, graph optimization, spinning; "
+                     "p50/p99 ms, load ms, MiB, accuracy against the fp32 reference, rejected or "
+                     "failed and why) with what auto picks marked. A list of providers (cpu, "
+                     "cuda,cpu...): warm up, then time N runs per provider and thread count, "
+                     "each in a fresh process: latency p50/p90/p99, throughput, load time, peak "
+                     "resident memory.")
+    p.add_argument("model", help="ONNX or TFLite file, or an example model name (see `models`)")
+    p.add_argument("--providers", default="auto",
+                   help="auto (the probe load_model runs at first load: its candidates, its "
+                   "table; default), all (every candidate the device offers, with a longer "
+                   "budget), or a comma-separated list, each measured on its own in a fresh "
+                   "process")
+    p.add_argument("--threads", default=None, metavar="N[,N...]",
+                   help="with all/auto the thread cap, candidates at 1, 2 and the cap (default: "
+                   "the physical cores, at most 4); with a provider list the thread counts to "
+                   "measure, e.g. 1,2,4 (default: the runtime's choice)")
+    p.add_argument("--precision", choices=("fp32", "fp16", "int8"), default="fp16",
+                   help="all/auto: the lowest precision a candidate may use (fp16 also allows "
+                   "bf16; default fp16, as load_model)")
+    p.add_argument("--budget-s", type=float, default=None, metavar="S",
+                   help="all/auto: how long measuring may take (default 15 s for auto, as at "
+                   "boot; 60 s for all)")
+    p.add_argument("--runs", type=int, default=50, metavar="N",
+                   help="provider list: timed runs (default 50)")
+    p.add_argument("--warmup", type=int, default=5, metavar="N",
+                   help="provider list: untimed runs first")
+    p.add_argument("--input-shape", action="append", default=[], metavar="NAME=D1,D2,...",
+                   help="fix a dynamic input shape, e.g. images=1,3,320,320 (repeatable)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--plot", metavar="OUT.png",
+                   help="all/auto: draw the candidate table; provider list: a latency "
+                   "histogram per configuration")
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """Measure ``args.model``; print a table or JSON.
 
@@ -31,6 +67,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     """
     if args.providers.strip().lower() in ("all", "auto"):
         return _cmd_candidates(args)
+    # Inside, not at the top: both import numpy (bench msgspec too) at their top; `edgeinfer --help`
+    # imports this module.
     from ..bench import bench, parse_threads, plot_histograms
     from ..catalog import resolve_model
 
@@ -72,7 +110,7 @@ def _row(r: Any) -> str:
 
 
 def _cmd_candidates(args: argparse.Namespace) -> int:
-    from ..bench import candidate_table, parse_threads, plot_candidates
+    from ..bench import candidate_table, parse_threads, plot_candidates  # inside: numpy
 
     caps = [t for t in parse_threads(args.threads) if t is not None]
     table = candidate_table(

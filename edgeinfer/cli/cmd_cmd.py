@@ -17,17 +17,35 @@ import time
 import uuid
 from typing import Any
 
-from ..control.commands import CommandError
 from ..errors import ConfigError
+from ..keys import load_private_key
+from ..mqtt.topics import check_level, is_verb
+from ._broker import add_broker_arguments
+from .ota_cmds import mqtt_config
 
-__all__ = ["cmd_cmd"]
+__all__ = ["add_cmd_arguments", "cmd_cmd"]
+
+
+def add_cmd_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = ("Publish COMMAND to <prefix>/DEVICE/cmd/COMMAND and print the reply as JSON "
+                     "(exit 1 for an error reply or none). Verbs listed in the device's "
+                     "mqtt.commands.signed need --key.")
+    p.add_argument("device", help="the device id")
+    p.add_argument("command", help="status, pause, resume, reload, snapshot, set or reset")
+    p.add_argument("args", nargs="?", help="the arguments as a JSON object, e.g. "
+                   "'{\"pipeline\": \"faces\", \"score_threshold\": 0.7}'")
+    p.add_argument("--key", help="sign with this private key from `edgeinfer keygen`")
+    p.add_argument("--timeout", type=float, default=30.0, metavar="S",
+                   help="give up waiting for the reply after S seconds (default: %(default)s)")
+    add_broker_arguments(p)
 
 
 def cmd_cmd(args: argparse.Namespace) -> int:
     """Publish the command, wait for the reply carrying its id, print it."""
+    # Inside, not at the top: these import msgspec (the client paho too) at their top, and
+    # `edgeinfer --help` imports this module.
+    from ..control.commands import CommandError
     from ..mqtt.client import Message, MqttClient
-    from ..mqtt.topics import check_level, is_verb
-    from .ota_cmds import mqtt_config
 
     if not is_verb(args.command):
         raise ConfigError(f"{args.command!r} is not a command verb ([a-z0-9_-], 1 to 32 long)")
@@ -78,8 +96,7 @@ def _arguments(text: str | None) -> dict[str, Any]:
 def _payload(args: argparse.Namespace, body: dict[str, Any], request_id: str) -> bytes:
     if not args.key:
         return json.dumps({**body, "id": request_id}).encode()
-    from ..control.signed import make_command
-    from ..keys import load_private_key
+    from ..control.signed import make_command  # inside: msgspec
 
     return make_command(args.device, args.command, body, load_private_key(args.key),
                         request_id=request_id)

@@ -11,10 +11,11 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from .._importer import import_from_string
+from ..fleet.collector import Collector, Source
+from ..fleet.metrics import CollectMetricsServer
 
 if TYPE_CHECKING:
     from ..config.collect import CollectConfig, MqttSourceConfig, NatsSourceConfig
-    from ..fleet.collector import Source
 
 logger = logging.getLogger("edgeinfer.collect")
 
@@ -25,10 +26,22 @@ SOURCES = {
 }
 
 
+def add_collect_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = ("Read every device's results, events and status from the broker (an MQTT 5 "
+                     "shared subscription, or a NATS JetStream durable consumer) and write them "
+                     "into PostgreSQL exactly once: acknowledged only after the commit, "
+                     "duplicates dropped by key. Run one or more; SIGTERM stops after the batch "
+                     "in hand. See docs/fleet.md.")
+    p.add_argument("-c", "--config", required=True, help="collect.yaml")
+    p.add_argument("--migrate-only", action="store_true",
+                   help="apply the database schema migrations and exit")
+
+
 def cmd_collect(args: argparse.Namespace) -> int:
+    # Inside, not at the top, as every config import in this file: they import msgspec at their
+    # top (the database psycopg when it connects), and `edgeinfer --help` imports this module.
     from ..config.collect import CollectConfig
     from ..config.loader import load_struct
-    from ..fleet.collector import Collector
     from ..fleet.db import Database
 
     config = load_struct(args.config, CollectConfig)
@@ -54,7 +67,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
 def make_source(config: MqttSourceConfig | NatsSourceConfig) -> Source:
     """The source the ``source:`` section's ``type`` names."""
-    from ..config.collect import MqttSourceConfig
+    from ..config.collect import MqttSourceConfig  # inside: msgspec
 
     kind = "mqtt" if isinstance(config, MqttSourceConfig) else "nats"
     source_class: Any = import_from_string(SOURCES[kind])
@@ -74,7 +87,7 @@ def _migrate(db: Any) -> list[int]:
 
 
 def _check_receive_maximum(config: CollectConfig) -> None:
-    from ..config.collect import MqttSourceConfig
+    from ..config.collect import MqttSourceConfig  # inside: msgspec
 
     source, batch = config.source, config.batch
     if not isinstance(source, MqttSourceConfig):
@@ -90,8 +103,6 @@ def _check_receive_maximum(config: CollectConfig) -> None:
 def _metrics(collector: Any, config: Any) -> Any:
     if config.metrics is None:
         return None
-    from ..fleet.metrics import CollectMetricsServer
-
     server = CollectMetricsServer(collector, config.metrics)
     server.start()
     return server

@@ -5,12 +5,23 @@ from __future__ import annotations
 import argparse
 import sys
 
-import msgspec
+from ..sandbox import socket_bind_dropin
 
-from ..config import load_config
-from ..config.collect import CollectConfig, MqttSourceConfig
-from ..config.loader import config_kind, load_struct
-from ..config.startable import start_problems
+
+def add_validate_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = "Parse and validate CONFIG; errors name the path and line."
+    p.add_argument("config", help="YAML config file")
+    p.add_argument("--json", action="store_true", help="print the resolved config as JSON")
+    p.add_argument("--strict", action="store_true",
+                   help="also fail (exit 78) when the config cannot start here: a missing model "
+                   "or key file, no pipelines (without it these are warnings)")
+    p.add_argument("--kind", choices=("auto", "device", "collect"), default="auto",
+                   help="which config: a device's (edgeinfer run) or a collector's (edgeinfer "
+                   "collect); auto: a collector's when its top level has database: or source: "
+                   "and no device key (default)")
+    p.add_argument("--systemd-dropin", action="store_true",
+                   help="print a systemd drop-in that lets the service bind exactly the ports "
+                   "this config listens on (web view, metrics, embedded broker) and no other")
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -21,9 +32,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
     printed as a warning (on stderr, never "OK"); ``--strict`` (on the device, before
     ``systemctl restart``) makes it an error, as ``edgeinfer run`` does.
     """
-    if getattr(args, "systemd_dropin", False):
-        from ..sandbox import socket_bind_dropin
+    # Inside, not at the top: msgspec and our config modules (they import it at their top) stay
+    # out of `edgeinfer --help`, which imports this module (tests/test_cli.py checks).
+    import msgspec
 
+    from ..config import load_config
+    from ..config.loader import config_kind
+    from ..config.startable import start_problems
+
+    if getattr(args, "systemd_dropin", False):
         # The ports need no secrets: credentials the service alone can read are stood in for.
         sys.stdout.write(socket_bind_dropin(load_config(args.config, stand_in_credentials=True),
                                             args.config))
@@ -65,6 +82,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def _validate_collect(args: argparse.Namespace) -> int:
     """A collector's ``collect.yaml`` (``edgeinfer collect -c``)."""
+    import msgspec  # inside, with our config modules: as in cmd_validate
+
+    from ..config.collect import CollectConfig, MqttSourceConfig
+    from ..config.loader import load_struct
+
     config = load_struct(args.config, CollectConfig)
     if args.json:
         data = msgspec.to_builtins(config)

@@ -19,20 +19,34 @@ import time
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
+from ..fleet.listing import Fleet, render_table
+from ._broker import listener_config
 
 if TYPE_CHECKING:
     from ..config.mqtt import MqttConfig
     from ..mqtt.client import Message
 
-__all__ = ["cmd_fleet"]
+__all__ = ["add_fleet_arguments", "cmd_fleet"]
 
 EXIT_UNREACHABLE = 69  # EX_UNAVAILABLE
 
 
+def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = ("List the devices that published a retained status under the prefix: "
+                     "online or not, pipelines, backends, model versions, fps, outbox depth, "
+                     "when last seen.")
+    p.add_argument("-c", "--config", help="YAML config whose mqtt: section names the broker")
+    p.add_argument("--prefix", help="first topic level (default: the config's, or edgeinfer)")
+    p.add_argument("--host", help="broker host (default: the config's, or 127.0.0.1)")
+    p.add_argument("--port", type=int, help="broker port (default: the config's, or 1883)")
+    p.add_argument("--wait", type=float, default=2.0, metavar="S",
+                   help="how long to gather retained status and stats (default: %(default)s s)")
+    p.add_argument("--json", action="store_true", help="one JSON document")
+
+
 def cmd_fleet(args: argparse.Namespace) -> int:
     """Gather for ``--wait`` seconds, print the devices; exit 69 when the broker is unreachable."""
-    from ..fleet.listing import Fleet, render_table
-    from ..mqtt.client import MqttClient
+    from ..mqtt.client import MqttClient  # inside: msgspec and paho, not for `edgeinfer --help`
 
     if not 0 < args.wait <= 3600:
         raise ConfigError(f"--wait: {args.wait} is not between 0 and 3600 seconds")
@@ -78,6 +92,4 @@ def cmd_fleet(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace) -> MqttConfig:
-    from ._broker import listener_config
-
     return listener_config(args, "fleet", initial_s=0.2, max_s=1.0)

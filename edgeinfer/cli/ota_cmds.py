@@ -24,31 +24,82 @@ import sys
 import time
 from typing import IO, TYPE_CHECKING, Any
 
-import msgspec
-
 from ..errors import ConfigError, OtaError
+from ..keys import generate_keypair, load_private_key
+from ._broker import add_broker_arguments, client_base
 
 if TYPE_CHECKING:
     from ..config.mqtt import MqttConfig
     from ..ota.protocol import OtaStatus
 
-__all__ = ["cmd_keygen", "cmd_push_model", "mqtt_config"]
+__all__ = ["add_keygen_arguments", "add_push_model_arguments", "cmd_keygen", "cmd_push_model",
+           "mqtt_config"]
 
 _BAR_WIDTH = 30
 
 
+def add_keygen_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = ("Write OUT (the private key, PEM, mode 0600) and OUT.pub (the public key, "
+                     "one line: ed25519:<base64> <key id>) for devices' ota.trusted_keys.")
+    p.add_argument("out", metavar="OUT", help="private key file to write")
+    p.add_argument("--force", action="store_true", help="overwrite existing files")
+
+
 def cmd_keygen(args: argparse.Namespace) -> int:
     """Write the key pair; refuse to overwrite without ``--force``."""
-    from ..keys import generate_keypair
-
     private, public, key_id = generate_keypair(args.out, force=args.force)
     print(f"wrote {private} (private key, mode 0600: keep it secret) and {public}")
     print(f"key id {key_id}; list {public} in each device's ota.trusted_keys")
     return 0
 
 
+def add_push_model_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = ("Sign MODEL's manifest and send it in chunks over MQTT to a device or a "
+                     "group, resending what a device reports missing; with --wait, print each "
+                     "device's final status. --rollback asks the devices to go back to their "
+                     "previous model.")
+    p.add_argument("model", nargs="?", metavar="MODEL", help="ONNX or TFLite file to push")
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--device", action="append", metavar="ID",
+                        help="target device id (repeatable)")
+    target.add_argument("--group", metavar="NAME", help="target every device of this group")
+    p.add_argument("--pipeline", required=True, help="the pipeline whose model is replaced")
+    p.add_argument("--version", dest="model_version", help="version string for the manifest "
+                   "(required unless --rollback)")
+    p.add_argument("--name", help="model name (default: the file name's stem)")
+    p.add_argument("--task", help="the task the model is for (classify, detect, vad, raw); "
+                   "devices refuse it for a pipeline running another task")
+    p.add_argument("--golden", metavar="NPZ",
+                   help="golden inputs (and expected outputs as out:<name>) the devices check")
+    p.add_argument("--tolerance", type=float, default=1e-3,
+                   help="absolute tolerance for golden outputs (default: %(default)s)")
+    p.add_argument("--key", help="private key from `edgeinfer keygen` (omit only for devices "
+                   "with ota.allow_unsigned)")
+    p.add_argument("--rollback", action="store_true",
+                   help="ask the devices to return to their previous model")
+    p.add_argument("--canary", type=int, default=0, metavar="N",
+                   help="with --group: push to N devices first, go on only when they commit")
+    p.add_argument("--wait", action="store_true",
+                   help="wait for each device's final status and print a table")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="S",
+                   help="give up waiting after S seconds (default: %(default)s)")
+    p.add_argument("--chunk-kb", type=int, default=256, metavar="KB",
+                   help="chunk size, 64-512 KiB (default: %(default)s)")
+    p.add_argument("--sequence", type=int, metavar="N",
+                   help="the pipeline's update sequence (default: the time in ms); devices "
+                   "refuse one not above the highest they installed")
+    p.add_argument("--downgrade", action="store_true",
+                   help="sign a deliberate downgrade: allowed below the installed sequence")
+    p.add_argument("--ttl", type=float, default=3600.0, metavar="S",
+                   help="the signed manifest expires after S seconds (default: %(default)s)")
+    add_broker_arguments(p)
+    p.add_argument("--json", action="store_true", help="final statuses as JSON")
+
+
 def cmd_push_model(args: argparse.Namespace) -> int:
     """Push MODEL (or a rollback request) and report each target's outcome."""
+    # Inside, not at the top: these import msgspec (the client paho too) at their top, and
+    # `edgeinfer --help` imports this module.
     from ..mqtt.client import MqttClient
     from ..ota.push import Pusher
 
@@ -125,8 +176,6 @@ def _check(args: argparse.Namespace) -> None:
 
 def _key(args: argparse.Namespace) -> Any:
     if args.key:
-        from ..keys import load_private_key
-
         return load_private_key(args.key)
     print("edgeinfer: WARNING: no --key: this push is UNSIGNED; only devices with "
           "ota.allow_unsigned: true (development only) will take it", file=sys.stderr)
@@ -136,8 +185,9 @@ def _key(args: argparse.Namespace) -> Any:
 def mqtt_config(args: argparse.Namespace) -> MqttConfig:
     """The broker connection from ``-c`` and the ``--broker``/``--prefix``/credential/TLS
     options (options win over the config's ``mqtt:`` section)."""
+    import msgspec  # inside, with our config: not for `edgeinfer --help`
+
     from ..config.mqtt import TlsConfig
-    from ._broker import client_base
 
     config, changes = client_base(args.config, "push", instead="--broker", initial_s=0.2,
                                   max_s=2.0)
@@ -244,7 +294,9 @@ def _rows(statuses: dict[str, OtaStatus], timed_out: list[str], seen_at: dict[st
           goal: str) -> list[dict[str, Any]]:
     """A row per target; ``ok`` when it reached ``goal`` (``committed``, ``rolled_back``, or
     ``received``: past ``receiving`` and neither rejected nor rolled back)."""
-    from ..ota.push import PAST_RECEIVING
+    import msgspec  # inside: as in mqtt_config
+
+    from ..ota.push import PAST_RECEIVING  # inside: msgspec
 
     rows = []
     for device in sorted(set(statuses) | set(timed_out)):

@@ -8,7 +8,9 @@ import sys
 import time
 from typing import Any
 
-__all__ = ["cmd_quantize", "format_card"]
+from .model_cmds import model_inputs
+
+__all__ = ["add_quantize_arguments", "cmd_quantize", "format_card"]
 
 
 def _names(value: str) -> list[str]:
@@ -42,9 +44,51 @@ class _Bar:
             self._drawn = False
 
 
+def add_quantize_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = ("Static INT8 quantization (QDQ, per-channel weights) of an ONNX model, "
+                     "calibrated on data preprocessed exactly as the pipeline does; dynamic "
+                     "quantization for recurrent models. Writes OUT, a model card OUT.card.json "
+                     "with an accuracy report against the float model, and prints the report.")
+    p.add_argument("input", metavar="IN", help="float ONNX model (file or example model name)")
+    p.add_argument("output", metavar="OUT", help="where the INT8 model goes")
+    p.add_argument("--calibration", metavar="DIR|VIDEO|NPZ",
+                   help="images directory, video file, or .npz of ready input tensors "
+                   "(required for static quantization)")
+    p.add_argument("-c", "--config", metavar="PIPELINE.yaml",
+                   help="take preprocessing (and the task, for the accuracy report) from this "
+                   "config's pipeline")
+    p.add_argument("--pipeline", help="the pipeline of --config to use (default: the only one)")
+    p.add_argument("--mode", choices=("auto", "static", "dynamic"), default="auto",
+                   help="auto: dynamic for recurrent models, static otherwise")
+    p.add_argument("--target", choices=("auto", "x86_64", "aarch64"), default="auto",
+                   help="quantization layout for this CPU: x86_64 U8S8, aarch64 S8S8 "
+                   "(default: this machine's)")
+    p.add_argument("--method", choices=("percentile", "minmax", "entropy"), default="percentile",
+                   help="calibration method (default: %(default)s)")
+    p.add_argument("--no-per-channel", dest="per_channel", action="store_false",
+                   help="one scale per weight tensor instead of per output channel")
+    p.add_argument("--exclude-nodes", default="", metavar="NAME[,NAME...]",
+                   help="nodes to keep in float, by name")
+    p.add_argument("--exclude-types", default="", metavar="OP[,OP...]",
+                   help="operator types to keep in float, e.g. Sigmoid")
+    p.add_argument("--exclude-first-conv", action="store_true",
+                   help="keep the first convolution in float")
+    p.add_argument("--exclude-head", action="store_true",
+                   help="keep the detection head (the nodes after the last convolutions) in float")
+    p.add_argument("--samples", type=int, default=100, metavar="N",
+                   help="calibration samples to use at most (default: %(default)s)")
+    p.add_argument("--held-out", metavar="DIR|VIDEO|NPZ",
+                   help="inputs for the accuracy report (default: samples left out of "
+                   "--calibration)")
+    p.add_argument("--input-shape", action="append", default=[], metavar="NAME=D1,D2,...",
+                   help="fix a dynamic input shape, e.g. images=1,3,320,320 (repeatable; an "
+                   "example model's own shapes are the default)")
+    p.add_argument("--force", action="store_true", help="overwrite OUT")
+    p.add_argument("--json", action="store_true", help="print the model card as JSON")
+
+
 def cmd_quantize(args: argparse.Namespace) -> int:
-    from ..quantize import quantize_model
-    from .model_cmds import model_inputs
+    from ..quantize import quantize_model  # inside: numpy, msgspec, cv2
 
     shapes = model_inputs(args.input, args.input_shape)[0]
     bar = _Bar("calibrating") if sys.stderr.isatty() or not args.json else None

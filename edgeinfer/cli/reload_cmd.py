@@ -8,12 +8,23 @@ import os
 import sys
 from pathlib import Path
 
+from ..errors import ConfigError
+from ..paths import state_dir
+from ..reload import request_reload, result_path
+
+
+def add_reload_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = ("Send the daemon SIGHUP and wait until it reports the reload's outcome: exit "
+                     "0 when reloaded, 78 when it refused the config (it keeps the running one). "
+                     "The unit's ExecReload= runs this.")
+    p.add_argument("--pid", type=int, help="the daemon's pid (default: $MAINPID)")
+    p.add_argument("--file", help="the outcome file the daemon writes (default: "
+                   "$RUNTIME_DIRECTORY/reload.json, else the state directory's)")
+    p.add_argument("--timeout", type=float, default=90.0, metavar="S",
+                   help="give up after S seconds (default: %(default)s)")
+
 
 def cmd_reload(args: argparse.Namespace) -> int:
-    from ..errors import ConfigError
-    from ..paths import state_dir
-    from ..reload import request_reload, result_path
-
     pid = args.pid or int(os.environ.get("MAINPID", "0") or 0)
     if pid <= 0:
         raise ConfigError("reload: pass --pid PID (the daemon's; systemd passes $MAINPID)")

@@ -3,19 +3,38 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
+import os
+import socket
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from .._net import free_port
+from ..errors import ConfigError
+from .watch_cmd import describe
+
 DEMO_CONFIG = Path(__file__).resolve().parent.parent / "demo.yaml"  # also configs/demo.yaml
 
 
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = ("Run every pipeline of CONFIG until their sources end or SIGINT/SIGTERM (a "
+                     "second signal forces exit).")
+    p.add_argument("-c", "--config", help="YAML config file")
+    p.add_argument("config_file", nargs="?", metavar="CONFIG",
+                   help="the config file may also be given without -c")
+    p.add_argument("--stats-interval", type=float, default=0.0, metavar="S",
+                   help="log a stats line every S seconds (default: never)")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    # Inside, not at the top, as every import of a config or data-plane module in this file:
+    # they import msgspec or numpy at their top, and `edgeinfer --help` imports this module.
     from ..config import load_config
-    from ..daemon import Daemon
+    from ..daemon import Daemon  # it builds pipelines (numpy); daemon.py defers that today
 
     path = _config_path(args)
     config = load_config(path)
@@ -30,8 +49,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _config_path(args: argparse.Namespace) -> str:
     """The config file, given as ``-c FILE`` or as ``validate-config`` takes it (``FILE``)."""
-    from ..errors import ConfigError
-
     flag, positional = args.config, args.config_file
     if flag and positional and flag != positional:
         raise ConfigError(f"run: two config files given ({flag} with -c and {positional}); "
@@ -46,29 +63,36 @@ def _config_path(args: argparse.Namespace) -> str:
 def _refuse_unstartable(path: str, config: Any) -> None:
     """Fail before opening anything, with `validate-config`'s messages; a pipeline that would
     only be skipped is logged by the daemon when it starts."""
-    from ..config.startable import start_problems
-    from ..errors import ConfigError
+    from ..config.startable import start_problems  # inside: msgspec
 
     fatal = [str(p) for p in start_problems(config) if p.fatal]
     if fatal:
         raise ConfigError(f"{path}: cannot start: " + "; ".join(fatal))
 
 
+def add_demo_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = ("Fetch the BlazeFace model and a sample video made from a photograph, and "
+                     "run a face-detection pipeline on it: results on stdout and in a JSON Lines "
+                     "file. No camera or broker needed.")
+    p.add_argument("--out", default="results.jsonl", help="JSON Lines output (default: %(default)s)")
+    p.add_argument("--http", nargs="?", type=int, const=8080, default=None, metavar="PORT",
+                   help="also serve the web view on http://127.0.0.1:PORT/ (default port 8080) "
+                   "and loop the video until Ctrl-C")
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Fetch the demo model and sample video, host an MQTT broker, run the demo config, and
     print each result as it arrives over MQTT."""
-    import os
+    import msgspec  # inside: not for `edgeinfer --help`
 
-    import msgspec
-
+    # Inside: numpy (samples, catalog), msgspec (config, the MQTT client and broker), the daemon
+    # as in cmd_run.
     from .. import samples
     from ..catalog import describe_fetch, pull
     from ..config import load_config
     from ..daemon import Daemon
     from ..mqtt.client import MqttClient
     from ..mqtt.embedded import EmbeddedBroker
-    from .._net import free_port
-    from .watch_cmd import describe
 
     def fetching(entry: Any, target: Path) -> None:
         print(f"edgeinfer demo: {describe_fetch(entry, target)} ...", file=sys.stderr,
@@ -128,10 +152,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def _check_demo_port(port: int) -> None:
     """Refuse a port the demo's web view cannot have, naming the demo's own fix (``--http
     PORT``; the demo has no config file a user would edit for ``http.port``)."""
-    import errno
-
-    from ..config.http import HttpConfig
-    from ..errors import ConfigError
+    from ..config.http import HttpConfig  # inside: msgspec
 
     if not 1 <= port <= 65535:
         raise ConfigError(f"--http: {port} is not a TCP port (1-65535)")
@@ -151,8 +172,6 @@ def _check_demo_port(port: int) -> None:
 
 def _bind_problem(bind: str, port: int) -> OSError | None:
     """Why a listening socket on ``bind:port`` cannot be had now (``None``: it can)."""
-    import socket
-
     with socket.socket(socket.AF_INET6 if ":" in bind else socket.AF_INET) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the web server binds
         try:
@@ -168,9 +187,9 @@ def _with_web(config: Any, port: int | None) -> Any:
     as it is)."""
     if port is None:
         return config
-    import msgspec
+    import msgspec  # inside: not for `edgeinfer --help`
 
-    from ..config.http import HttpConfig
+    from ..config.http import HttpConfig  # inside: msgspec
 
     pipelines = [msgspec.structs.replace(p, source=msgspec.structs.replace(p.source, loop=True))
                  for p in config.pipelines]
@@ -180,10 +199,6 @@ def _with_web(config: Any, port: int | None) -> Any:
 def _watchdog_overrides() -> dict[str, Any]:
     """Stall deadline and restart budget from ``EDGEINFER_STALL_S``, ``EDGEINFER_RESTART_BUDGET``
     and ``EDGEINFER_RESTART_WINDOW_S`` (for tests and unusually slow pipelines)."""
-    import os
-
-    from ..errors import ConfigError
-
     names = {"stall_s": ("EDGEINFER_STALL_S", float),
              "restart_budget": ("EDGEINFER_RESTART_BUDGET", int),
              "restart_window_s": ("EDGEINFER_RESTART_WINDOW_S", float)}

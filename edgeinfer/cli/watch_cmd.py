@@ -21,15 +21,33 @@ import threading
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from ..config.mqtt import MqttConfig
 from ..errors import ConfigError
+from ..mqtt.topics import check_level
+from ._broker import listener_config
 
 if TYPE_CHECKING:
+    from ..config.mqtt import MqttConfig
     from ..mqtt.client import Message
 
-__all__ = ["cmd_watch", "describe", "result_from_dict"]
+__all__ = ["add_watch_arguments", "cmd_watch", "describe", "result_from_dict"]
 
 _MAX_LINE = 240
+
+
+def add_watch_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = ("Subscribe to <prefix>/<device>/status, .../<pipeline>/result, "
+                     ".../<pipeline>/event, .../<pipeline>/counts and .../stats and print one "
+                     "line per message. The broker is the -c CONFIG's mqtt: section, else "
+                     "127.0.0.1:1883; options override it. A broker that is down is retried. "
+                     "Ctrl-C ends it.")
+    p.add_argument("-c", "--config", help="YAML config whose mqtt: section names the broker")
+    p.add_argument("--device", help="only this device id (default: every device)")
+    p.add_argument("--prefix", help="first topic level (default: the config's, or edgeinfer)")
+    p.add_argument("--host", help="broker host (default: the config's, or 127.0.0.1)")
+    p.add_argument("--port", type=int, help="broker port (default: the config's, or 1883)")
+    p.add_argument("--json", action="store_true",
+                   help="one JSON object per message: topic, device, kind, retained, payload")
+    p.add_argument("--count", type=int, metavar="N", help="exit after N results")
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
@@ -42,8 +60,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     good. The network thread never waits on the printing either: when the inbox is full
     (printing slower than the broker sends), messages are dropped and counted.
     """
-    from ..mqtt.client import MqttClient
-    from ..mqtt.topics import check_level
+    from ..mqtt.client import MqttClient  # inside: msgspec and paho, not for `edgeinfer --help`
 
     config = _config(args)
     device = args.device or "+"
@@ -152,8 +169,6 @@ def _say_state(client: Any, where: str) -> None:
 
 
 def _config(args: argparse.Namespace) -> MqttConfig:
-    from ._broker import listener_config
-
     return listener_config(args, "watch", initial_s=0.5, max_s=5.0)
 
 
@@ -177,7 +192,7 @@ def describe(topic: str, payload: bytes, prefix: str, *, as_json: bool = False,
     if kind == "result":
         line = _result_line(data)
     elif kind == "event":
-        from ..sinks.stdout import format_event
+        from ..sinks.stdout import format_event  # inside: numpy
 
         line = format_event(str(data.get("pipeline", levels[-2] if len(levels) > 2 else "?")),
                             data)
@@ -212,7 +227,7 @@ def _counts_line(data: dict[str, Any]) -> str:
 
 
 def _result_line(data: dict[str, Any]) -> str:
-    from ..sinks.stdout import format_line
+    from ..sinks.stdout import format_line  # inside: numpy
 
     try:
         return format_line(result_from_dict(data))
@@ -224,7 +239,7 @@ def result_from_dict(data: dict[str, Any]) -> Any:
     """A `edgeinfer.frames.Result` back from its JSON form (the frame without pixels)."""
     import numpy as np
 
-    from ..frames import (
+    from ..frames import (  # inside: numpy
         Classification,
         Detection,
         Frame,
