@@ -33,6 +33,7 @@ from .health import Health
 from .queues import Closed, DropOldestQueue
 from .sources.base import RateLimiter
 from .stats import PipelineStats
+from .tuning import annotate, current_settings, tuned
 
 if TYPE_CHECKING:
     from .analytics.stage import SceneAnalytics
@@ -263,9 +264,15 @@ class Pipeline:
         Raises:
             ConfigError: an unknown or untunable field, or a value out of range.
         """
-        from .tuning import apply_tuning
-
-        return apply_tuning(self, changes)
+        tuning = tuned(self.name, self.task.config, self.emit, self._limiter, changes)
+        # All validated: apply together (each is one reference swap the stages pick up).
+        if tuning.task_config is not None:
+            self.task.config = tuning.task_config
+        if tuning.emit is not None:
+            self.emit = tuning.emit
+            self._policy = Emission(tuning.emit)
+        self._limiter = tuning.limiter
+        return current_settings(self.task.config, self.emit, self._limiter)
 
     def latest(self) -> tuple[Frame, TaskResult] | None:
         """The latest processed frame and what the task made of it (``None``: none yet)."""
@@ -277,8 +284,6 @@ class Pipeline:
         Raises:
             StateError: no image frame processed yet.
         """
-        from .tuning import annotate
-
         last = self._last
         if last is None or last[0].kind != "image":
             raise StateError(f"pipeline {self.name!r} has processed no image frame yet")
