@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Self
 
+from .config.pipeline import EmitConfig
 from .errors import (
     EdgeInferError,
     InferenceError,
@@ -31,6 +32,7 @@ from .frames import DropFrame, Frame, ModelRef, Result, TaskResult
 from .emission import Emission
 from .health import Health
 from .queues import Closed, DropOldestQueue
+from .sharing import SharedModel
 from .sources.base import RateLimiter
 from .stats import PipelineStats
 from .tuning import annotate, current_settings, tuned
@@ -38,7 +40,6 @@ from .tuning import annotate, current_settings, tuned
 if TYPE_CHECKING:
     from .analytics.stage import SceneAnalytics
     from .config import Config, PipelineConfig
-    from .config.pipeline import EmitConfig
     from .model import Model
     from .sinks import Sink
     from .sources import Source
@@ -70,8 +71,6 @@ class Pipeline:
                  *, emit: EmitConfig | None = None, queue_size: int = 2,
                  on_result: ResultCallback | None = None, seq_start: int = 0,
                  analytics: SceneAnalytics | None = None) -> None:
-        from .config.pipeline import EmitConfig
-
         self.name = name
         self.source = source
         self.model = model
@@ -366,8 +365,6 @@ class Pipeline:
             self._prepared.close()
 
     def _infer(self) -> None:
-        from .sharing import SharedModel
-
         stats = self.stats
         clock = time.perf_counter
         try:
@@ -537,8 +534,6 @@ class Pipeline:
 
     def snapshot(self) -> dict[str, Any]:
         """Stats of this pipeline for the stats topic and summaries."""
-        from .sharing import SharedModel
-
         health = self.health()
         data = self.stats.snapshot(running=health.ok)
         ref, provider = self._made_by
@@ -574,7 +569,5 @@ def _backend(model: Model) -> dict[str, Any] | None:
 
 def _bind(model: Model, pipeline: str) -> None:
     """Name the pipeline on a shared model's handle (its stats list who shares the model)."""
-    from .sharing import SharedModel
-
     if isinstance(model, SharedModel):
         model.owner = pipeline

@@ -35,6 +35,7 @@ from .. import _json
 from ..errors import OtaRejected, UnsafeModelError
 from . import protocol
 from ..keys import PrivateKey, PublicKey
+from ..runtime.modelfile import inspect_model
 
 __all__ = [
     "DOMAIN",
@@ -336,8 +337,6 @@ def build_manifest(
         ModelError: the file is missing, not a model, or (``UnsafeModelError``) has external data.
         OtaRejected: a field breaks the manifest's rules (a bad name, pipeline or version).
     """
-    from ..runtime.modelfile import inspect_model
-
     path = Path(model_path)
     info = inspect_model(path)
     if info.onnx is not None and info.onnx.external_data:
