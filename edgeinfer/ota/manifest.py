@@ -35,12 +35,15 @@ from .. import _json
 from ..errors import OtaRejected, UnsafeModelError
 from . import protocol
 from ..keys import PrivateKey, PublicKey
+from ..runtime.modelfile import inspect_model
 
 __all__ = [
     "DOMAIN",
+    "FUTURE_SKEW_S",
     "Golden",
     "Manifest",
     "Offer",
+    "PIPELINE_NAME",
     "Target",
     "TransferInfo",
     "build_manifest",
@@ -58,6 +61,7 @@ __all__ = [
     "parse_time",
     "request_id",
     "sign_bytes",
+    "signed_key_id",
     "transfer_id",
     "verify_bytes",
 ]
@@ -69,11 +73,11 @@ DEFAULT_TTL_S = 3600.0
 MAX_TTL_S = 30 * 86400.0  # a manifest valid for longer is refused (a signer's slip, or a trap)
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-_PIPELINE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+PIPELINE_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # a pipeline name an update may target
 _TASK = re.compile(r"[a-z0-9_-]{1,32}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _HEX16 = re.compile(r"[0-9a-f]{16}")
-_FUTURE_SKEW_S = 60.0
+FUTURE_SKEW_S = 60.0  # how far ahead of our clock a signed "created" may be
 _LEVEL = re.compile(r"[^/+#\x00-\x20\x7f]{1,128}")  # one MQTT topic level
 
 
@@ -177,7 +181,7 @@ class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
             raise _bad("name", "must match [A-Za-z0-9][A-Za-z0-9._-]{0,63} without '..', "
                                f"got {self.name[:80]!r}", "bad_name")
         _check_base_name(self.filename, "filename", "bad_name")
-        if not _PIPELINE.fullmatch(self.pipeline):
+        if not PIPELINE_NAME.fullmatch(self.pipeline):
             raise _bad("pipeline", f"must match [A-Za-z0-9_-]{{1,64}}, got {self.pipeline[:80]!r}")
         if not (1 <= len(self.version) <= 64 and self.version.isprintable() and "/" not in self.version):
             raise _bad("version", f"must be 1-64 printable characters without '/', "
@@ -261,7 +265,7 @@ def check_time(manifest: Manifest, now: float | None = None) -> None:
     if now > parse_time(manifest.expires):
         raise OtaRejected("expired_manifest", f"the manifest expired at {manifest.expires} "
                           f"(created {manifest.created}); sign a new one")
-    if parse_time(manifest.created) - now > _FUTURE_SKEW_S:
+    if parse_time(manifest.created) - now > FUTURE_SKEW_S:
         raise OtaRejected("not_yet_valid", f"the manifest was created {manifest.created}, in "
                           "this device's future: check the clocks")
 
@@ -333,8 +337,6 @@ def build_manifest(
         ModelError: the file is missing, not a model, or (``UnsafeModelError``) has external data.
         OtaRejected: a field breaks the manifest's rules (a bad name, pipeline or version).
     """
-    from ..runtime.modelfile import inspect_model
-
     path = Path(model_path)
     info = inspect_model(path)
     if info.onnx is not None and info.onnx.external_data:
@@ -403,8 +405,13 @@ def verify_bytes(
         raise OtaRejected("bad_signature", f"the signature does not verify with key {key_id}")
 
 
-def _signed_key_id(text: str, what: str) -> str | None:
-    """The ``key_id`` of a JSON object text, read before anything in it is trusted."""
+def signed_key_id(text: str, what: str) -> str | None:
+    """The ``key_id`` of a JSON object text (a manifest, a rollback request), read before
+    anything in it is trusted; ``None`` when it names none. ``what`` names the text in errors.
+
+    Raises:
+        OtaRejected: ``bad_manifest``, the text is not a JSON object.
+    """
     try:
         obj = msgspec.json.decode(text.encode("utf-8", "surrogatepass"))
     except msgspec.DecodeError as exc:
@@ -515,7 +522,7 @@ def open_manifest(offer: Offer, trusted: Mapping[str, PublicKey], *,
         OtaRejected: ``unsigned``/``unknown_key``/``bad_signature`` (``verify_bytes``),
             ``bad_manifest``/``bad_name`` for a manifest field.
     """
-    kid = _signed_key_id(offer.manifest, "manifest")
+    kid = signed_key_id(offer.manifest, "manifest")
     data = offer.manifest.encode("utf-8", "surrogatepass")
     verify_bytes(data, offer.signature, kid, trusted, allow_unsigned=allow_unsigned)
     return decode_manifest(data)

@@ -17,10 +17,10 @@ import msgspec
 from .. import _json
 from ..errors import OtaRejected
 from .manifest import (
-    _FUTURE_SKEW_S,
-    _PIPELINE,
+    FUTURE_SKEW_S,
+    PIPELINE_NAME,
     Target,
-    _signed_key_id,
+    signed_key_id,
     encode,
     now_iso,
     parse_time,
@@ -62,7 +62,7 @@ def make_rollback(pipeline: str, key: PrivateKey | None, *, target: Target) -> b
     Raises:
         ValueError: ``pipeline`` is not a valid pipeline name.
     """
-    if not _PIPELINE.fullmatch(pipeline):
+    if not PIPELINE_NAME.fullmatch(pipeline):
         raise ValueError(f"pipeline {pipeline!r} must match [A-Za-z0-9_-]{{1,64}}")
     text = encode(RollbackRequest(pipeline=pipeline, target=target, created=now_iso(),
                                   nonce=secrets.token_hex(8),
@@ -102,14 +102,14 @@ def open_rollback(
         raise OtaRejected("bad_manifest", f"the rollback request is {len(payload)} bytes, over "
                                           f"{_MAX_ROLLBACK_BYTES}")
     env = parse_rollback(payload)
-    kid = _signed_key_id(env.request, "rollback request")
+    kid = signed_key_id(env.request, "rollback request")
     data = env.request.encode("utf-8", "surrogatepass")
     verify_bytes(data, env.signature, kid, trusted, allow_unsigned=allow_unsigned)
     try:
         req = _json.decode(data, type=RollbackRequest)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise OtaRejected("bad_manifest", f"malformed rollback request: {exc}") from None
-    if not _PIPELINE.fullmatch(req.pipeline):
+    if not PIPELINE_NAME.fullmatch(req.pipeline):
         raise OtaRejected("bad_manifest", f"rollback request field 'pipeline' must match "
                                           f"[A-Za-z0-9_-]{{1,64}}, got {req.pipeline[:80]!r}")
     if not _NONCE.fullmatch(req.nonce):
@@ -124,7 +124,7 @@ def open_rollback(
     if now - created > max_age_s:
         raise OtaRejected("bad_manifest", f"stale rollback request: created {req.created}, "
                                           f"{now - created:.0f} s ago (limit {max_age_s:g} s)")
-    if created - now > _FUTURE_SKEW_S:
+    if created - now > FUTURE_SKEW_S:
         raise OtaRejected("bad_manifest", f"rollback request created in the future ({req.created}, "
                                           f"{created - now:.0f} s ahead): check the clocks")
     return req, request_id(env.request, env.signature)

@@ -9,22 +9,24 @@ from __future__ import annotations
 
 import asyncio
 import html
-import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
 from aiohttp import web
 
-from ..control.commands import CommandError
+from ..config.commands import VERBS
+from ..control.commands import CommandError, decode_request
 from ..errors import EdgeInferError
 from .auth import Auth, error
-from .events import EventRoutes, Refused
+from .base import Refused, WebHost, dumps
+from .events import EventRoutes
 from .guard import BodyTimeout, ConnectionGuard, GuardedHandler, within
 from .infer import MAX_AT_ONCE, ImageRefused, InferRequests, image_pipeline_problem
 from .live import LiveFeeds
+from .openapi import openapi_document
 
 if TYPE_CHECKING:
     from ..config.http import HttpConfig
@@ -48,20 +50,6 @@ _NOT_FOUND = """<!doctype html><html><head><meta charset="utf-8"><title>edgeinfe
 </head><body><h1>Not found</h1><p>{what}</p><p><a href="/">The device page</a></p></body></html>"""
 _PAGE_CSP = ("default-src 'self'; img-src 'self' data: blob:; media-src 'self'; "
              "frame-ancestors 'none'; base-uri 'none'; form-action 'self'; object-src 'none'")
-
-
-class WebHost(Protocol):
-    """What the web server shows and acts on (the daemon)."""
-
-    @property
-    def pipelines(self) -> list[Pipeline]: ...
-
-    @property
-    def device_id(self) -> str: ...
-
-    def status(self) -> dict[str, Any]: ...
-
-    def command(self, verb: str, request: dict[str, Any]) -> dict[str, Any]: ...
 
 
 class WebApp:
@@ -186,7 +174,7 @@ class WebApp:
     # -- API ------------------------------------------------------------------------------------
     async def status(self, request: web.Request) -> web.Response:
         data = await self._blocking(self.host.status)
-        return web.json_response({**data, "http": self.stats()}, dumps=_dumps)
+        return web.json_response({**data, "http": self.stats()}, dumps=dumps)
 
     async def session(self, request: web.Request) -> web.Response:
         found = self.auth.session(request)
@@ -198,7 +186,7 @@ class WebApp:
 
     async def pipelines(self, request: web.Request) -> web.Response:
         data = await self._blocking(lambda: [_describe(p) for p in self.host.pipelines])
-        return web.json_response(data, dumps=_dumps)
+        return web.json_response(data, dumps=dumps)
 
     async def snapshot(self, request: web.Request) -> web.Response:
         pipeline = self.find(request.match_info["name"])
@@ -241,12 +229,9 @@ class WebApp:
             raise Refused(exc.status, str(exc)) from None
         finally:
             self.infer.leave()
-        return web.json_response(result, dumps=_dumps)
+        return web.json_response(result, dumps=dumps)
 
     async def command(self, request: web.Request) -> web.Response:
-        from ..config.commands import VERBS
-        from ..control.commands import decode_request
-
         verb = request.match_info["verb"]
         if verb not in VERBS:
             raise Refused(404, f"unknown command {verb!r}; valid: {', '.join(VERBS)}")
@@ -262,11 +247,9 @@ class WebApp:
             result = await self._blocking(self.host.command, verb, decode_request(body))
         except EdgeInferError as exc:  # as over MQTT: e.g. set's ConfigError is a refusal
             return web.json_response({"ok": False, "error": str(exc)}, status=400)
-        return web.json_response({"ok": True, "result": result}, dumps=_dumps)
+        return web.json_response({"ok": True, "result": result}, dumps=dumps)
 
     async def openapi(self, request: web.Request) -> web.Response:
-        from .openapi import openapi_document
-
         return web.json_response(openapi_document())
 
     # -- pages and login ------------------------------------------------------------------------
@@ -433,7 +416,3 @@ async def _headers(request: web.Request, response: web.StreamResponse) -> None:
         h.setdefault("Content-Security-Policy", _PAGE_CSP)
     if request.path.startswith("/v1/") or request.path == "/openapi.json":
         h["Cache-Control"] = "no-store"
-
-
-def _dumps(data: Any) -> str:
-    return json.dumps(data, default=str)

@@ -16,23 +16,16 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from .base import Refused, WebHost, dumps
+
 if TYPE_CHECKING:
     from ..pipeline import Pipeline
-    from .app import WebHost
 
-__all__ = ["CLIP_TYPES", "EventRoutes", "Refused"]
+__all__ = ["CLIP_TYPES", "EventRoutes"]
 
 CLIP_TYPES = {".webm": "video/webm", ".mp4": "video/mp4", ".avi": "video/x-msvideo",
               ".mkv": "video/x-matroska"}
 MAX_LIMIT = 200
-
-
-class Refused(Exception):
-    """A request answered with ``status`` and ``{"error": message}``."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class EventRoutes:
@@ -69,12 +62,12 @@ class EventRoutes:
         chosen = found[:limit]
         data = await asyncio.get_running_loop().run_in_executor(
             self.pool, lambda: [_with_urls(p, e) for p, e in chosen])
-        return web.json_response(data, dumps=_dumps)
+        return web.json_response(data, dumps=dumps)
 
     async def one(self, request: web.Request) -> web.Response:
         p, event = self.find(request.match_info["id"])
         data = await asyncio.get_running_loop().run_in_executor(self.pool, _with_urls, p, event)
-        return web.json_response(data, dumps=_dumps)
+        return web.json_response(data, dumps=dumps)
 
     async def snapshot(self, request: web.Request) -> web.StreamResponse:
         p, event = self.find(request.match_info["id"])
@@ -181,9 +174,3 @@ def _limit(raw: str) -> int:
     if not 1 <= value <= MAX_LIMIT:
         raise Refused(400, f"limit: {value} is outside 1..{MAX_LIMIT}")
     return value
-
-
-def _dumps(data: Any) -> str:
-    import json
-
-    return json.dumps(data, default=str)

@@ -18,6 +18,8 @@ import numpy as np
 from aiohttp import web
 
 from ..errors import EdgeInferError, InvalidInputError
+from ..frames import Frame
+from ..sharing import SharedModel
 from .auth import error
 from .guard import within
 
@@ -127,9 +129,6 @@ class InferRequests:
         Raises:
             ImageRefused: what to answer.
         """
-        from ..frames import Frame
-        from ..sharing import SharedModel
-
         image = decode_image(data, self.max_pixels)
         task = pipeline.task
         model = pipeline.model

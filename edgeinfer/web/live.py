@@ -20,6 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from ..tuning import annotate
+from .auth import error
+
 if TYPE_CHECKING:
     from ..frames import Frame, TaskResult
     from ..pipeline import Pipeline
@@ -101,8 +104,6 @@ class LiveFeed:
             await asyncio.sleep(due - loop.time())
 
     def _encode(self, latest: tuple[Frame, TaskResult]) -> bytes:
-        from ..tuning import annotate
-
         analytics = self.pipeline.analytics
         geometry = analytics.geometry() if analytics is not None else ()
         return annotate(latest[0], latest[1], self.quality, geometry)
@@ -152,8 +153,6 @@ class LiveFeeds:
 
     async def serve(self, request: web.Request, pipeline: Pipeline) -> web.StreamResponse:
         """Stream ``pipeline``'s live view to one viewer until it or the server goes."""
-        from .auth import error
-
         if self.viewers >= self.max_viewers:
             return error(503, f"{self.max_viewers} live views are open already "
                               "(http.max_viewers)", {"Retry-After": "5"})

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from ..errors import ConfigError, StateError
-from .app import WebApp, WebHost
+from .app import WebApp
+from .base import WebHost
 from .guard import ConnectionGuard, GuardedHandler, default_max_connections
 
 if TYPE_CHECKING:
