@@ -10,7 +10,8 @@ import msgspec
 from ..config import load_config
 from ..config.collect import CollectConfig, MqttSourceConfig
 from ..config.loader import config_kind, load_struct
-from ..config.startable import start_problems
+from ..daemon.sandbox import socket_bind_dropin
+from ..daemon.startable import start_problems
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -22,8 +23,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
     ``systemctl restart``) makes it an error, as ``edgeinfer run`` does.
     """
     if getattr(args, "systemd_dropin", False):
-        from ..sandbox import socket_bind_dropin
-
         # The ports need no secrets: credentials the service alone can read are stood in for.
         sys.stdout.write(socket_bind_dropin(load_config(args.config, stand_in_credentials=True),
                                             args.config))

@@ -12,7 +12,7 @@ from pathlib import Path
 def cmd_reload(args: argparse.Namespace) -> int:
     from ..errors import ConfigError
     from ..paths import state_dir
-    from ..reload import request_reload, result_path
+    from ..daemon.reload import request_reload, result_path
 
     pid = args.pid or int(os.environ.get("MAINPID", "0") or 0)
     if pid <= 0:

@@ -46,7 +46,7 @@ def _config_path(args: argparse.Namespace) -> str:
 def _refuse_unstartable(path: str, config: Any) -> None:
     """Fail before opening anything, with `validate-config`'s messages; a pipeline that would
     only be skipped is logged by the daemon when it starts."""
-    from ..config.startable import start_problems
+    from ..daemon.startable import start_problems
     from ..errors import ConfigError
 
     fatal = [str(p) for p in start_problems(config) if p.fatal]

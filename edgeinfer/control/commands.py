@@ -28,6 +28,8 @@ from typing import Any, Protocol
 import msgspec
 
 from .. import _json
+from ..config.commands import CommandsConfig
+from ..config.mqtt import MqttConfig
 from ..errors import EdgeInferError
 from ..mqtt.topics import check_response_topic, is_verb
 from ..queues import Closed, DropOldestQueue
@@ -196,12 +198,7 @@ class CommandServer:
         return request_id, {"id": request_id, "ok": True, "result": result}
 
     def _run(self, verb: str, request: dict[str, Any]) -> dict[str, Any]:
-        handler = self.handlers.get(verb)
-        if handler is None:
-            raise CommandError(f"unknown command {verb!r}; valid: {', '.join(sorted(self.allow))}")
-        if verb not in self.allow:
-            raise CommandError(f"command {verb!r} is not allowed on this device "
-                               f"(mqtt.commands.allow: {', '.join(sorted(self.allow))})")
+        handler = admit(verb, self.handlers, self.allow)
         if verb in self.signed or "signature" in request:
             if self.opener is None:
                 raise CommandError(f"command {verb!r} is signed, but this device takes no "
@@ -215,6 +212,45 @@ class CommandServer:
             properties = {"correlation_data": message.correlation_data}
         self.client.publish(topic, json.dumps(reply, default=str), qos=1,
                             properties=properties)
+
+
+def command_policy(mqtt: MqttConfig | None) -> CommandsConfig | None:
+    """The command policy in force: ``mqtt.commands`` (``true``: all defaults), every verb
+    when there is no ``mqtt:`` section; ``None`` when commands are off."""
+    commands = mqtt.commands if mqtt is not None else True
+    if commands is False:
+        return None
+    return CommandsConfig() if commands is True else commands
+
+
+def admit(verb: str, handlers: Mapping[str, Handler], allow: Collection[str]) -> Handler:
+    """The handler of ``verb`` when the policy lets it run (its signature aside).
+
+    Raises:
+        CommandError: an unknown verb, or one not in ``allow``.
+    """
+    handler = handlers.get(verb)
+    if handler is None:
+        raise CommandError(f"unknown command {verb!r}; valid: {', '.join(sorted(allow)) or 'none'}")
+    if verb not in allow:
+        raise CommandError(f"command {verb!r} is not allowed on this device "
+                           f"(mqtt.commands.allow: {', '.join(sorted(allow)) or 'none'})")
+    return handler
+
+
+def run_unsigned(handlers: Mapping[str, Handler], policy: CommandsConfig | None, verb: str,
+                 request: dict[str, Any]) -> dict[str, Any]:
+    """Run a command that arrived without a way to check a signature (the web view): the
+    MQTT policy applies, and the verbs it wants signed are refused.
+
+    Raises:
+        CommandError: an unknown, disallowed or signed-only verb, or a bad request.
+    """
+    handler = admit(verb, handlers, policy.allow if policy is not None else ())
+    if policy is not None and verb in policy.signed:
+        raise CommandError(f"command {verb!r} must be signed on this device "
+                           "(mqtt.commands.signed): send it over MQTT")
+    return handler(dict(request))
 
 
 def decode_request(payload: bytes | str) -> dict[str, Any]:

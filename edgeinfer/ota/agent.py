@@ -2,7 +2,7 @@
 transfer, and the status topic. Verification and the swap run on one worker thread
 (``updater.Updater``); MQTT callbacks only check, write and answer.
 
-    agent = OtaAgent(daemon, config)
+    agent = OtaAgent(host, config)  # host: the daemon as an `edgeinfer.host.Host`
     agent.recover()          # at boot, before the pipelines: undo an uncommitted update
     pc = agent.effective(pc) # a pipeline runs its store's `current` model, if any
     agent.start(client)      # once the pipelines run: subscribe, resume staged transfers
@@ -21,6 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import EdgeInferError, OtaRejected
+from ..host import Host
+from ..keys import load_trusted_keys
+from ..pipeline import Pipeline
 from ._crash import crash_point
 from .protocol import (
     FINAL_STATES,
@@ -31,10 +34,12 @@ from .protocol import (
     status_topic,
     to_ranges,
 )
+from .replay import ReplayGuard
+from .store import ModelStore
+from .updater import Updater
 
 if TYPE_CHECKING:
     from ..config import Config, PipelineConfig
-    from ..daemon import Daemon
     from ..mqtt.client import Message, MqttClient
     from .manifest import Manifest, Offer
     from .receiver import StagedTransfer
@@ -53,20 +58,15 @@ REPLAY_REASONS = frozenset({"wrong_target", "downgrade", "replayed", "superseded
 
 
 class OtaAgent:
-    """Receives model updates for the pipelines of ``daemon`` (see ``docs/ota.md``).
+    """Receives model updates for the pipelines of ``host`` (see ``docs/ota.md``).
 
     Raises:
         ConfigError: a trusted key file cannot be read.
     """
 
-    def __init__(self, daemon: Daemon, config: Config) -> None:
-        from ..keys import load_trusted_keys
-        from .replay import ReplayGuard
-        from .store import ModelStore
-        from .updater import Updater
-
+    def __init__(self, host: Host, config: Config) -> None:
         assert config.ota is not None and config.mqtt is not None
-        self.daemon = daemon
+        self.host = host
         self.ota = config.ota
         self.prefix = config.mqtt.prefix
         self.device = config.resolved_device_id()
@@ -343,7 +343,7 @@ class OtaAgent:
                               f"{self.device} (groups: {groups})")
         pc = self._pipeline_config(manifest.pipeline)
         if pc is None:
-            names = ", ".join(p.name for p in self.daemon.config.pipelines)
+            names = ", ".join(p.name for p in self.host.config.pipelines)
             raise OtaRejected("unknown_pipeline", f"this device has no pipeline "
                               f"{manifest.pipeline!r} (it has: {names})")
         tag = type(pc.task).__struct_config__.tag
@@ -519,10 +519,10 @@ class OtaAgent:
 
     # -- the daemon's pipelines ------------------------------------------------------------------
     def _pipeline_config(self, name: str) -> PipelineConfig | None:
-        return next((p for p in self.daemon.config.pipelines if p.name == name), None)
+        return next((p for p in self.host.config.pipelines if p.name == name), None)
 
-    def running(self, name: str) -> Any:
-        return next((p for p in self.daemon.pipelines if p.name == name), None)
+    def running(self, name: str) -> Pipeline | None:
+        return next((p for p in self.host.pipelines if p.name == name), None)
 
     def _running_sha(self, name: str) -> str | None:
         p = self.running(name)
