@@ -31,6 +31,7 @@ from .. import _json
 from ..config.commands import CommandsConfig
 from ..config.mqtt import MqttConfig
 from ..errors import EdgeInferError
+from ..mqtt.client import Message, MqttClient
 from ..mqtt.topics import check_response_topic, is_verb
 from ..queues import Closed, DropOldestQueue
 
@@ -67,7 +68,7 @@ class CommandServer:
         opener: Checks signed commands; required when ``signed`` is not empty.
     """
 
-    def __init__(self, client: Any, handlers: Mapping[str, Handler], *,
+    def __init__(self, client: MqttClient, handlers: Mapping[str, Handler], *,
                  max_bytes: int = 65536, allow: Collection[str] | None = None,
                  signed: Collection[str] = (), opener: Opener | None = None) -> None:
         if signed and opener is None:
@@ -113,18 +114,19 @@ class CommandServer:
                 "state": "dead" if self.problem() else "running"}
 
     # -- network thread: keep it short ---------------------------------------------------------
-    def _enqueue(self, message: Any) -> None:
+    def _enqueue(self, message: Message) -> None:
         if message.retain:  # a stored command: it would act again at every (re)connect
             self.ignored += 1
             self._log.warn("ignored a retained command on %s (commands are never retained; "
                            "clear it with an empty retained message)", message.topic[:200])
             return
         size = len(message.payload)
+        kept: Message | _Oversize = message
         if size > self.max_bytes:  # keep the size, not the bytes
-            message = _Oversize(message.topic, message.response_topic,
-                                message.correlation_data, size)
+            kept = _Oversize(message.topic, message.response_topic, message.correlation_data,
+                             size)
         try:
-            if self._queue.put(message):
+            if self._queue.put(kept):
                 self.errors += 1  # the oldest pending command was dropped: a flood
         except Closed:
             pass
@@ -143,7 +145,7 @@ class CommandServer:
             logger.critical("the command thread died (%s); commands are no longer answered",
                             self.died, exc_info=True)
 
-    def _serve(self, message: Any) -> None:
+    def _serve(self, message: Message | _Oversize) -> None:
         self.received += 1
         verb = message.topic.rsplit("/", 1)[-1]
         topics = self.client.topics
@@ -161,7 +163,7 @@ class CommandServer:
         except Exception:
             logger.exception("reply to command %s on %s failed", verb[:40], topic[:200])
 
-    def _answer(self, verb: str, message: Any) -> tuple[str, dict[str, Any]]:
+    def _answer(self, verb: str, message: Message | _Oversize) -> tuple[str, dict[str, Any]]:
         """``(reply topic, reply)`` of one message."""
         topics = self.client.topics
         if not is_verb(verb):
@@ -206,7 +208,7 @@ class CommandServer:
             request = self.opener.open(verb, request)
         return handler(request)
 
-    def _reply(self, topic: str, message: Any, reply: dict[str, Any]) -> None:
+    def _reply(self, topic: str, message: Message | _Oversize, reply: dict[str, Any]) -> None:
         properties = None
         if message.correlation_data is not None:
             properties = {"correlation_data": message.correlation_data}
