@@ -53,7 +53,7 @@ class Host(Protocol):
     @property
     def device_id(self) -> str: ...
 
-    def exclusive(self) -> AbstractContextManager[Any]:
+    def exclusive(self) -> AbstractContextManager[None]:
         """Held while the pipelines are replaced: a reload, a restart, a model swap."""
         ...
 
