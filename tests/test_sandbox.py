@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from edgeinfer.config import parse_config
-from edgeinfer.sandbox import listen_ports, socket_bind_dropin
+from edgeinfer.daemon.sandbox import listen_ports, socket_bind_dropin
 
 BASE = """
 pipelines:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..sandbox import socket_bind_dropin
+from ..daemon.sandbox import socket_bind_dropin
 
 
 def add_validate_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,7 +38,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     from ..config import load_config
     from ..config.loader import config_kind
-    from ..config.startable import start_problems
+    from ..daemon.startable import start_problems
 
     if getattr(args, "systemd_dropin", False):
         # The ports need no secrets: credentials the service alone can read are stood in for.

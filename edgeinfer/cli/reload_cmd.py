@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..paths import state_dir
-from ..reload import request_reload, result_path
+from ..daemon.reload import request_reload, result_path
 
 
 def add_reload_arguments(p: argparse.ArgumentParser) -> None:

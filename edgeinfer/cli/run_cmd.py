@@ -63,7 +63,7 @@ def _config_path(args: argparse.Namespace) -> str:
 def _refuse_unstartable(path: str, config: Any) -> None:
     """Fail before opening anything, with `validate-config`'s messages; a pipeline that would
     only be skipped is logged by the daemon when it starts."""
-    from ..config.startable import start_problems  # inside: msgspec
+    from ..daemon.startable import start_problems  # inside: msgspec
 
     fatal = [str(p) for p in start_problems(config) if p.fatal]
     if fatal:

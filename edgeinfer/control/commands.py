@@ -28,7 +28,10 @@ from typing import Any, Protocol
 import msgspec
 
 from .. import _json
+from ..config.commands import CommandsConfig
+from ..config.mqtt import MqttConfig
 from ..errors import EdgeInferError
+from ..mqtt.client import Message, MqttClient
 from ..mqtt.topics import check_response_topic, is_verb
 from ..queues import Closed, DropOldestQueue
 
@@ -65,7 +68,7 @@ class CommandServer:
         opener: Checks signed commands; required when ``signed`` is not empty.
     """
 
-    def __init__(self, client: Any, handlers: Mapping[str, Handler], *,
+    def __init__(self, client: MqttClient, handlers: Mapping[str, Handler], *,
                  max_bytes: int = 65536, allow: Collection[str] | None = None,
                  signed: Collection[str] = (), opener: Opener | None = None) -> None:
         if signed and opener is None:
@@ -111,18 +114,19 @@ class CommandServer:
                 "state": "dead" if self.problem() else "running"}
 
     # -- network thread: keep it short ---------------------------------------------------------
-    def _enqueue(self, message: Any) -> None:
+    def _enqueue(self, message: Message) -> None:
         if message.retain:  # a stored command: it would act again at every (re)connect
             self.ignored += 1
             self._log.warn("ignored a retained command on %s (commands are never retained; "
                            "clear it with an empty retained message)", message.topic[:200])
             return
         size = len(message.payload)
+        kept: Message | _Oversize = message
         if size > self.max_bytes:  # keep the size, not the bytes
-            message = _Oversize(message.topic, message.response_topic,
-                                message.correlation_data, size)
+            kept = _Oversize(message.topic, message.response_topic, message.correlation_data,
+                             size)
         try:
-            if self._queue.put(message):
+            if self._queue.put(kept):
                 self.errors += 1  # the oldest pending command was dropped: a flood
         except Closed:
             pass
@@ -141,7 +145,7 @@ class CommandServer:
             logger.critical("the command thread died (%s); commands are no longer answered",
                             self.died, exc_info=True)
 
-    def _serve(self, message: Any) -> None:
+    def _serve(self, message: Message | _Oversize) -> None:
         self.received += 1
         verb = message.topic.rsplit("/", 1)[-1]
         topics = self.client.topics
@@ -159,7 +163,7 @@ class CommandServer:
         except Exception:
             logger.exception("reply to command %s on %s failed", verb[:40], topic[:200])
 
-    def _answer(self, verb: str, message: Any) -> tuple[str, dict[str, Any]]:
+    def _answer(self, verb: str, message: Message | _Oversize) -> tuple[str, dict[str, Any]]:
         """``(reply topic, reply)`` of one message."""
         topics = self.client.topics
         if not is_verb(verb):
@@ -196,12 +200,7 @@ class CommandServer:
         return request_id, {"id": request_id, "ok": True, "result": result}
 
     def _run(self, verb: str, request: dict[str, Any]) -> dict[str, Any]:
-        handler = self.handlers.get(verb)
-        if handler is None:
-            raise CommandError(f"unknown command {verb!r}; valid: {', '.join(sorted(self.allow))}")
-        if verb not in self.allow:
-            raise CommandError(f"command {verb!r} is not allowed on this device "
-                               f"(mqtt.commands.allow: {', '.join(sorted(self.allow))})")
+        handler = admit(verb, self.handlers, self.allow)
         if verb in self.signed or "signature" in request:
             if self.opener is None:
                 raise CommandError(f"command {verb!r} is signed, but this device takes no "
@@ -209,12 +208,51 @@ class CommandServer:
             request = self.opener.open(verb, request)
         return handler(request)
 
-    def _reply(self, topic: str, message: Any, reply: dict[str, Any]) -> None:
+    def _reply(self, topic: str, message: Message | _Oversize, reply: dict[str, Any]) -> None:
         properties = None
         if message.correlation_data is not None:
             properties = {"correlation_data": message.correlation_data}
         self.client.publish(topic, json.dumps(reply, default=str), qos=1,
                             properties=properties)
+
+
+def command_policy(mqtt: MqttConfig | None) -> CommandsConfig | None:
+    """The command policy in force: ``mqtt.commands`` (``true``: all defaults), every verb
+    when there is no ``mqtt:`` section; ``None`` when commands are off."""
+    commands = mqtt.commands if mqtt is not None else True
+    if commands is False:
+        return None
+    return CommandsConfig() if commands is True else commands
+
+
+def admit(verb: str, handlers: Mapping[str, Handler], allow: Collection[str]) -> Handler:
+    """The handler of ``verb`` when the policy lets it run (its signature aside).
+
+    Raises:
+        CommandError: an unknown verb, or one not in ``allow``.
+    """
+    handler = handlers.get(verb)
+    if handler is None:
+        raise CommandError(f"unknown command {verb!r}; valid: {', '.join(sorted(allow)) or 'none'}")
+    if verb not in allow:
+        raise CommandError(f"command {verb!r} is not allowed on this device "
+                           f"(mqtt.commands.allow: {', '.join(sorted(allow)) or 'none'})")
+    return handler
+
+
+def run_unsigned(handlers: Mapping[str, Handler], policy: CommandsConfig | None, verb: str,
+                 request: dict[str, Any]) -> dict[str, Any]:
+    """Run a command that arrived without a way to check a signature (the web view): the
+    MQTT policy applies, and the verbs it wants signed are refused.
+
+    Raises:
+        CommandError: an unknown, disallowed or signed-only verb, or a bad request.
+    """
+    handler = admit(verb, handlers, policy.allow if policy is not None else ())
+    if policy is not None and verb in policy.signed:
+        raise CommandError(f"command {verb!r} must be signed on this device "
+                           "(mqtt.commands.signed): send it over MQTT")
+    return handler(dict(request))
 
 
 def decode_request(payload: bytes | str) -> dict[str, Any]:

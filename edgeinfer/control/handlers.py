@@ -3,40 +3,32 @@
 (`edgeinfer.web`). Each handler takes the request object (already decoded and policy-checked)
 and returns the result object; a bad request raises `CommandError`.
 
-What a handler needs from the daemon is small (`Host`): the running pipelines and a reload.
-The status payload and where a snapshot goes are given by the caller, so this module imports
-neither the daemon nor MQTT.
+What a handler needs from the daemon is small: the running pipelines and a reload of
+`edgeinfer.host.Host`. The status payload and where a snapshot goes are given by the caller,
+so this module imports neither the daemon nor MQTT.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import msgspec
 
+from ..config.commands import ResetArgs, SnapshotArgs
 from ..errors import StateError
-from .commands import CommandError, no_other_args, pipeline_arg
+from ..host import Host
+from ..pipeline import Pipeline
+from .commands import CommandError, Handler, no_other_args, pipeline_arg
 
-__all__ = ["CommandHandlers", "Host"]
-
-Handler = Callable[[dict[str, Any]], dict[str, Any]]
-
-
-class Host(Protocol):
-    """What command handlers act on (the daemon)."""
-
-    @property
-    def pipelines(self) -> list[Any]: ...
-
-    def reload(self) -> dict[str, Any]: ...
+__all__ = ["CommandHandlers"]
 
 
 class CommandHandlers:
     """The handlers of the command verbs.
 
     Args:
-        host: The daemon (its pipelines, reload).
+        host: The daemon (its pipelines, reload): a `Host`.
         status: Makes the ``status`` command's answer.
         publish_snapshot: Sends a snapshot's JPEG somewhere (MQTT: the snapshot topic) and
             returns what the reply adds (``{"topic": ...}``); ``None``: the reply says where
@@ -58,7 +50,7 @@ class CommandHandlers:
     def _names(self) -> list[str]:
         return [p.name for p in self.host.pipelines]
 
-    def _pipeline(self, request: dict[str, Any]) -> Any:
+    def _pipeline(self, request: dict[str, Any]) -> Pipeline:
         name = pipeline_arg(request, self._names(), required=True)
         return next(p for p in self.host.pipelines if p.name == name)
 
@@ -87,8 +79,6 @@ class CommandHandlers:
         return self.host.reload()
 
     def snapshot(self, request: dict[str, Any]) -> dict[str, Any]:
-        from ..config.commands import SnapshotArgs
-
         args = _convert(request, SnapshotArgs)
         pipeline = self._pipeline({"pipeline": args.pipeline})
         jpeg = snapshot_of(pipeline, args.event, args.quality)
@@ -103,33 +93,30 @@ class CommandHandlers:
     def reset(self, request: dict[str, Any]) -> dict[str, Any]:
         """Zero zone and line totals: ``{"pipeline": ..., "names": [...]}``, both optional
         (every pipeline with zones or lines; every zone and line)."""
-        from ..config.commands import ResetArgs
-
         args = _convert(request, ResetArgs)
-        scened = [p for p in self.host.pipelines if p.analytics is not None
-                  and p.analytics.scene is not None]
+        with_scene = [(p.name, a) for p in self.host.pipelines
+                      if (a := p.analytics) is not None and a.scene is not None]
+        scened = with_scene
         if args.pipeline is not None:
-            scened = [p for p in scened if p.name == args.pipeline]
+            scened = [(name, a) for name, a in with_scene if name == args.pipeline]
             if not scened:
-                with_scene = [p.name for p in self.host.pipelines if p.analytics is not None
-                              and p.analytics.scene is not None]
                 raise CommandError(f"no pipeline {args.pipeline!r} with zones or lines; with "
-                                   f"them: {', '.join(with_scene) or 'none'}")
+                                   f"them: {', '.join(n for n, _ in with_scene) or 'none'}")
         elif not scened:
             raise CommandError("no pipeline has zones or lines")
         elif args.names is not None and len(scened) > 1:
             raise CommandError("give a pipeline with names: several pipelines have zones or "
                                "lines")
         done: dict[str, list[str]] = {}
-        for p in scened:
+        for name, analytics in scened:
             try:
-                done[p.name] = p.analytics.reset(args.names)
+                done[name] = analytics.reset(args.names)
             except ValueError as exc:
                 raise CommandError(str(exc)) from None
         return {"reset": done}
 
 
-def snapshot_of(pipeline: Any, event: str | None = None, quality: int = 85) -> bytes:
+def snapshot_of(pipeline: Pipeline, event: str | None = None, quality: int = 85) -> bytes:
     """The JPEG a ``snapshot`` asks for: the pipeline's latest frame annotated, or the stored
     snapshot of one of its events.
 

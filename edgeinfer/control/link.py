@@ -1,8 +1,8 @@
 """The daemon's MQTT side: an embedded broker when asked, the client with its durable outbox,
 the retained status, periodic stats, commands and Home Assistant discovery.
 
-    link = MqttLink(config, daemon); link.start()   # before the pipelines (MQTT sources)
-    ... daemon builds pipelines with link.context() ...
+    link = MqttLink(config, host); link.start()     # before the pipelines (MQTT sources)
+    ... the daemon builds pipelines with link.context() ...
     link.ready()                                    # birth with the pipelines, commands, discovery
     link.tick()                                     # from the daemon's tick: stats when due
     link.problem()                                  # why the link is unhealthy, or None
@@ -15,53 +15,65 @@ import json
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from .. import __version__
-from ..errors import ConfigError
-from .commands import CommandServer
+from ..config import Config
+from ..config.commands import CommandsConfig
+from ..config.pipeline import MqttSource
+from ..errors import ConfigError, StateError
+from ..host import Host
+from ..keys import load_trusted_keys
+from ..mqtt.client import Message, MqttClient
+from ..mqtt.discovery import config_filter, discovery_messages
+from ..mqtt.embedded import EmbeddedBroker
+from ..mqtt.publisher import MqttPlumbing
+from ..nonces import NonceBook
+from ..ota.protocol import MAX_CHUNK, MAX_OFFER_BYTES
+from .commands import CommandServer, Handler, command_policy
+from .handlers import CommandHandlers
+from .signed import SignedCommands
 from .status import backend_of, device_birth, device_stats, pipeline_health
-
-if TYPE_CHECKING:
-    from ..config import Config
-    from ..daemon import Daemon
 
 logger = logging.getLogger(__name__)
 
 PACKET_OVERHEAD = 4096  # an MQTT packet's bytes besides its payload: topic, properties
 MQTT_SOURCE_BYTES = 1024 * 1024  # largest reading an MQTT source pipeline takes
 
+# What the birth and discovery are made from: configured pipelines with their task, running
+# ones, failed ones, each one's backend, each one's state and reason (see _current_shape).
+Shape = tuple[tuple[tuple[str, str], ...], tuple[str, ...], tuple[str, ...],
+              tuple[tuple[str, str], ...], tuple[tuple[str, str, str], ...]]
+
 
 class MqttLink:
-    def __init__(self, config: Config, daemon: Daemon) -> None:
+    """The MQTT side of one daemon (``host``) with config ``config`` (it has ``mqtt:``)."""
+
+    def __init__(self, config: Config, host: Host) -> None:
         assert config.mqtt is not None
         self.config = config
         self.mqtt = config.mqtt
-        self.daemon = daemon
+        self.host = host
         self.device_id = config.resolved_device_id()
-        self.broker: Any = None
-        self.plumbing: Any = None
+        self.broker: EmbeddedBroker | None = None
+        self.plumbing: MqttPlumbing | None = None
         self.commands: CommandServer | None = None
         self._next_stats = 0.0
         self._started = time.monotonic()
-        self._ha_unsubscribe: list[Any] = []
+        self._ha_unsubscribe: list[Callable[[], None]] = []
         self._discovery_lock = threading.Lock()
         self._discovery_topics: set[str] = set()  # the configs this device has now
-        self._shape: Any = None  # what the birth and discovery were last made from
-        self._opener: Any = None
+        self._shape: Shape | None = None  # what the birth and discovery were last made from
+        self._opener: SignedCommands | None = None
         self._reported: str | None = None  # the problem last announced on the status topic
         self._counts: dict[str, Any] = {}  # pipeline -> the counts last published (retained)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
-        from ..mqtt.client import MqttClient
-        from ..mqtt.publisher import MqttPlumbing
-
         mqtt = self.mqtt
         self._opener = self._signed_commands()
         if mqtt.embedded:
-            from ..mqtt.embedded import EmbeddedBroker
-
             self.broker = EmbeddedBroker.from_config(mqtt)
             self.broker.start()
         client = MqttClient(mqtt, self.device_id, birth=self.birth,
@@ -73,20 +85,31 @@ class MqttLink:
 
     def context(self) -> dict[str, Any]:
         """What sources and sinks get: ``mqtt`` for MQTT sinks, ``subscribe`` for MQTT sources."""
-        client = self.plumbing.client
+        plumbing = self._plumbing()
+        client = plumbing.client
 
-        def subscribe(topic: str, qos: int, on_payload: Any) -> Any:
+        def subscribe(topic: str, qos: int,
+                      on_payload: Callable[[bytes], None]) -> Callable[[], None]:
             return client.subscribe(topic, qos, lambda message: on_payload(message.payload))
 
-        return {"mqtt": self.plumbing, "subscribe": subscribe}
+        return {"mqtt": plumbing, "subscribe": subscribe}
 
     def last_seq(self, pipeline: str) -> int:
-        return int(self.plumbing.last_seq(pipeline))
+        return int(self._plumbing().last_seq(pipeline))
+
+    def _plumbing(self) -> MqttPlumbing:
+        if self.plumbing is None:
+            raise StateError("the MQTT link is not started: call start() first")
+        return self.plumbing
+
+    def _client(self) -> MqttClient:
+        client: MqttClient = self._plumbing().client
+        return client
 
     def ready(self) -> None:
         """The pipelines run: announce them, answer commands, publish discovery."""
-        client = self.plumbing.client
-        policy = self._policy()
+        client = self._client()
+        policy = command_policy(self.mqtt)
         if policy is not None:  # subscribed before the birth: "online" means commands answered
             self.commands = CommandServer(client, self.handlers(),
                                           max_bytes=self.mqtt.max_command_bytes,
@@ -96,8 +119,6 @@ class MqttLink:
         self._shape = self._current_shape()
         self.publish_birth()
         if self.mqtt.homeassistant.enabled:
-            from ..mqtt.discovery import config_filter
-
             ha = self.mqtt.homeassistant.prefix
             # After every (re)connect too: a broker down at start (or one that lost its
             # retained messages) would otherwise never get them. Hooked first: a connect
@@ -126,30 +147,28 @@ class MqttLink:
             if configured_changed and self.mqtt.homeassistant.enabled:
                 self.publish_discovery()
 
-    def _current_shape(self) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...],
-                                      tuple[str, ...], tuple[tuple[str, str], ...],
-                                      tuple[tuple[str, str, str], ...]]:
+    def _current_shape(self) -> Shape:
         """(configured pipelines with their task, running ones, failed ones, the backend each
         runs on: a measured backend swapped in shows on the status topic, and each one's state
         and reason: a camera lost or back shows there, and in Home Assistant's availability)."""
         return (tuple(sorted(self._configured().items())),
-                tuple(sorted(p.name for p in self.daemon.pipelines)),
-                tuple(sorted(self.daemon.failed)),
+                tuple(sorted(p.name for p in self.host.pipelines)),
+                tuple(sorted(self.host.failed)),
                 tuple(sorted((p.name, backend_of(p.model)["choice"])
-                             for p in self.daemon.pipelines if not p.model.closed)),
+                             for p in self.host.pipelines if not p.model.closed)),
                 tuple(sorted((name, h["state"], h["reason"])
-                             for name, h in pipeline_health(self.daemon).items())))
+                             for name, h in pipeline_health(self.host).items())))
 
     def _configured(self) -> dict[str, str]:
         """Configured pipeline -> task type: discovery covers a pipeline that failed to start
         too, so that a transient failure does not remove its entities."""
         return {pc.name: str(type(pc.task).__struct_config__.tag)
-                for pc in self.daemon.config.pipelines}
+                for pc in self.host.config.pipelines}
 
     def _scenes(self) -> dict[str, tuple[list[str], list[str]]]:
         """Configured pipeline -> (zone names, line names), for discovery."""
         return {pc.name: ([z.name for z in pc.zones], [ln.name for ln in pc.lines])
-                for pc in self.daemon.config.pipelines if pc.zones or pc.lines}
+                for pc in self.host.config.pipelines if pc.zones or pc.lines}
 
     def problem(self) -> str | None:
         """Why this link no longer does its job (the command thread died), or ``None``."""
@@ -175,7 +194,7 @@ class MqttLink:
 
     def birth_message(self) -> dict[str, Any]:
         return {
-            **device_birth(self.daemon, self.device_id),
+            **device_birth(self.host, self.device_id),
             "outbox": self.plumbing.birth_info() if self.plumbing is not None else None,
             "mqtt_protocol": self.plumbing.client.protocol if self.plumbing is not None else None,
             "commands": None if self.commands is None else self.commands.stats()["state"],
@@ -184,29 +203,29 @@ class MqttLink:
 
     def publish_birth(self) -> None:
         """Publish the retained birth again (the models changed: an update)."""
-        client = self.plumbing.client
+        client = self._client()
         client.publish(client.topics.status, json.dumps(self.birth_message()), qos=1,
                        retain=True)
 
     def stats_message(self) -> dict[str, Any]:
         return {
-            **device_stats(self.daemon, self.device_id, self._started),
-            "outbox": self.plumbing.stats(),
+            **device_stats(self.host, self.device_id, self._started),
+            "outbox": self._plumbing().stats(),
             "commands": self.commands.stats() if self.commands else None,
         }
 
     def publish_stats(self) -> None:
-        client = self.plumbing.client
+        client = self._client()
         client.publish(client.topics.stats, json.dumps(self.stats_message(), default=str), qos=0)
 
     def publish_counts(self) -> None:
         """Publish each pipeline's zone and line counts, retained, when they changed (checked
         every tick: at most a few messages a second, never from the data plane). A
         reconnected client sends them again."""
-        client = self.plumbing.client
+        client = self._client()
         reconnected = client.reconnects != self._counts.get("\0reconnects")
         self._counts["\0reconnects"] = client.reconnects
-        for p in self.daemon.pipelines:
+        for p in self.host.pipelines:
             analytics = p.analytics
             counts = analytics.counts() if analytics is not None else None
             if counts is None or (counts == self._counts.get(p.name) and not reconnected):
@@ -221,9 +240,7 @@ class MqttLink:
     def publish_discovery(self) -> None:
         """Publish the retained discovery configs of the configured pipelines, and clear (an
         empty retained message) those of pipelines no longer configured. Any thread."""
-        from ..mqtt.discovery import discovery_messages
-
-        client = self.plumbing.client
+        client = self._client()
         messages = discovery_messages(client.topics, self.device_id, self._configured(),
                                       self.mqtt.homeassistant.prefix, __version__,
                                       scenes=self._scenes())
@@ -235,11 +252,11 @@ class MqttLink:
         for topic, payload in messages:
             client.publish(topic, payload, qos=1, retain=True)
 
-    def _on_ha_status(self, message: Any) -> None:
+    def _on_ha_status(self, message: Message) -> None:
         if message.payload.strip().lower() == b"online":
             self.publish_discovery()
 
-    def _on_config(self, message: Any) -> None:
+    def _on_config(self, message: Message) -> None:
         """A retained config of this device the broker holds: cleared when it is not one of
         ours now (its pipeline was removed while the daemon was stopped or disconnected)."""
         with self._discovery_lock:
@@ -248,48 +265,34 @@ class MqttLink:
         if stale:
             logger.info("clearing Home Assistant discovery config %s (no such pipeline now)",
                         message.topic)
-            self.plumbing.client.publish(message.topic, b"", qos=1, retain=True)
+            self._client().publish(message.topic, b"", qos=1, retain=True)
 
     # -- commands -------------------------------------------------------------------------------
-    def handlers(self) -> dict[str, Any]:
-        from .handlers import CommandHandlers
-
-        return CommandHandlers(self.daemon, status=self.status_message,
-                               publish_snapshot=self._publish_snapshot).table()
+    def handlers(self) -> dict[str, Handler]:
+        return CommandHandlers(self.host, status=self.status_message,
+                               publish_snapshot=self.publish_snapshot).table()
 
     def status_message(self) -> dict[str, Any]:
         """What the ``status`` command answers: the birth plus the current stats."""
         return {**self.birth_message(), "stats": self.stats_message()}
 
-    def _publish_snapshot(self, pipeline: str, jpeg: bytes) -> dict[str, Any]:
-        client = self.plumbing.client
+    def publish_snapshot(self, pipeline: str, jpeg: bytes) -> dict[str, Any]:
+        """Publish a snapshot's JPEG on its topic; returns what the command's reply adds."""
+        client = self._client()
         topic = client.topics.snapshot(pipeline)
         client.publish(topic, jpeg, qos=1, properties={"content_type": "image/jpeg"})
         return {"topic": topic}
 
     # -- policy ---------------------------------------------------------------------------------
-    def _policy(self) -> Any:
-        """The ``CommandsConfig`` in force, or ``None`` when commands are off."""
-        from ..config.commands import CommandsConfig
-
-        commands = self.mqtt.commands
-        if commands is False:
-            return None
-        return CommandsConfig() if commands is True else commands
-
-    def _signed_commands(self) -> Any:
+    def _signed_commands(self) -> SignedCommands | None:
         """What checks signed commands, when the policy names signed verbs.
 
         Raises:
             ConfigError: signed verbs, but no ``ota.trusted_keys`` to check them with.
         """
-        policy = self._policy()
+        policy: CommandsConfig | None = command_policy(self.mqtt)
         if policy is None or not policy.signed:
             return None
-        from ..ota.keys import load_trusted_keys
-        from ..nonces import NonceBook
-        from .signed import SignedCommands
-
         trusted = load_trusted_keys(self.config.ota.trusted_keys) if self.config.ota else {}
         if not trusted:
             raise ConfigError("mqtt.commands.signed: signed commands are checked with the keys "
@@ -301,13 +304,9 @@ class MqttLink:
 def max_packet_bytes(config: Config) -> int:
     """The largest MQTT packet the daemon takes: its largest command, OTA offer or chunk, or
     MQTT source reading, plus `PACKET_OVERHEAD`."""
-    from ..config.pipeline import MqttSource
-
     assert config.mqtt is not None
     need = config.mqtt.max_command_bytes
     if config.ota is not None:
-        from ..ota.protocol import MAX_CHUNK, MAX_OFFER_BYTES
-
         need = max(need, MAX_OFFER_BYTES, MAX_CHUNK)
     if any(isinstance(p.source, MqttSource) for p in config.pipelines):
         need = max(need, MQTT_SOURCE_BYTES)

@@ -29,7 +29,9 @@ import msgspec
 
 from .. import _json
 from ..errors import OtaRejected
+from ..keys import PrivateKey, PublicKey
 from ..nonces import NonceBook, NonceRefused
+from ..ota.manifest import encode, now_iso, parse_time, sign_bytes, verify_bytes
 from .commands import CommandError, too_deep
 
 __all__ = ["SCHEMA", "SignedCommands", "make_command"]
@@ -58,12 +60,10 @@ class _Envelope(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
     signature: str | None = None
 
 
-def make_command(device: str, verb: str, args: Mapping[str, Any] | None, key: Any, *,
+def make_command(device: str, verb: str, args: Mapping[str, Any] | None, key: PrivateKey, *,
                  request_id: Any = None, created: float | None = None) -> bytes:
     """The payload of a command for ``device`` signed with ``key`` (an
     ``ota.keys.PrivateKey``), created now (or at ``created``) with a random nonce."""
-    from ..ota.manifest import encode, now_iso, sign_bytes
-
     text = encode(SignedRequest(device=device, verb=verb, args=dict(args or {}),
                                 created=now_iso(created), nonce=secrets.token_hex(16),
                                 key_id=key.key_id))
@@ -83,7 +83,7 @@ class SignedCommands:
         max_age_s: Oldest command accepted.
     """
 
-    def __init__(self, device: str, trusted: Mapping[str, Any], nonces: NonceBook, *,
+    def __init__(self, device: str, trusted: Mapping[str, PublicKey], nonces: NonceBook, *,
                  max_age_s: float) -> None:
         self.device = device
         self.trusted = trusted
@@ -98,8 +98,6 @@ class SignedCommands:
             CommandError: not signed, not by a trusted key, not for this device and verb,
                 stale, from the future or replayed.
         """
-        from ..ota.manifest import parse_time, verify_bytes
-
         if "signature" not in request:
             raise CommandError(f"command {verb!r} must be signed (mqtt.commands.signed)")
         try:

@@ -5,23 +5,17 @@ protocol, command thread); without MQTT the same documents are made from the dae
 from __future__ import annotations
 
 import time
-from typing import Any, Protocol
+from typing import Any
 
 from .. import __version__
+from ..host import Host
+from ..model import Model
+from ..runtime.memory import rss_mb
 
-__all__ = ["Device", "backend_of", "device_birth", "device_stats", "pipeline_health"]
-
-
-class Device(Protocol):
-    """What the documents are made from (the daemon)."""
-
-    config: Any
-    pipelines: list[Any]
-    failed: dict[str, str]
-    ota: Any
+__all__ = ["backend_of", "device_birth", "device_stats", "pipeline_health"]
 
 
-def device_birth(daemon: Device, device_id: str) -> dict[str, Any]:
+def device_birth(daemon: Host, device_id: str) -> dict[str, Any]:
     """State, version, pipelines with their models, providers and backends, failures, each
     pipeline's state (``health``), groups."""
     pipes = daemon.pipelines
@@ -39,7 +33,7 @@ def device_birth(daemon: Device, device_id: str) -> dict[str, Any]:
     }
 
 
-def pipeline_health(daemon: Device) -> dict[str, dict[str, str]]:
+def pipeline_health(daemon: Host) -> dict[str, dict[str, str]]:
     """Each pipeline's state and reason (``edgeinfer.health``), a pipeline that failed to start
     as ``failed``: what Home Assistant's availability reads from the retained status. Retries
     and the next retry change every few seconds and are on the stats topic only."""
@@ -50,22 +44,20 @@ def pipeline_health(daemon: Device) -> dict[str, dict[str, str]]:
     return states
 
 
-def device_stats(daemon: Device, device_id: str, started: float) -> dict[str, Any]:
+def device_stats(daemon: Host, device_id: str, started: float) -> dict[str, Any]:
     """Time, uptime, memory, each pipeline's stats, the OTA agent's, failures."""
-    from ..runtime.memory import rss_mb
-
     return {
         "ts": round(time.time(), 3),
         "device": device_id,
         "uptime_s": round(time.monotonic() - started, 1),
         "memory_mb": round(rss_mb(), 1),
         "pipelines": {p.name: p.snapshot() for p in daemon.pipelines},
-        "ota": daemon.ota.stats() if daemon.ota is not None else None,
+        "ota": daemon.update_stats(),
         "failed": dict(daemon.failed),
     }
 
 
-def backend_of(model: Any) -> dict[str, Any]:
+def backend_of(model: Model) -> dict[str, Any]:
     """What runs a pipeline's model: the exact choice, whether measuring is still under way, and
     the decision's one-line summary (``None`` when nothing was measured)."""
     report = model.report

@@ -2,7 +2,7 @@
 transfer, and the status topic. Verification and the swap run on one worker thread
 (``updater.Updater``); MQTT callbacks only check, write and answer.
 
-    agent = OtaAgent(daemon, config)
+    agent = OtaAgent(host, config)  # host: the daemon as an `edgeinfer.host.Host`
     agent.recover()          # at boot, before the pipelines: undo an uncommitted update
     pc = agent.effective(pc) # a pipeline runs its store's `current` model, if any
     agent.start(client)      # once the pipelines run: subscribe, resume staged transfers
@@ -12,6 +12,7 @@ transfer, and the status topic. Verification and the swap run on one worker thre
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import queue
 import shutil
@@ -20,8 +21,22 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from ..errors import EdgeInferError, OtaRejected
+from ..host import Host
+from ..keys import load_trusted_keys
+from ..pipeline import Pipeline
 from ._crash import crash_point
+from .manifest import (
+    check_time,
+    check_transfer,
+    open_manifest,
+    parse_offer,
+    parse_time,
+    request_id,
+    transfer_id,
+)
 from .protocol import (
     FINAL_STATES,
     ModelInfo,
@@ -31,13 +46,16 @@ from .protocol import (
     status_topic,
     to_ranges,
 )
+from .receiver import StagedTransfer
+from .replay import ReplayGuard
+from .rollback import open_rollback, parse_rollback
+from .store import ModelStore
+from .updater import Updater
 
 if TYPE_CHECKING:
     from ..config import Config, PipelineConfig
-    from ..daemon import Daemon
     from ..mqtt.client import Message, MqttClient
     from .manifest import Manifest, Offer
-    from .receiver import StagedTransfer
 
 __all__ = ["OtaAgent"]
 
@@ -53,20 +71,15 @@ REPLAY_REASONS = frozenset({"wrong_target", "downgrade", "replayed", "superseded
 
 
 class OtaAgent:
-    """Receives model updates for the pipelines of ``daemon`` (see ``docs/ota.md``).
+    """Receives model updates for the pipelines of ``host`` (see ``docs/ota.md``).
 
     Raises:
         ConfigError: a trusted key file cannot be read.
     """
 
-    def __init__(self, daemon: Daemon, config: Config) -> None:
-        from ..keys import load_trusted_keys
-        from .replay import ReplayGuard
-        from .store import ModelStore
-        from .updater import Updater
-
+    def __init__(self, host: Host, config: Config) -> None:
         assert config.ota is not None and config.mqtt is not None
-        self.daemon = daemon
+        self.host = host
         self.ota = config.ota
         self.prefix = config.mqtt.prefix
         self.device = config.resolved_device_id()
@@ -114,8 +127,6 @@ class OtaAgent:
 
     def effective(self, pc: PipelineConfig) -> PipelineConfig:
         """``pc`` with the model of its store's ``current`` link, when an update installed one."""
-        import msgspec
-
         entry = self.store.current(pc.name)
         if entry is None:
             return pc
@@ -149,8 +160,6 @@ class OtaAgent:
         self._worker.start()
 
     def _resume_staged(self) -> None:
-        from .receiver import StagedTransfer
-
         folders = sorted((p for p in (self.store.root / "staging").glob("*") if p.is_dir()),
                          key=lambda p: p.stat().st_mtime)
         for i, folder in enumerate(folders):
@@ -228,10 +237,6 @@ class OtaAgent:
         return handle
 
     def _on_offer(self, message: Message, group: str | None) -> None:
-        import hashlib
-
-        from .manifest import check_transfer, open_manifest, parse_offer, request_id
-
         self.counters["offers"] += 1
         received = hashlib.sha256(message.payload).hexdigest()[:16]  # what no signature vouches for
         try:
@@ -273,8 +278,6 @@ class OtaAgent:
             self._stage(message.payload, offer, manifest, request, group)
 
     def _check_offer(self, manifest: Manifest, request: str, running: bool) -> None:
-        from .manifest import check_time
-
         check_time(manifest)
         self._check_target(manifest)
         self.replay.check_sequence(manifest.pipeline, manifest.sequence,
@@ -284,8 +287,6 @@ class OtaAgent:
     def _already_running(self, manifest: Manifest, request: str, group: str | None) -> None:
         """A signed offer of the model the pipeline runs: nothing to transfer; the status
         names the running model (not the offer's claims) and the sequence is recorded."""
-        from .manifest import parse_time
-
         info = self._running_info(manifest.pipeline)
         self.replay.accept(manifest.pipeline, manifest.sequence, downgrade=manifest.downgrade,
                            request=request, expires=parse_time(manifest.expires))
@@ -297,8 +298,6 @@ class OtaAgent:
     def _stage(self, payload: bytes, offer: Offer, manifest: Manifest, request: str,
                group: str | None) -> None:
         """Start receiving a checked offer (the lock held)."""
-        from .receiver import StagedTransfer
-
         if self._busy is not None:
             self.publish("rejected", manifest=manifest, request=request, group=group,
                          reason="busy", message=f"update {self._busy} is being applied; push "
@@ -343,7 +342,7 @@ class OtaAgent:
                               f"{self.device} (groups: {groups})")
         pc = self._pipeline_config(manifest.pipeline)
         if pc is None:
-            names = ", ".join(p.name for p in self.daemon.config.pipelines)
+            names = ", ".join(p.name for p in self.host.config.pipelines)
             raise OtaRejected("unknown_pipeline", f"this device has no pipeline "
                               f"{manifest.pipeline!r} (it has: {names})")
         tag = type(pc.task).__struct_config__.tag
@@ -402,9 +401,6 @@ class OtaAgent:
                 self._publish_progress(staged)
 
     def _on_rollback(self, message: Message, group: str | None) -> None:
-        from .manifest import parse_time, request_id
-        from .rollback import open_rollback, parse_rollback
-
         request = None
         try:
             env = parse_rollback(message.payload)
@@ -482,8 +478,6 @@ class OtaAgent:
             fields.setdefault("received", staged.received)
             fields.setdefault("chunks", staged.chunks)
         if m is not None:
-            from .manifest import transfer_id
-
             fields.setdefault("transfer", transfer_id(m.sha256))
             fields.update(pipeline=m.pipeline, name=m.name, version=m.version, sha256=m.sha256)
         pipeline = fields.get("pipeline")
@@ -519,10 +513,10 @@ class OtaAgent:
 
     # -- the daemon's pipelines ------------------------------------------------------------------
     def _pipeline_config(self, name: str) -> PipelineConfig | None:
-        return next((p for p in self.daemon.config.pipelines if p.name == name), None)
+        return next((p for p in self.host.config.pipelines if p.name == name), None)
 
-    def running(self, name: str) -> Any:
-        return next((p for p in self.daemon.pipelines if p.name == name), None)
+    def running(self, name: str) -> Pipeline | None:
+        return next((p for p in self.host.pipelines if p.name == name), None)
 
     def _running_sha(self, name: str) -> str | None:
         p = self.running(name)

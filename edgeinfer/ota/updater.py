@@ -11,14 +11,25 @@ from __future__ import annotations
 import base64
 import io
 import logging
+import re
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
+from ..assembly import load_pipeline_model
+from ..config.ota import OtaConfig
 from ..errors import EdgeInferError, ModelMemoryError, OtaRejected
+from ..host import Host
+from ..pipeline import Pipeline
+from ..tasks import make_task
 from ._crash import crash_point
+from .manifest import Target, build_manifest, encode, parse_time
+from .protocol import ModelInfo, OtaStatus
+from .replay import ReplayGuard
+from .store import ModelStore
+from .verify import check_file, trial_run
 
 if TYPE_CHECKING:
     import numpy as np
@@ -26,21 +37,43 @@ if TYPE_CHECKING:
     from ..config import PipelineConfig
     from ..model import Model
     from ..tasks import Task
-    from .agent import OtaAgent
     from .receiver import StagedTransfer
     from .store import StoreEntry
 
-__all__ = ["Updater"]
+__all__ = ["UpdateAgent", "Updater"]
 
 logger = logging.getLogger(__name__)
 
 GATE_POLL_S = 0.1
 
 
+class UpdateAgent(Protocol):
+    """What the updater uses of its OTA agent (`edgeinfer.ota.agent.OtaAgent`)."""
+
+    host: Host
+    ota: OtaConfig
+    device: str
+    max_model_mb: float
+    store: ModelStore
+    replay: ReplayGuard
+
+    @property
+    def stopping(self) -> bool: ...
+
+    def publish(self, state: str, *, staged: StagedTransfer | None = None,
+                retain: bool = True, **fields: Any) -> OtaStatus: ...
+
+    def running(self, name: str) -> Pipeline | None: ...
+
+    def effective(self, pc: PipelineConfig) -> PipelineConfig: ...
+
+
 class Updater:
-    def __init__(self, agent: OtaAgent) -> None:
+    """Applies received models and rollback requests for ``agent``, on its worker thread."""
+
+    def __init__(self, agent: UpdateAgent) -> None:
         self.agent = agent
-        self.daemon = agent.daemon
+        self.host = agent.host
         self.store = agent.store
 
     # -- a received model ------------------------------------------------------------------------
@@ -69,8 +102,6 @@ class Updater:
         self._swap_and_gate(entry, staged)
 
     def _verify_and_store(self, staged: StagedTransfer) -> StoreEntry:
-        from .verify import check_file, trial_run
-
         agent, m = self.agent, staged.manifest
         check_file(staged.data_path, sha256=m.sha256, size=m.size, format=m.format,
                    max_model_mb=agent.max_model_mb)
@@ -81,12 +112,12 @@ class Updater:
         running = agent.running(m.pipeline)
         if running is not None and not running.model.closed:
             try:  # the current model timed the same way, under the same load, for a fair ratio
-                baseline = trial_run(running.model.path, pc, self.daemon.config.runtime,
+                baseline = trial_run(running.model.path, pc, self.host.config.runtime,
                                      memory_limit_mb=None, timeout_s=v.timeout_s,
                                      runs=v.runs).latency_ms
             except EdgeInferError as exc:
                 logger.warning("ota: timing the current model failed (%s); no speed check", exc)
-        report = trial_run(staged.data_path, pc, self.daemon.config.runtime, golden=golden,
+        report = trial_run(staged.data_path, pc, self.host.config.runtime, golden=golden,
                            atol=atol, rtol=rtol, baseline_ms=baseline,
                            max_slowdown=v.max_slowdown, memory_limit_mb=v.memory_limit_mb,
                            timeout_s=v.timeout_s, runs=v.runs)
@@ -115,14 +146,11 @@ class Updater:
 
     # -- swap and gate -------------------------------------------------------------------------
     def _swap_and_gate(self, entry: StoreEntry, staged: StagedTransfer) -> None:
-        from ..assembly import load_pipeline_model
-        from ..tasks import make_task
-
         agent, m = self.agent, staged.manifest
         pc = agent.effective(self._config(m.pipeline))
         new_pc = self._with_model(pc, entry, m.name, m.version)
         try:
-            model = load_pipeline_model(new_pc, self.daemon.config.runtime)
+            model = load_pipeline_model(new_pc, self.host.config.runtime)
         except EdgeInferError as exc:
             reason = "out_of_memory" if isinstance(exc, ModelMemoryError) else "load_failed"
             agent.publish("rejected", staged=staged, reason=reason, message=str(exc))
@@ -135,7 +163,9 @@ class Updater:
             return
         update = {"transfer": staged.id, "request": staged.request, "name": m.name,
                   "version": m.version, "sha256": m.sha256, "group": staged.group}
-        with self.daemon._reload_lock:
+        old_model: Model | None
+        old_task: Task | None
+        with self.host.exclusive():
             running = agent.running(m.pipeline)
             self._adopt_configured(m.pipeline, running)
             self.store.begin(m.pipeline, entry, update=update)
@@ -149,7 +179,7 @@ class Updater:
                 old_model = old_task = None
                 baseline = 0.0
                 try:
-                    self.daemon.start_pipeline(pc.name)
+                    self.host.start_pipeline(pc.name)
                 except EdgeInferError as exc:
                     self.store.rollback_pending(m.pipeline)
                     agent.publish("rolled_back", staged=staged, reason="load_failed",
@@ -162,8 +192,6 @@ class Updater:
             return
         previous = _info(old_model)
         if verdict == "":
-            from .manifest import parse_time
-
             self.store.commit(m.pipeline)
             agent.replay.accept(m.pipeline, m.sequence, downgrade=m.downgrade,
                                 request=staged.request, expires=parse_time(m.expires))
@@ -174,7 +202,7 @@ class Updater:
             self._undo(m.pipeline, model, old_model, old_task)
             agent.publish("rolled_back", staged=staged, reason="health_gate", message=verdict,
                           previous=previous)
-        self._announce()
+        self.host.announce()
 
     def _gate(self, pipeline: str, baseline_rate: float) -> str | None:
         """``""`` to commit, a reason to roll back, None when the daemon stops meanwhile."""
@@ -206,7 +234,7 @@ class Updater:
 
     def _undo(self, pipeline: str, model: Model, old_model: Model | None,
               old_task: Task | None) -> None:
-        with self.daemon._reload_lock:
+        with self.host.exclusive():
             self.store.rollback_pending(pipeline)
             p = self.agent.running(pipeline)
             if p is not None and p.model is model and old_model is not None \
@@ -217,15 +245,13 @@ class Updater:
         if old_model is not None:  # the pipeline was rebuilt meanwhile: rebuild it on the old
             old_model.close()
         model.close()
-        self.daemon.restart_pipeline(pipeline)
+        self.host.restart_pipeline(pipeline)
 
-    def _adopt_configured(self, pipeline: str, running: Any) -> None:
+    def _adopt_configured(self, pipeline: str, running: Pipeline | None) -> None:
         """Before the first update of a pipeline, put the model it runs from its config into
         the store as ``current``, so that the update's ``previous`` (rollback target) is it."""
         if self.store.current(pipeline) is not None or running is None or running.model.closed:
             return
-        from .manifest import Target, build_manifest, encode
-
         model = running.model
         try:  # under the name results carry, not the file's stem: a rollback keeps the name
             manifest = build_manifest(model.path, pipeline=pipeline,
@@ -243,9 +269,6 @@ class Updater:
     # -- a rollback request ------------------------------------------------------------------
     def rollback(self, pipeline: str, group: str | None, request: str | None = None) -> None:
         """Go back to the store's ``previous`` model of ``pipeline`` (no gate: it ran before)."""
-        from ..assembly import load_pipeline_model
-        from ..tasks import make_task
-
         agent = self.agent
         try:
             entry = self.store.rollback(pipeline)
@@ -255,7 +278,7 @@ class Updater:
             return
         pc = agent.effective(self._config(pipeline))
         try:
-            model = load_pipeline_model(pc, self.daemon.config.runtime)
+            model = load_pipeline_model(pc, self.host.config.runtime)
             task = make_task(pc.task, model)
         except Exception as exc:
             self.store.rollback(pipeline)  # switch the links back: the current one stays
@@ -263,25 +286,25 @@ class Updater:
                           reason="load_failed",
                           message=f"the previous model does not load: {exc}")
             return
-        with self.daemon._reload_lock:
+        with self.host.exclusive():
             p = agent.running(pipeline)
             replaced = p.swap_model(model, task) if p is not None else None
         if replaced is not None:
             replaced.close()
         elif p is None:
             model.close()
-            self.daemon.restart_pipeline(pipeline)
+            self.host.restart_pipeline(pipeline)
         manifest = entry.manifest or {}
         agent.publish("rolled_back", request=request, pipeline=pipeline, group=group,
                       reason="requested",
                       name=manifest.get("name"), version=manifest.get("version"),
                       sha256=entry.sha256, previous=_info(replaced),
                       message="rolled back on request")
-        self._announce()
+        self.host.announce()
 
     # -- helpers ---------------------------------------------------------------------------------
     def _config(self, pipeline: str) -> PipelineConfig:
-        pc = next((p for p in self.daemon.config.pipelines if p.name == pipeline), None)
+        pc = next((p for p in self.host.config.pipelines if p.name == pipeline), None)
         if pc is None:
             raise OtaRejected("unknown_pipeline", f"pipeline {pipeline!r} is no longer configured")
         return pc
@@ -294,19 +317,12 @@ class Updater:
         return msgspec.structs.replace(pc, model=model)
 
     @staticmethod
-    def _error_rate(p: Any) -> float:
+    def _error_rate(p: Pipeline) -> float:
         s = p.stats
         return s.errors / (s.processed + s.errors) if s.processed + s.errors else 0.0
 
-    def _announce(self) -> None:
-        link = self.daemon.link
-        if link is not None:
-            link.publish_birth()
 
-
-def _info(model: Model | None) -> Any:
-    from .protocol import ModelInfo
-
+def _info(model: Model | None) -> ModelInfo | None:
     if model is None:
         return None
     return ModelInfo(name=model.name, version=model.version, sha256=model.sha256)
@@ -315,8 +331,6 @@ def _info(model: Model | None) -> Any:
 def _store_name(name: str | None, path: str | Path) -> str | None:
     """The configured model name when the store can file it under that name, else None
     (the file's stem, sanitised)."""
-    import re
-
     if name and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name) and ".." not in name:
         return name
     if name:

@@ -102,7 +102,7 @@ def test_validate_config_warns_about_a_source_that_is_not_here(
     assert head in err, err
     assert main(["validate-config", "--strict", str(path)]) == 78
     from edgeinfer.config import load_config
-    from edgeinfer.config.startable import start_problems
+    from edgeinfer.daemon.startable import start_problems
 
     required = load_config(str(path)).pipelines[0].required
     assert [p.fatal for p in start_problems(load_config(str(path)))] == [not waits and required]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .config import Config
+    from ..config import Config
 
 __all__ = ["listen_ports", "socket_bind_dropin"]
 

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, StateError
+from ..errors import ConfigError, StateError
 
 RESULT_NAME = "reload.json"
 POLL_S = 0.1

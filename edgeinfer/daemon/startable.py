@@ -15,9 +15,11 @@ from pathlib import Path
 
 import msgspec
 
+from ..catalog import CATALOG, resolve_model
+from ..config import Config
 from ..errors import ConfigError, ModelError
 from ..keys import load_trusted_keys
-from .schema import Config
+from ..runtime.modelfile import inspect_model
 
 __all__ = ["StartProblem", "start_problems"]
 
@@ -108,9 +110,6 @@ def _source_problem(source: msgspec.Struct) -> tuple[str, str, bool] | None:
 
 
 def _model_problem(config: Config, index: int) -> str | None:
-    from ..catalog import CATALOG, resolve_model
-    from ..runtime.modelfile import inspect_model
-
     mc = config.pipelines[index].model
     path = mc.path
     try:

@@ -1,5 +1,7 @@
 """``edgeinfer run``: startup -> tick loop -> graceful shutdown. Signals only set flags.
 
+(Over 450 lines: one class whose parts share its state: lifecycle, reload, and the Host side.)
+
 Startup loads every pipeline's model, checks it against its task, opens sinks and sources and
 starts the stage threads. A pipeline that fails to start is reported and left out, unless it
 is ``required`` (then the daemon fails). The tick loop ends when every pipeline has finished
@@ -8,13 +10,11 @@ is ``required`` (then the daemon fails). The tick loop ends when every pipeline 
 Under systemd the daemon speaks sd_notify (``edgeinfer.systemd``): ``READY=1`` once every
 pipeline runs, ``STATUS=`` every few seconds, ``RELOADING=1``/``READY=1`` around a reload,
 ``STOPPING=1`` at shutdown, and ``WATCHDOG=1`` only while every pipeline is healthy and the
-command thread runs. A live
-pipeline that processes no frame for ``stall_s`` is rebuilt from its config, at most
-``RESTART_BUDGET`` times in the restart window; then the pings stop and systemd kills and
-restarts us. `stall_policy` keeps the two consistent: the window always holds a full budget of
-stalls, so a hung pipeline is escalated whatever ``WatchdogSec=`` is. A sensor source (``mqtt``,
-``serial``: `Source.paced_by_data`) may be quiet for hours: it stalls only when a frame it
-yielded goes unhandled for ``stall_s``.
+command thread runs. A stuck pipeline is rebuilt, within the budget of the stall policy
+(`edgeinfer.daemon.health`); then the pings stop and systemd kills and restarts us.
+
+The control plane (the MQTT link, the OTA agent, the web view, the metrics endpoint) gets the
+daemon as an `edgeinfer.host.Host`, never as a `Daemon`.
 """
 
 from __future__ import annotations
@@ -24,48 +24,36 @@ import os
 import signal
 import threading
 import time
-from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from . import systemd
-from .errors import ConfigError, EdgeInferError
+from .. import systemd
+from ..assembly import assemble, load_pipeline_model, pipeline_path
+from ..config import Config, PipelineConfig, load_config
+from ..control.commands import command_policy, run_unsigned
+from ..control.handlers import CommandHandlers
+from ..control.link import MqttLink
+from ..control.metrics import MetricsServer
+from ..control.status import device_birth, device_stats
+from ..errors import ConfigError, EdgeInferError
+from ..ota.agent import OtaAgent
+from ..pipeline import Pipeline
+from ..runtime.memory import return_frames_to_the_os, set_memory_budget
+from ..sharing import model_pool
+from ..statelock import LOCK_NAME, StateLock
+from .health import RESTART_BUDGET, RESTART_CLOSE_S, StallWatch, stall_policy
+from .reload import result_path, write_result
 
 if TYPE_CHECKING:
-    from .config import Config
-    from .pipeline import Pipeline
+    from ..web import WebServer
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("edgeinfer.daemon")  # the name users filter on: kept from daemon.py
 
 TICK_S = 0.5
 EXIT_FORCED = 130
 STATUS_INTERVAL_S = 5.0  # how often STATUS= is refreshed
-MIN_STALL_S = 10.0  # a live pipeline silent this long (or one watchdog interval) is stuck
-RESTART_BUDGET = 5  # internal restarts of one stuck pipeline ...
-RESTART_WINDOW_S = 60.0  # ... within at least this window, before the watchdog pings stop
-RESTART_CLOSE_S = 5.0  # how long a stuck pipeline's stages get to finish when restarted
-
-
-def stall_policy(watchdog_s: float | None, stall_s: float | None = None,
-                 restart_budget: int = RESTART_BUDGET,
-                 restart_window_s: float | None = None) -> tuple[float, float]:
-    """The stall deadline and the restart window, made consistent.
-
-    The deadline defaults to ``max(MIN_STALL_S, watchdog_s)``. The window defaults to room for
-    the whole budget with slack: ``2 x budget x (stall_s + RESTART_CLOSE_S)``, at least
-    ``RESTART_WINDOW_S``. A window shorter than ``budget x stall_s`` could never fill (one stall
-    takes ``stall_s`` to notice), so the pipeline would be rebuilt forever and never escalated
-    to the service manager: such a window is raised to that default.
-    """
-    stall = stall_s or max(MIN_STALL_S, watchdog_s or 0.0)
-    needed = 2 * restart_budget * (stall + RESTART_CLOSE_S)
-    window = max(RESTART_WINDOW_S, needed)
-    if restart_window_s is not None and restart_window_s > restart_budget * stall:
-        window = restart_window_s
-    elif restart_window_s is not None:
-        logger.warning("restart window %g s cannot hold %d stalls of %g s: using %g s",
-                       restart_window_s, restart_budget, stall, window)
-    return stall, window
 
 
 class Daemon:
@@ -79,7 +67,9 @@ class Daemon:
         stall_s: Seconds without a processed frame after which a live, unpaused pipeline is
             stuck (default: ``max(MIN_STALL_S, the watchdog interval)``).
         restart_budget, restart_window_s: Internal restarts allowed per pipeline and window
-            (see `stall_policy`).
+            (see `edgeinfer.daemon.health.stall_policy`).
+
+    It is the `edgeinfer.host.Host` of the control plane.
     """
 
     def __init__(self, config: Config, *, config_path: str | None = None,
@@ -93,10 +83,10 @@ class Daemon:
         self.flush_timeout_s = flush_timeout_s
         self.pipelines: list[Pipeline] = []
         self.failed: dict[str, str] = {}
-        self.link: Any = None  # control.link.MqttLink when the config has an mqtt: section
-        self.metrics: Any = None  # control.metrics.MetricsServer when metrics: is enabled
-        self.ota: Any = None  # ota.agent.OtaAgent when the config has an ota: section
-        self.web: Any = None  # web.WebServer when the config has an http: section
+        self.link: MqttLink | None = None  # when the config has an mqtt: section
+        self.metrics: MetricsServer | None = None  # when metrics: is enabled
+        self.ota: OtaAgent | None = None  # when the config has an ota: section
+        self.web: WebServer | None = None  # when the config has an http: section
         self._started = time.monotonic()
         self._stop = threading.Event()
         self._signals = 0
@@ -107,14 +97,21 @@ class Daemon:
         self.stall_s, self.restart_window_s = stall_policy(
             self.watchdog_s, stall_s, restart_budget, restart_window_s)
         self.restart_budget = restart_budget
-        self.restarts: dict[str, int] = {}  # internal restarts of stuck pipelines, per name
-        self.stuck: str | None = None  # a pipeline whose restart budget is spent
-        self._restart_times: dict[str, deque[float]] = {}
-        self._progress: dict[str, tuple[Pipeline, int, float]] = {}  # processed, when it moved
+        self.stalls = StallWatch(self.stall_s, self.restart_window_s, restart_budget)
         self._rate_mark: dict[str, tuple[Pipeline, int, float]] = {}
         self._next_ping = 0.0
         self._next_status = 0.0
-        self._state_lock: Any = None  # statelock.StateLock held from startup to shutdown
+        self._state_lock: StateLock | None = None  # held from startup to shutdown
+
+    @property
+    def restarts(self) -> dict[str, int]:
+        """Internal restarts of stuck pipelines so far, per pipeline."""
+        return self.stalls.restarts
+
+    @property
+    def stuck(self) -> str | None:
+        """A pipeline whose restart budget is spent (the watchdog pings stop), or ``None``."""
+        return self.stalls.stuck
 
     # -- lifecycle ------------------------------------------------------------------------------
     def run(self) -> int:
@@ -132,9 +129,6 @@ class Daemon:
         return 0
 
     def startup(self) -> None:
-        from .runtime.memory import return_frames_to_the_os, set_memory_budget
-        from .statelock import LOCK_NAME, StateLock
-
         # One daemon per state directory (outbox, model store, probe decisions): a second one
         # refuses here with AlreadyRunningError naming the first.
         self._state_lock = StateLock(self.config.runtime.resolved_state_dir() / LOCK_NAME)
@@ -142,15 +136,11 @@ class Daemon:
         set_memory_budget(self.config.runtime.memory_budget_mb)
         return_frames_to_the_os()
         if self.config.mqtt is not None:
-            from .control.link import MqttLink
-
             self.link = MqttLink(self.config, self)
             self.link.start()  # before the pipelines: MQTT sources subscribe through it
             for key, value in self.link.context().items():
                 self.context.setdefault(key, value)
         if self.config.ota is not None:
-            from .ota.agent import OtaAgent
-
             self.ota = OtaAgent(self, self.config)
             self.ota.recover()  # an update not committed before a stop or crash is undone
         for pc in self.config.pipelines:
@@ -166,27 +156,23 @@ class Daemon:
             raise ConfigError(f"no pipeline could start ({reasons})")
         if self.link is not None:
             self.link.ready()
-            if self.ota is not None:
+            if self.ota is not None and self.link.plumbing is not None:
                 self.ota.start(self.link.plumbing.client)
         if self.config.metrics is not None and self.config.metrics.enabled:
-            from .control.metrics import MetricsServer
-
             self.metrics = MetricsServer(self, self.config.metrics)
             self.metrics.start()
         if self.config.http is not None:
-            from .web import WebServer
+            from ..web import WebServer  # aiohttp: imported only when the web view is on
 
             self.web = WebServer(self.config.http, self)
             self.web.start()
             logger.info("web view on %s", self.web.url)
         systemd.ready(self.status_line())
 
-    def _start_pipeline(self, pc: Any) -> Pipeline:
+    def _start_pipeline(self, pc: PipelineConfig) -> Pipeline:
         """Load, assemble and start one pipeline; nothing is left open if it fails. A model
         installed by an update (the OTA store's ``current``) replaces the configured one; if it
         cannot load, the configured model is used."""
-        from .assembly import assemble, load_pipeline_model, pipeline_path
-
         effective = self.ota.effective(pc) if self.ota is not None else pc
         try:
             model = load_pipeline_model(effective, self.config.runtime)
@@ -255,18 +241,31 @@ class Daemon:
         if self._state_lock is not None:
             self._state_lock.release()
 
-    # -- what the web view and command handlers see -----------------------------------------
+    # -- the Host of the control plane: what the web view, commands and updates see ------------
     @property
     def device_id(self) -> str:
         return self.config.resolved_device_id()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Held while the pipelines are replaced: a reload, a restart, a model swap."""
+        with self._reload_lock:
+            yield
+
+    def announce(self) -> None:
+        """Publish the retained birth again (the models changed: an update)."""
+        if self.link is not None:
+            self.link.publish_birth()
+
+    def update_stats(self) -> dict[str, Any] | None:
+        """The OTA agent's stats, or ``None`` without an ``ota:`` section."""
+        return self.ota.stats() if self.ota is not None else None
 
     def status(self) -> dict[str, Any]:
         """What the ``status`` command answers: the birth plus the current stats (with the MQTT
         link's parts when there is one)."""
         if self.link is not None:
             return dict(self.link.status_message())
-        from .control.status import device_birth, device_stats
-
         return {**device_birth(self, self.device_id),
                 "stats": device_stats(self, self.device_id, self._started)}
 
@@ -278,24 +277,9 @@ class Daemon:
         Raises:
             CommandError: an unknown, disallowed or signed-only verb, or a bad request.
         """
-        from .config.commands import VERBS, CommandsConfig
-        from .control.commands import CommandError
-        from .control.handlers import CommandHandlers
-
-        policy = self.config.mqtt.commands if self.config.mqtt is not None else True
-        allow = VERBS if policy is True else () if policy is False else tuple(policy.allow)
-        signed = policy.signed if isinstance(policy, CommandsConfig) else []
-        if verb not in VERBS:
-            raise CommandError(f"unknown command {verb!r}; valid: {', '.join(VERBS)}")
-        if verb not in allow:
-            raise CommandError(f"command {verb!r} is not allowed on this device "
-                               f"(mqtt.commands.allow: {', '.join(allow) or 'none'})")
-        if verb in signed:
-            raise CommandError(f"command {verb!r} must be signed on this device "
-                               "(mqtt.commands.signed): send it over MQTT")
-        publish = self.link._publish_snapshot if self.link is not None else None
+        publish = self.link.publish_snapshot if self.link is not None else None
         handlers = CommandHandlers(self, status=self.status, publish_snapshot=publish).table()
-        return handlers[verb](dict(request))
+        return run_unsigned(handlers, command_policy(self.config.mqtt), verb, request)
 
     def reload(self) -> dict[str, Any]:
         """Re-read the config file; restart only the pipelines whose config changed. A model
@@ -313,9 +297,6 @@ class Daemon:
             systemd.ready(self.status_line())
 
     def _reload(self) -> dict[str, Any]:
-        from .config import load_config
-        from .sharing import model_pool
-
         assert self.config_path is not None
         # A pipeline rebuilt for a change elsewhere (sinks, source, task settings) gets the
         # model it ran back: the pool keeps it loaded until the end of the reload.
@@ -344,9 +325,7 @@ class Daemon:
             self.pipelines = [p for p in self.pipelines
                               if p.name in keep and p.name not in rebuilt] + built
             for name in rebuilt:  # a new config gets a fresh restart budget
-                self._restart_times.pop(name, None)
-                if self.stuck == name:
-                    self.stuck = None
+                self.stalls.renewed(name)
             notes = []
             if new.mqtt != self.config.mqtt:
                 notes.append("mqtt settings change on restart")
@@ -401,8 +380,6 @@ class Daemon:
                     result["unchanged"] or "none")
 
     def _record_reload(self, ok: bool, detail: str) -> None:
-        from .reload import result_path, write_result
-
         path = result_path(self.config.runtime.resolved_state_dir())
         if path is None:
             return
@@ -426,7 +403,7 @@ class Daemon:
         if self.link is not None and self.link.plumbing is not None:
             text += f", {self.link.plumbing.describe()}"
         now = time.monotonic()
-        failing = [p.name for p in self.pipelines if self._sinks_failing(p, now)]
+        failing = [p.name for p in self.pipelines if self.stalls.sinks_failing(p, now)]
         if failing:
             text += f", sinks failing in {', '.join(failing)}"
         restarts = sum(self.restarts.values())
@@ -453,12 +430,9 @@ class Daemon:
 
     def _health_tick(self, now: float) -> None:
         for p in list(self.pipelines):
-            if self.stuck is None and self._stalled(p, now):
-                self._on_stall(p, now)
-            elif self.stuck is None and self._sinks_failing(p, now) > self.stall_s \
-                    and p.source.live and not p.paused and not p.join(0):
-                # a file pipeline would read its file again: it only shows as unhealthy
-                self._on_stall(p, now, f"its sinks failed every result for {self.stall_s:g} s")
+            why = self.stalls.due(p, now)
+            if why is not None:
+                self._on_stall(p, now, why)
         healthy = self.stuck is None and (self.link is None or self.link.problem() is None)
         if self.watchdog_s and healthy and now >= self._next_ping:
             self._next_ping = now + self.watchdog_s / 2
@@ -467,45 +441,11 @@ class Daemon:
             self._next_status = now + STATUS_INTERVAL_S
             systemd.status(self.status_line())
 
-    def _stalled(self, p: Pipeline, now: float) -> bool:
-        """A live, unpaused, unfinished pipeline whose processed count has not moved for
-        ``stall_s``. A file source that ended is not a stall, nor a camera that cannot be opened
-        (unplugged: it retries with backoff and shows on stats; restarting the service would
-        not bring it back), nor a quiet sensor: a source `paced_by_data` owes progress only
-        while a frame it yielded is in flight, and any handling of a frame (processed, dropped
-        by the task or the queue, skipped, failed) is progress."""
-        src, stats = p.source, p.stats
-        n = stats.processed
-        idle = False
-        if getattr(src, "paced_by_data", False):
-            n += stats.dropped_by_task + stats.dropped_queue + stats.errors + stats.paused
-            idle = src.stats.frames <= n  # nothing yielded waits: a quiet sensor
-        mark = self._progress.get(p.name)
-        if not src.live or p.paused or p.join(0) or src.waiting or idle or mark is None \
-                or mark[0] is not p or mark[1] != n:
-            self._progress[p.name] = (p, n, now)
-            return False
-        return now - mark[2] > self.stall_s
-
-    @staticmethod
-    def _sinks_failing(p: Pipeline, now: float) -> float:
-        """How long a sink of ``p`` has failed every write (0.0: all working); such a pipeline
-        is unhealthy, and is restarted like a stuck one when it lasts ``stall_s``."""
-        since = [s.failing_since for s in p.sinks if s.failing_since]
-        return now - min(since) if since else 0.0
-
-    def _on_stall(self, p: Pipeline, now: float, why: str | None = None) -> None:
-        times = self._restart_times.setdefault(p.name, deque())
-        while times and now - times[0] > self.restart_window_s:
-            times.popleft()
-        if len(times) >= self.restart_budget:
-            self._give_up(p.name, f"{len(times)} restarts in {self.restart_window_s:.0f} s")
+    def _on_stall(self, p: Pipeline, now: float, why: str) -> None:
+        """Rebuild stuck pipeline ``p`` within the restart budget, or give up on it."""
+        if not self.stalls.admit(p.name, now, why):
+            systemd.status(self.status_line())
             return
-        times.append(now)
-        self.restarts[p.name] = self.restarts.get(p.name, 0) + 1
-        logger.warning("pipeline %s: %s; restarting it (%d of %d in %.0f s)", p.name,
-                       why or f"no frame processed for {self.stall_s:g} s", len(times),
-                       self.restart_budget, self.restart_window_s)
         with self._reload_lock:
             if p not in self.pipelines:  # a reload replaced it meanwhile
                 return
@@ -516,16 +456,11 @@ class Daemon:
                     raise ConfigError(f"pipeline {p.name} is no longer configured")
                 new = self._start_pipeline(pc)
             except EdgeInferError as exc:
-                self._give_up(p.name, f"restart failed: {exc}")
+                self.stalls.give_up(p.name, f"restart failed: {exc}")
+                systemd.status(self.status_line())
                 return
             self.pipelines = [new if q is p else q for q in self.pipelines]
-        self._progress.pop(p.name, None)
-
-    def _give_up(self, name: str, why: str) -> None:
-        self.stuck = name
-        logger.error("pipeline %s is stuck (%s); watchdog pings stop so that the service "
-                     "manager restarts the daemon", name, why)
-        systemd.status(self.status_line())
+        self.stalls.restarted(p.name)
 
     # -- signals --------------------------------------------------------------------------------
     def _install_signal_handlers(self) -> None:
