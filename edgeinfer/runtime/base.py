@@ -1,8 +1,9 @@
 """What every runtime backend provides: the ``Session`` protocol and the values around it.
 
-A backend (``runtime/onnx.py``, ``runtime/tflite.py``, ``runtime/worker.py`` for an isolated
-process) turns a model file and ``SessionSpec`` into a ``Session``. ``edgeinfer.model.Model`` is the
-public face over any of them; it never knows which backend it holds.
+A backend (a module in ``runtime/backends/``, listed in its one table; ``runtime/worker.py`` for
+an isolated process) turns a model file and ``SessionSpec`` into a ``Session``.
+``edgeinfer.model.Model`` is the public face over any of them; it never knows which backend it
+holds.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..errors import InferenceError, InvalidInputError, ModelLoadError, ModelMemoryError
+from .backends import BACKENDS
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +56,6 @@ class DelegateSpec:
     options: Mapping[str, str] = field(default_factory=dict)
 
 
-BACKEND_NAMES = ("onnxruntime", "openvino", "litert", "armnn")
 PRECISIONS = ("fp32", "fp16", "int8")
 """The lowest arithmetic a backend may use for a model's float layers: ``fp32`` only, ``fp16``
 (also bf16 where the CPU has it), ``int8`` (also candidates that quantize float weights
@@ -66,7 +67,8 @@ class Choice:
     """One way to run a model, exactly: the unit ``providers: auto`` measures and caches.
 
     Attributes:
-        backend: ``"onnxruntime"``, ``"openvino"``, ``"litert"`` or ``"armnn"``.
+        backend: a name in the backends table (``runtime/backends/__init__.py``):
+            ``"onnxruntime"``, ``"openvino"``, ``"litert"``, ``"armnn"`` or one registered.
         device: onnxruntime: the execution provider (``"CPUExecutionProvider"``); OpenVINO: its
             device (``"CPU"``); LiteRT: ``"xnnpack"`` or an external delegate's library path;
             ARM NN: its backend (``"CpuAcc"``).
@@ -121,7 +123,7 @@ class Choice:
                          spin=bool(data.get("spin", False)))
         except (KeyError, TypeError) as exc:
             raise ValueError(f"not a backend choice: {exc}") from None
-        if choice.backend not in BACKEND_NAMES or choice.threads < 1:
+        if choice.backend not in BACKENDS or choice.threads < 1:
             raise ValueError(f"not a backend choice: {dict(data)!r}")
         return choice
 
@@ -241,6 +243,31 @@ class Session(Protocol):
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...
 
     def close(self) -> None: ...
+
+
+class BackendModule(Protocol):
+    """What a backend module exposes (a row in ``runtime/backends/__init__.py`` names it)."""
+
+    def open_session(self, spec: SessionSpec) -> Session:
+        """Open ``spec.choice`` exactly (measuring, cached decisions), else the backend's own
+        best for ``spec``; verified and, with ``spec.warmup``, warmed up."""
+        ...
+
+    def available(self) -> bool:
+        """Whether its library imports here."""
+        ...
+
+    def precisions(self) -> tuple[str, ...]:
+        """The ``Choice.precision`` values it runs on this machine (``fp32`` at least)."""
+        ...
+
+    def version(self) -> str:
+        """Its library's version.
+
+        Raises:
+            BackendUnavailableError: the library is not installed.
+        """
+        ...
 
 
 def check_feeds(
