@@ -20,7 +20,6 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..errors import InferenceError, InvalidInputError, ModelLoadError, ModelMemoryError
-from .backends import BACKENDS
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +67,8 @@ class Choice:
 
     Attributes:
         backend: a name in the backends table (``runtime/backends/__init__.py``):
-            ``"onnxruntime"``, ``"openvino"``, ``"litert"``, ``"armnn"`` or one registered.
+            ``"onnxruntime"``, ``"openvino"``, ``"litert"``, ``"armnn"`` or one registered
+            (a cached choice naming no registered backend is refused by the selector).
         device: onnxruntime: the execution provider (``"CPUExecutionProvider"``); OpenVINO: its
             device (``"CPU"``); LiteRT: ``"xnnpack"`` or an external delegate's library path;
             ARM NN: its backend (``"CpuAcc"``).
@@ -123,7 +123,7 @@ class Choice:
                          spin=bool(data.get("spin", False)))
         except (KeyError, TypeError) as exc:
             raise ValueError(f"not a backend choice: {exc}") from None
-        if choice.backend not in BACKENDS or choice.threads < 1:
+        if not choice.backend or choice.threads < 1:
             raise ValueError(f"not a backend choice: {dict(data)!r}")
         return choice
 
@@ -243,31 +243,6 @@ class Session(Protocol):
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...
 
     def close(self) -> None: ...
-
-
-class BackendModule(Protocol):
-    """What a backend module exposes (a row in ``runtime/backends/__init__.py`` names it)."""
-
-    def open_session(self, spec: SessionSpec) -> Session:
-        """Open ``spec.choice`` exactly (measuring, cached decisions), else the backend's own
-        best for ``spec``; verified and, with ``spec.warmup``, warmed up."""
-        ...
-
-    def available(self) -> bool:
-        """Whether its library imports here."""
-        ...
-
-    def precisions(self) -> tuple[str, ...]:
-        """The ``Choice.precision`` values it runs on this machine (``fp32`` at least)."""
-        ...
-
-    def version(self) -> str:
-        """Its library's version.
-
-        Raises:
-            BackendUnavailableError: the library is not installed.
-        """
-        ...
 
 
 def check_feeds(

@@ -13,13 +13,12 @@ import importlib.util
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import cast
 
 from ..errors import EdgeInferError
 from .backends import BACKENDS, FORMATS, module
 from .backends.delegates import find_delegates
 from .backends.onnx import import_ort
-from .base import BackendModule, Choice, SessionSpec
+from .base import Choice, SessionSpec
 from .decision import Row, dist_version
 from .providers import CPU, detect_platform, rank_providers
 
@@ -39,7 +38,7 @@ def backend_available(name: str) -> bool:
         return any(dist_version(d) is not None for d in row.dists) and \
             importlib.util.find_spec(row.module) is not None
     try:
-        return cast(BackendModule, module(name)).available()
+        return module(name).available()
     except ImportError as exc:  # the module itself is gone (a partial install)
         logger.debug("backend %s: %s", name, exc)
         return False
@@ -50,7 +49,7 @@ def _precisions(name: str, allowed: str) -> list[str]:
     if allowed == "fp32":
         return ["fp32"]
     try:
-        offered = list(cast(BackendModule, module(name)).precisions())
+        offered = list(module(name).precisions())
     except (ImportError, AttributeError, EdgeInferError) as exc:
         logger.debug("%s offers no precisions: %s", name, exc)
         return ["fp32"]
@@ -149,6 +148,8 @@ def admissible(spec: SessionSpec, choice: Choice) -> str:
     """Why ``choice`` could never have been a candidate for ``spec`` ("" if it could): a cached
     decision is checked with this before it is opened, so a decision file cannot make the
     daemon load a library no config or discovery named, or exceed the thread cap or precision."""
+    if choice.backend not in BACKENDS:  # a backend registered when it was written, not now
+        return f"no backend {choice.backend!r} is registered (known: {', '.join(BACKENDS)})"
     if spec.format not in BACKENDS[choice.backend].formats:
         return f"{choice.backend} reads no {spec.format} models"
     if choice.threads > max(1, spec.threads):

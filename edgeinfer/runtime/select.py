@@ -26,13 +26,12 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import cast
 
 import numpy as np
 
 from ..errors import EdgeInferError, InvalidInputError
-from .backends import module
-from .base import BackendModule, Choice, Fallback, Session, SessionSpec, warm_up, warmup_feeds
+from .backends import BackendModule, module
+from .base import Choice, Fallback, Session, SessionSpec, warm_up, warmup_feeds
 from .candidates import (
     admissible,
     backend_available,
@@ -86,7 +85,7 @@ def load_cached(spec: SessionSpec, gate_key: str) -> Decision | None:
 
 def open_choice(spec: SessionSpec, choice: Choice, *, warmup: bool = False) -> Session:
     """Open exactly ``choice`` (no warm-up unless asked: measuring runs it anyway)."""
-    backend: BackendModule = cast(BackendModule, module(choice.backend))
+    backend: BackendModule = module(choice.backend)
     session: Session = backend.open_session(spec.replace(choice=choice, warmup=warmup,
                                                          probe=False))
     return session

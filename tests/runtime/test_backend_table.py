@@ -17,6 +17,7 @@ import edgeinfer
 from edgeinfer.errors import ConfigError
 from edgeinfer.runtime import backends, decision
 from edgeinfer.runtime.base import Choice, SessionSpec
+from edgeinfer.runtime.candidates import admissible
 from edgeinfer.runtime.providers import cpu_features_digest, detect_platform
 
 onnx = pytest.importorskip("onnx")
@@ -81,6 +82,15 @@ def test_the_table_refuses_what_it_cannot_hold(toy: str) -> None:
     with pytest.raises(ConfigError, match="unknown backend 'nope'; valid: armnn, litert"):
         backends.module("nope")
     assert Choice.from_dict({"backend": toy, "device": "CPU"}).provider == "toy-CPU"
+
+
+def test_a_cached_choice_of_a_backend_no_longer_registered_is_not_opened(tmp_path: Path) -> None:
+    spec = SessionSpec(path=tmp_path / "m.onnx", format="onnx", sha256="ab" * 32, threads=2)
+    gone = Choice.from_dict({"backend": "gone", "device": "CPU"})  # its table still parses
+    assert admissible(spec, gone) == ("no backend 'gone' is registered "
+                                      "(known: onnxruntime, openvino, litert, armnn)")
+    assert admissible(spec, Choice("armnn", "CpuAcc")) == "armnn reads no onnx models"
+    assert admissible(spec, Choice("onnxruntime", "CPUExecutionProvider")) == ""
 
 
 def test_decision_key_is_the_one_cached_decisions_were_written_under(tmp_path: Path) -> None:

@@ -1,7 +1,6 @@
 """The backends, one table: every runtime that can run a model, and how the selector treats it.
 
-A backend is a module exposing four functions (the ``BackendModule`` protocol in
-``runtime/base.py``)::
+A backend is a module exposing four functions (the ``BackendModule`` protocol below)::
 
     open_session(spec: SessionSpec) -> Session   # build, verify and warm; spec.choice: exact
     available() -> bool                           # its library imports here
@@ -9,11 +8,11 @@ A backend is a module exposing four functions (the ``BackendModule`` protocol in
     version() -> str                              # its library's version
 
 and a row here saying which model formats it reads and which ``Choice.device`` its candidates
-carry. ``providers: NAME`` (and ``auto``, for the formats in ``auto``) then measures it, a cached
-decision naming it opens it, and ``Choice.from_dict`` accepts it. Adding a backend is that
-module and one row: ``register_backend("mine", "package.mine", formats=("onnx",))`` from
-outside the package. Nothing here imports a backend module, let alone its library, until a
-model needs it.
+carry. ``providers: NAME`` (and ``auto``, for the formats in ``auto``) then measures it, and a
+cached decision naming it opens it (``candidates.admissible`` refuses a name not in the table).
+Adding a backend is that module and one row:
+``register_backend("mine", "package.mine", formats=("onnx",))`` from outside the package.
+Nothing here imports a backend module, let alone its library, until a model needs it.
 
 Options that only one backend reads stay its own: onnxruntime's ``arena`` and LiteRT's
 ``delegates`` are read only by ``onnx.py`` and ``tflite.py`` (they still travel on the shared
@@ -27,10 +26,38 @@ import importlib
 import re
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Protocol, cast
 
 from ...errors import ConfigError
+from ..base import Session, SessionSpec
 
-__all__ = ["BACKENDS", "FORMATS", "Backend", "backend", "module", "register_backend"]
+__all__ = ["BACKENDS", "FORMATS", "Backend", "BackendModule", "backend", "module",
+           "register_backend"]
+
+
+class BackendModule(Protocol):
+    """What a backend module exposes (a row in ``runtime/backends/__init__.py`` names it)."""
+
+    def open_session(self, spec: SessionSpec) -> Session:
+        """Open ``spec.choice`` exactly (measuring, cached decisions), else the backend's own
+        best for ``spec``; verified and, with ``spec.warmup``, warmed up."""
+        ...
+
+    def available(self) -> bool:
+        """Whether its library imports here."""
+        ...
+
+    def precisions(self) -> tuple[str, ...]:
+        """The ``Choice.precision`` values it runs on this machine (``fp32`` at least)."""
+        ...
+
+    def version(self) -> str:
+        """Its library's version.
+
+        Raises:
+            BackendUnavailableError: the library is not installed.
+        """
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,10 +140,11 @@ def backend(name: str) -> Backend:
             from None
 
 
-def module(name: str) -> ModuleType:
+def module(name: str) -> BackendModule:
     """Import backend ``name``'s module (not its library: that waits for a session).
 
     Raises:
         ConfigError: no such backend.
     """
-    return importlib.import_module(backend(name).module)
+    imported: ModuleType = importlib.import_module(backend(name).module)
+    return cast(BackendModule, imported)
