@@ -97,7 +97,7 @@ def run_raw(config, frames: int) -> float:  # type: ignore[no-untyped-def]
     import onnxruntime as ort
 
     from edgeinfer.assembly import load_pipeline_model
-    from edgeinfer.runtime import onnx as backend
+    from edgeinfer.runtime.backends import onnx as backend
     from edgeinfer.runtime.base import SessionSpec
     from edgeinfer.sources import open_source
     from edgeinfer.tasks import make_task

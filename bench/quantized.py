@@ -190,7 +190,7 @@ def _raw_session(path: Path, threads: int, edge_options: bool) -> Any:
     import onnxruntime as ort
 
     if edge_options:
-        from edgeinfer.runtime import onnx as backend
+        from edgeinfer.runtime.backends import onnx as backend
         from edgeinfer.runtime.base import SessionSpec
 
         spec = SessionSpec(path=path, format="onnx", sha256="", threads=threads, arena="default")

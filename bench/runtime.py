@@ -39,7 +39,7 @@ THREADS = 2
 _MEMORY_CHILD = r"""
 import json, sys, numpy as np, onnxruntime as ort, edgeinfer
 from edgeinfer.runtime.memory import rss_mb
-from edgeinfer.runtime import onnx as backend
+from edgeinfer.runtime.backends import onnx as backend
 from edgeinfer.runtime.base import SessionSpec
 path, variant, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
 x = np.random.default_rng(0).random((1, 3, 320, 320), dtype=np.float32)
@@ -91,7 +91,7 @@ def throughput(path: Path, rounds: int, runs: int) -> dict[str, float]:
     import onnxruntime as ort
 
     import edgeinfer
-    from edgeinfer.runtime import onnx as backend
+    from edgeinfer.runtime.backends import onnx as backend
     from edgeinfer.runtime.base import SessionSpec
 
     x = np.random.default_rng(0).random(SHAPE, dtype=np.float32)

@@ -20,8 +20,10 @@ from edgeinfer.runtime.base import Choice, SessionSpec, check_feeds
 
 pytestmark = pytest.mark.arm64
 
-_MODULES = {"onnxruntime": "edgeinfer.runtime.onnx", "litert": "edgeinfer.runtime.tflite",
-            "openvino": "edgeinfer.runtime.openvino", "armnn": "edgeinfer.runtime.armnn"}
+_MODULES = {"onnxruntime": "edgeinfer.runtime.backends.onnx",
+            "litert": "edgeinfer.runtime.backends.tflite",
+            "openvino": "edgeinfer.runtime.backends.openvino",
+            "armnn": "edgeinfer.runtime.backends.armnn"}
 
 
 def _expected() -> list[str]:

@@ -204,7 +204,7 @@ def _backend_facts() -> dict[str, Any]:
         if not backend_available(name):
             out[name] = {"installed": False, "hint": hint}
             continue
-        mod = importlib.import_module(f"edgeinfer.runtime.{name}")
+        mod = importlib.import_module(f"edgeinfer.runtime.backends.{name}")
         try:
             out[name] = {"installed": True, "version": mod.version(),
                          "precisions": list(mod.precisions())}
@@ -231,7 +231,7 @@ def _onnxruntime_facts(platform: Any) -> dict[str, Any]:
 
 
 def _litert_facts() -> dict[str, Any]:
-    from ..runtime import delegates, tflite  # inside: numpy (see model_inputs)
+    from ..runtime.backends import delegates, tflite  # inside: numpy (see model_inputs)
 
     try:
         module, version = tflite.runtime_version()

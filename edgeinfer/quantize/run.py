@@ -43,7 +43,7 @@ from ..config.schema import PipelineConfig
 from ..errors import BackendUnavailableError, ConfigError, ModelError, ModelFormatError
 from ..model import Model, load_model
 from ..runtime.modelfile import ModelFileInfo, inspect_model
-from ..runtime.ort_log import onnxruntime_quiet
+from ..runtime.backends.ort_log import onnxruntime_quiet
 from ..tasks import make_task
 from ..tasks.base import Task
 from ..tasks.vad import silero_load_options

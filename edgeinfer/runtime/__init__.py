@@ -2,27 +2,24 @@
 
 A model opens on exactly the ``Choice`` its spec names, else on the winner of the measuring
 selector (``select.py``: cached, or measured now), else (``probe`` off) on the format's own
-backend with its ranking of providers. Nothing here imports onnxruntime, OpenVINO or LiteRT until
-a model needs it.
+backend (``backends.FORMATS``) with its ranking of providers. The backends are modules in
+``backends/``, one table in ``backends/__init__.py``. Nothing here imports onnxruntime,
+OpenVINO or LiteRT until a model needs it.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._importer import resolve
+from ..errors import ConfigError
+from .backends import FORMATS, module
 from .base import Choice, LoadReport, Session, SessionSpec, TensorSpec
 
 if TYPE_CHECKING:
     from .select import Gate
 
-BACKENDS = {
-    "onnx": "edgeinfer.runtime.onnx:open_session",
-    "tflite": "edgeinfer.runtime.tflite:open_session",
-}
-
-__all__ = ["BACKENDS", "Choice", "LoadReport", "Session", "SessionSpec", "TensorSpec",
-           "measures", "open_session"]
+__all__ = ["Choice", "LoadReport", "Session", "SessionSpec", "TensorSpec", "measures",
+           "open_session"]
 
 
 def measures(spec: SessionSpec) -> bool:
@@ -41,6 +38,8 @@ def open_session(spec: SessionSpec, gate: Gate | None = None) -> Session:
         from .select import open_selected
 
         return open_selected(spec, gate, spec.probe_budget_s)
-    factory = resolve(BACKENDS, spec.format, "model format")
-    session: Session = factory(spec)
+    if spec.format not in FORMATS:
+        raise ConfigError(f"unknown model format {spec.format!r}; valid: "
+                          f"{', '.join(sorted(FORMATS))}")
+    session: Session = module(FORMATS[spec.format]).open_session(spec)
     return session

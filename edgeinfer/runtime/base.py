@@ -1,8 +1,9 @@
 """What every runtime backend provides: the ``Session`` protocol and the values around it.
 
-A backend (``runtime/onnx.py``, ``runtime/tflite.py``, ``runtime/worker.py`` for an isolated
-process) turns a model file and ``SessionSpec`` into a ``Session``. ``edgeinfer.model.Model`` is the
-public face over any of them; it never knows which backend it holds.
+A backend (a module in ``runtime/backends/``, listed in its one table; ``runtime/worker.py`` for
+an isolated process) turns a model file and ``SessionSpec`` into a ``Session``.
+``edgeinfer.model.Model`` is the public face over any of them; it never knows which backend it
+holds.
 """
 
 from __future__ import annotations
@@ -54,7 +55,6 @@ class DelegateSpec:
     options: Mapping[str, str] = field(default_factory=dict)
 
 
-BACKEND_NAMES = ("onnxruntime", "openvino", "litert", "armnn")
 PRECISIONS = ("fp32", "fp16", "int8")
 """The lowest arithmetic a backend may use for a model's float layers: ``fp32`` only, ``fp16``
 (also bf16 where the CPU has it), ``int8`` (also candidates that quantize float weights
@@ -66,7 +66,9 @@ class Choice:
     """One way to run a model, exactly: the unit ``providers: auto`` measures and caches.
 
     Attributes:
-        backend: ``"onnxruntime"``, ``"openvino"``, ``"litert"`` or ``"armnn"``.
+        backend: a name in the backends table (``runtime/backends/__init__.py``):
+            ``"onnxruntime"``, ``"openvino"``, ``"litert"``, ``"armnn"`` or one registered
+            (a cached choice naming no registered backend is refused by the selector).
         device: onnxruntime: the execution provider (``"CPUExecutionProvider"``); OpenVINO: its
             device (``"CPU"``); LiteRT: ``"xnnpack"`` or an external delegate's library path;
             ARM NN: its backend (``"CpuAcc"``).
@@ -121,7 +123,7 @@ class Choice:
                          spin=bool(data.get("spin", False)))
         except (KeyError, TypeError) as exc:
             raise ValueError(f"not a backend choice: {exc}") from None
-        if choice.backend not in BACKEND_NAMES or choice.threads < 1:
+        if not choice.backend or choice.threads < 1:
             raise ValueError(f"not a backend choice: {dict(data)!r}")
         return choice
 

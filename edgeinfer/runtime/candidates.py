@@ -9,23 +9,20 @@ with XNNPACK (fp32, fp16 where the CPU has FP16 arithmetic) and its delegates. `
 from __future__ import annotations
 
 import functools
-import importlib
 import importlib.util
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from ..errors import EdgeInferError
+from .backends import BACKENDS, FORMATS, module
+from .backends.delegates import find_delegates
+from .backends.onnx import import_ort
 from .base import Choice, SessionSpec
 from .decision import Row, dist_version
 from .providers import CPU, detect_platform, rank_providers
 
 logger = logging.getLogger(__name__)
-
-# Backends other than onnxruntime and LiteRT: module, the distribution that must be installed.
-_OPTIONAL = {"openvino": ("edgeinfer.runtime.openvino", "openvino"),
-             "armnn": ("edgeinfer.runtime.armnn", "pyarmnn")}
 
 
 def thread_options(cap: int) -> list[int]:
@@ -34,23 +31,17 @@ def thread_options(cap: int) -> list[int]:
 
 
 def backend_available(name: str) -> bool:
-    """Whether the optional backend ``name`` can be imported here (no import of it yet)."""
-    if name == "onnxruntime":
-        return dist_version("onnxruntime") is not None or dist_version("onnxruntime-gpu") \
-            is not None
-    if name == "litert":
-        return dist_version("ai-edge-litert") is not None or \
-            dist_version("tflite-runtime") is not None
-    mod, dist = _OPTIONAL[name]
-    if name == "armnn":  # Debian's python3-pyarmnn: no distribution metadata to look up
-        return importlib.util.find_spec("pyarmnn") is not None and \
-            importlib.util.find_spec(mod) is not None
-    return dist_version(dist) is not None and importlib.util.find_spec(mod) is not None
-
-
-def _backend_module(name: str) -> Any:
-    return importlib.import_module(_OPTIONAL[name][0] if name in _OPTIONAL else
-                                   f"edgeinfer.runtime.{'tflite' if name == 'litert' else name}")
+    """Whether backend ``name``'s library is installed here: from its distributions' metadata
+    where its row names them (no import), else by asking its module's ``available()``."""
+    row = BACKENDS[name]
+    if row.dists:
+        return any(dist_version(d) is not None for d in row.dists) and \
+            importlib.util.find_spec(row.module) is not None
+    try:
+        return module(name).available()
+    except ImportError as exc:  # the module itself is gone (a partial install)
+        logger.debug("backend %s: %s", name, exc)
+        return False
 
 
 def _precisions(name: str, allowed: str) -> list[str]:
@@ -58,7 +49,7 @@ def _precisions(name: str, allowed: str) -> list[str]:
     if allowed == "fp32":
         return ["fp32"]
     try:
-        offered = list(_backend_module(name).precisions())
+        offered = list(module(name).precisions())
     except (ImportError, AttributeError, EdgeInferError) as exc:
         logger.debug("%s offers no precisions: %s", name, exc)
         return ["fp32"]
@@ -69,13 +60,11 @@ def wanted_backends(providers: Sequence[str], fmt: str) -> tuple[set[str], list[
     """``providers`` (normalized) -> the backends to consider and the onnxruntime providers."""
     backends: set[str]
     if tuple(providers) == ("auto",):
-        backends = {"onnxruntime", "openvino"} if fmt == "onnx" else {"litert", "openvino",
-                                                                      "armnn"}
-        return backends, ["auto"]
+        return {n for n, row in BACKENDS.items() if fmt in row.auto}, ["auto"]
     backends = set()
     eps: list[str] = []
     for p in providers:
-        if p in ("litert", "armnn"):
+        if p in BACKENDS:  # a whole backend named ("litert", "armnn", one registered)
             backends.add(p)
         elif p == "OpenVINOExecutionProvider":
             backends.add("openvino")
@@ -98,8 +87,6 @@ def candidates(spec: SessionSpec, small: bool = False) -> tuple[list[Choice], li
     out: list[Choice] = []
     skipped: list[Row] = []
     if spec.format == "onnx" and "onnxruntime" in backends:
-        from .onnx import import_ort
-
         ort = import_ort()
         available = ort.get_available_providers()
         ranked = [c.name for c in rank_providers(available, "auto" if eps == ["auto"] else eps,
@@ -131,28 +118,27 @@ def candidates(spec: SessionSpec, small: bool = False) -> tuple[list[Choice], li
         for d in _delegate_libraries(spec):
             out.append(Choice("litert", d, "fp32", cap))
     limited = _address_space_limited()
-    for name in ("openvino", "armnn"):
-        if name not in backends or small:
+    for name, row in BACKENDS.items():
+        # the formats' own backends are above; the others are measured alike
+        if name in FORMATS.values() or name not in backends or small \
+                or spec.format not in row.formats:
             continue
-        if name == "openvino" and limited:
+        if row.address_space_hungry and limited:
             # OpenVINO's CPU plugin reserves far more address space than it uses: under
             # RLIMIT_AS (isolation: process with memory_limit_mb) it dies in a failed
             # allocation (SIGSEGV) and takes the worker with it.
-            skipped.append(Row(Choice(name, "CPU"), "skipped",
+            skipped.append(Row(Choice(name, row.device), "skipped",
                                reason="not measured under an address-space limit "
                                       "(isolation: process with memory_limit_mb)"))
             continue
-        if name == "armnn" and spec.format != "tflite":
-            continue
         if not backend_available(name):
             if eps != ["auto"] or name in spec.providers:
-                skipped.append(Row(Choice(name, "CPU" if name == "openvino" else "CpuAcc"),
-                                   "skipped", reason=f"{name} is not installed"))
+                skipped.append(Row(Choice(name, row.device), "skipped",
+                                   reason=f"{name} is not installed"))
             continue
-        device = "CPU" if name == "openvino" else "CpuAcc"
         for p in _precisions(name, spec.precision):
             for t in sorted(threads, reverse=True):
-                out.append(Choice(name, device, p, t))
+                out.append(Choice(name, row.device, p, t))
     # Most promising first: the configured cap of threads, then reduced precision last.
     out.sort(key=lambda c: (c.threads != cap, c.precision != "fp32", c.spin))
     return list(dict.fromkeys(out)), skipped
@@ -162,6 +148,10 @@ def admissible(spec: SessionSpec, choice: Choice) -> str:
     """Why ``choice`` could never have been a candidate for ``spec`` ("" if it could): a cached
     decision is checked with this before it is opened, so a decision file cannot make the
     daemon load a library no config or discovery named, or exceed the thread cap or precision."""
+    if choice.backend not in BACKENDS:  # a backend registered when it was written, not now
+        return f"no backend {choice.backend!r} is registered (known: {', '.join(BACKENDS)})"
+    if spec.format not in BACKENDS[choice.backend].formats:
+        return f"{choice.backend} reads no {spec.format} models"
     if choice.threads > max(1, spec.threads):
         return f"{choice.threads} threads is over the cap of {spec.threads}"
     allowed = {"fp32"} if spec.precision == "fp32" else {"fp32", "bf16", "fp16"}
@@ -204,8 +194,6 @@ def _float_onnx(path: str, sha256: str) -> bool:  # sha256: a changed file is lo
 def _delegate_libraries(spec: SessionSpec) -> list[str]:
     if spec.delegates:
         return [d.library for d in spec.delegates]
-    from .delegates import find_delegates
-
     return [d.library for d in find_delegates()]
 
 

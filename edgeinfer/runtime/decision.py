@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .backends import BACKENDS
 from .base import Choice, SessionSpec
 from .providers import cpu_features, cpu_features_digest, detect_platform
 
@@ -150,8 +151,10 @@ def dist_version(name: str) -> str | None:
 
 
 def _versions() -> dict[str, str | None]:
-    return {d: dist_version(d) for d in ("onnxruntime", "onnxruntime-gpu", "openvino",
-                                          "ai-edge-litert", "tflite-runtime")}
+    """Each backend's distributions (its row in the table) -> the installed version. With the
+    four built-in rows exactly the five distributions keys always held, so a device's cached
+    decisions stay found after an upgrade of edgeinfer."""
+    return {d: dist_version(d) for row in BACKENDS.values() for d in row.dists}
 
 
 def cache_key(spec: SessionSpec, gate_key: str) -> str:
@@ -170,6 +173,7 @@ def cache_key(spec: SessionSpec, gate_key: str) -> str:
 
 
 def _armnn_version() -> str | None:
+    # Debian's python3-pyarmnn has no distribution metadata (its row names no dists)
     return "present" if importlib.util.find_spec("pyarmnn") is not None else None
 
 

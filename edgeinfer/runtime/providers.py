@@ -2,14 +2,15 @@
 explanation ``edgeinfer providers`` prints.
 
 Ranking never touches hardware (unit-tested with made-up lists); creating sessions on the ranked
-candidates and checking which provider really runs is ``runtime/onnx.py``'s job.
+candidates and checking which provider really runs is ``runtime/backends/onnx.py``'s job.
 
 Order for ``providers="auto"``: TensorRT (FP16, engine and timing caches in the state directory)
 > CUDA > other GPU/NPU providers > XNNPACK / ACL / other accelerated CPU providers > CPU.
 The ArmNN execution provider was removed from onnxruntime; ARM NN is its own backend
-(``runtime/armnn.py`` through pyarmnn, for TFLite models) or a TFLite delegate. ``"litert"`` and
-``"armnn"`` name whole backends: ``runtime/select.py`` measures them beside onnxruntime's
-providers; ranking here is about onnxruntime's providers only.
+(``runtime/backends/armnn.py`` through pyarmnn, for TFLite models) or a TFLite delegate.
+``"litert"`` and ``"armnn"`` (and any backend registered in ``runtime/backends/``) name whole backends:
+``runtime/select.py`` measures them beside onnxruntime's providers; ranking here is about
+onnxruntime's providers only.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..errors import ConfigError
+from .backends import BACKENDS
 from .base import Fallback
 
 CPU = "CPUExecutionProvider"
@@ -38,12 +40,10 @@ ALIASES: dict[str, str] = {
     "acl": "ACLExecutionProvider",
     "dnnl": "DnnlExecutionProvider",
     "cpu": CPU,
-    # Whole backends beside onnxruntime (``runtime/select.py`` measures them).
-    "litert": "litert",
+    # Whole backends beside onnxruntime go by their name in the backends table
+    # (``runtime/backends/__init__.py``); ``runtime/select.py`` measures them.
     "tflite": "litert",
-    "armnn": "armnn",
 }
-BACKEND_ALIASES = frozenset({"litert", "armnn"})
 
 # Rank for "auto": lower is better. A provider missing here is never picked by "auto" (it can
 # still be named explicitly).
@@ -98,6 +98,13 @@ class ProviderContext:
     memory_limit_mb: float | None = None
 
 
+def whole_backends() -> frozenset[str]:
+    """The backends ``providers`` names as a whole (``litert``, ``armnn``, one registered):
+    every row of the backends table but onnxruntime, which is named by its execution providers
+    (OpenVINO too, through ``OpenVINOExecutionProvider``: the alias ``openvino`` means both)."""
+    return frozenset(BACKENDS) - {"onnxruntime", "openvino"}
+
+
 def normalize(names: str | Iterable[str]) -> tuple[str, ...]:
     """``"auto"``, ``"cuda"``, ``["tensorrt", "cpu"]`` or full provider names -> a tuple of
     onnxruntime provider names, or ``("auto",)``.
@@ -117,8 +124,10 @@ def normalize(names: str | Iterable[str]) -> tuple[str, ...]:
             out.append(key)
         elif key.lower() in ALIASES:
             out.append(ALIASES[key.lower()])
+        elif key.lower() in whole_backends():
+            out.append(key.lower())
         else:
-            valid = ", ".join(["auto", *sorted(ALIASES)])
+            valid = ", ".join(["auto", *sorted(set(ALIASES) | whole_backends())])
             raise ConfigError(f"unknown provider {key!r}; valid: {valid} or a full onnxruntime name")
     if not out:
         raise ConfigError("providers: the list is empty")
@@ -146,7 +155,7 @@ def rank_providers(
             (p for p in avail if p in _RANK and _usable_on(p, platform)), key=_RANK.__getitem__
         )
     else:
-        names = [p for p in wanted if p in avail and p not in BACKEND_ALIASES]
+        names = [p for p in wanted if p in avail and p not in whole_backends()]
     if CPU not in names:
         names.append(CPU)
     return [Candidate(n, provider_options(n, platform, context)) for n in names]
@@ -162,7 +171,7 @@ def skipped_providers(
         return []
     out = []
     for p in wanted:
-        if p in BACKEND_ALIASES:
+        if p in whole_backends():
             continue
         if p not in available:
             out.append(Fallback(p, "not available in this onnxruntime build"))

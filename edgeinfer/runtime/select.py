@@ -29,9 +29,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .._importer import resolve
 from ..errors import EdgeInferError, InvalidInputError
-from .base import Choice, Fallback, Session, SessionSpec, warmup_feeds
+from .backends import BackendModule, module
+from .base import Choice, Fallback, Session, SessionSpec, warm_up, warmup_feeds
 from .candidates import (
     admissible,
     backend_available,
@@ -66,14 +66,6 @@ class Cancelled(Exception):
     """Measuring was stopped (the model is being closed, the process is exiting)."""
 
 
-BACKENDS = {
-    "onnxruntime": "edgeinfer.runtime.onnx:open_session",
-    "openvino": "edgeinfer.runtime.openvino:open_session",
-    "litert": "edgeinfer.runtime.tflite:open_session",
-    "armnn": "edgeinfer.runtime.armnn:open_session",
-}
-
-
 Opener = Callable[[SessionSpec], Session]
 
 
@@ -93,8 +85,9 @@ def load_cached(spec: SessionSpec, gate_key: str) -> Decision | None:
 
 def open_choice(spec: SessionSpec, choice: Choice, *, warmup: bool = False) -> Session:
     """Open exactly ``choice`` (no warm-up unless asked: measuring runs it anyway)."""
-    factory = resolve(BACKENDS, choice.backend, "backend")
-    session: Session = factory(spec.replace(choice=choice, warmup=warmup, probe=False))
+    backend: BackendModule = module(choice.backend)
+    session: Session = backend.open_session(spec.replace(choice=choice, warmup=warmup,
+                                                         probe=False))
     return session
 
 
@@ -435,8 +428,6 @@ def open_selected(spec: SessionSpec, gate: Gate | None = None,
     else:
         session = measured
         if spec.warmup:
-            from .base import warm_up
-
             warm_up(session, spec)
     _annotate(session, decision)
     session.report.fallbacks.extend(fallbacks)
@@ -457,7 +448,7 @@ def _annotate(session: Session, decision: Decision) -> None:
         session.report.choice = decision.choice
 
 
-__all__ = ["BACKENDS", "Decision", "Gate", "OutputsGate", "Row", "backend_available",
+__all__ = ["Decision", "Gate", "OutputsGate", "Row", "backend_available",
            "cache_key", "candidates", "compare_arrays", "default_choice", "forget",
            "load_cached", "measure", "pick", "open_choice", "open_selected", "reference_choice",
            "store"]

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from edgeinfer.errors import ConfigError, ModelError, ModelLoadError, StateError
-from edgeinfer.runtime import armnn
-from edgeinfer.runtime import tflite as litert
+from edgeinfer.runtime.backends import armnn
+from edgeinfer.runtime.backends import tflite as litert
 from edgeinfer.runtime.base import Choice, SessionSpec, check_feeds
 from edgeinfer.testing import tflite_models as tm
 
@@ -135,7 +135,7 @@ def test_threads_reach_the_compute_library(blazeface_path: Path) -> None:
         import json, os, sys, time
         import numpy as np
         from pathlib import Path
-        from edgeinfer.runtime import armnn
+        from edgeinfer.runtime.backends import armnn
         from edgeinfer.runtime.base import SessionSpec
 
         def tasks(want=None):
@@ -174,7 +174,7 @@ def test_threads_reach_the_compute_library(blazeface_path: Path) -> None:
 @pytest.mark.usefixtures("needs_armnn")
 def test_import_prints_nothing_on_stdout() -> None:
     # pyarmnn prints a deprecation notice at import; a --json command's stdout must stay JSON.
-    code = "from edgeinfer.runtime import armnn; print(armnn.available(), armnn.version())"
+    code = "from edgeinfer.runtime.backends import armnn; print(armnn.available(), armnn.version())"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=300, check=False)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -239,7 +239,7 @@ def test_without_pyarmnn_it_says_how_to_install(blazeface_path: Path) -> None:
         from pathlib import Path
         sys.modules["pyarmnn"] = None  # an import of it now raises ImportError
         from edgeinfer.errors import BackendUnavailableError
-        from edgeinfer.runtime import armnn
+        from edgeinfer.runtime.backends import armnn
         from edgeinfer.runtime.base import SessionSpec
         assert not armnn.available()
         for call in (armnn.version, lambda: armnn.open_session(SessionSpec(

@@ -14,10 +14,10 @@ import pytest
 from ai_edge_litert.interpreter import Interpreter
 
 from edgeinfer.errors import ConfigError, ModelLoadError, StateError
-from edgeinfer.runtime import tflite
+from edgeinfer.runtime.backends import tflite
 from edgeinfer.runtime.base import Choice, DelegateSpec, SessionSpec, check_feeds
-from edgeinfer.runtime.delegates import KNOWN_DELEGATES, delegate_name, discover_delegates
-from edgeinfer.runtime.litert_fp16 import CompiledSession
+from edgeinfer.runtime.backends.delegates import KNOWN_DELEGATES, delegate_name, discover_delegates
+from edgeinfer.runtime.backends.litert_fp16 import CompiledSession
 from edgeinfer.testing import tflite_models as tm
 
 Open = Callable[..., Any]

@@ -18,8 +18,8 @@ import onnxruntime as ort  # noqa: E402
 from onnx import TensorProto, helper  # noqa: E402
 
 from edgeinfer.errors import BackendUnavailableError, ModelLoadError, StateError  # noqa: E402
-from edgeinfer.runtime import openvino as ovb  # noqa: E402
-from edgeinfer.runtime import tflite  # noqa: E402
+from edgeinfer.runtime.backends import openvino as ovb  # noqa: E402
+from edgeinfer.runtime.backends import tflite  # noqa: E402
 from edgeinfer.runtime.base import Choice, SessionSpec, check_feeds  # noqa: E402
 from edgeinfer.testing import tflite_models as tm  # noqa: E402
 
@@ -284,7 +284,7 @@ def test_importing_openvino_through_edgeinfer_sends_no_telemetry() -> None:
     user opted out; a device must not phone home."""
     import subprocess
 
-    code = ("import sys; from edgeinfer.runtime import openvino as o; o.version(); "
+    code = ("import sys; from edgeinfer.runtime.backends import openvino as o; o.version(); "
             "import openvino; assert sys.modules.get('openvino_telemetry') is None; "
             "import openvino.tools.ovc.telemetry_utils as t; "
             "print(t.tm.__name__)")

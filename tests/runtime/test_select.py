@@ -92,7 +92,7 @@ def _cancelling_model(path: Path) -> Path:
 
 @pytest.mark.skipif(not HAS_OPENVINO, reason="openvino is not installed")
 def test_reduced_precision_that_breaks_outputs_is_rejected(tmp_path: Path) -> None:
-    from edgeinfer.runtime import openvino as ov
+    from edgeinfer.runtime.backends import openvino as ov
 
     reduced = [p for p in ov.precisions() if p in ("bf16", "fp16")]
     if not reduced:

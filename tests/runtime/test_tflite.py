@@ -30,8 +30,8 @@ from edgeinfer.errors import (
 )
 from edgeinfer.runtime import open_session as open_any
 from edgeinfer.runtime.base import DelegateSpec, SessionSpec, check_feeds
-from edgeinfer.runtime.delegates import delegate_name, discover_delegates
-from edgeinfer.runtime.tflite import (
+from edgeinfer.runtime.backends.delegates import delegate_name, discover_delegates
+from edgeinfer.runtime.backends.tflite import (
     TFLiteSession,
     open_session,
     runtime_version,
@@ -421,7 +421,7 @@ import json, sys
 from pathlib import Path
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.runtime.base import SessionSpec
-from edgeinfer.runtime.tflite import open_session
+from edgeinfer.runtime.backends.tflite import open_session
 for path in sys.argv[1:]:
     spec = SessionSpec(path=Path(path), format="tflite", sha256="0" * 64, threads=1)
     try:

@@ -14,14 +14,14 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import (
+from ...errors import (
     BackendUnavailableError,
     ConfigError,
     ModelFormatError,
     ModelLoadError,
     ModelNotFoundError,
 )
-from .base import SessionSpec, TensorSpec
+from ..base import SessionSpec, TensorSpec
 
 __all__ = ["check_header", "check_input_shape", "error_text", "import_interpreter", "model_error",
            "quantization_of", "quantize", "runtime_version", "tensor_spec", "tflite_quantization"]

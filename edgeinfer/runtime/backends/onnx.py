@@ -29,17 +29,17 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import (
+from ...errors import (
     BackendUnavailableError,
     ModelLoadError,
     ProviderFallbackError,
     StateError,
 )
-from .base import Choice, Fallback, LoadReport, SessionSpec, format_shape, warm_up
-from .memory import MemoryMeter, process_budget
+from ..base import Choice, Fallback, LoadReport, SessionSpec, format_shape, warm_up
+from ..memory import MemoryMeter, process_budget
 from .ort_log import onnxruntime_quiet
 from .ort_types import load_error, run_error, spec_of
-from .providers import (
+from ..providers import (
     CPU,
     Candidate,
     ProviderContext,
@@ -50,7 +50,7 @@ from .providers import (
     skipped_providers,
 )
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("edgeinfer.runtime.onnx")  # its name before the move: users filter on it
 
 # Providers whose sessions can be saved as an optimized model (no compiled nodes).
 _CACHEABLE = {CPU}
@@ -70,6 +70,30 @@ def import_ort() -> Any:
             "onnxruntime is not installed: pip install onnxruntime (onnxruntime-gpu on NVIDIA)"
         ) from exc
     return onnxruntime
+
+
+def available() -> bool:
+    """Whether onnxruntime (or onnxruntime-gpu) imports here."""
+    try:
+        import_ort()
+    except BackendUnavailableError:
+        return False
+    return True
+
+
+def version() -> str:
+    """onnxruntime's version (``1.22.0``).
+
+    Raises:
+        BackendUnavailableError: onnxruntime is not installed.
+    """
+    return str(import_ort().__version__)
+
+
+def precisions() -> tuple[str, ...]:
+    """``fp32``, and ``int8``: a float model's weights quantized by edgeinfer at load
+    (activations per run); a quantized model's own layers run as the file says."""
+    return ("fp32", "int8")
 
 
 class OnnxSession:

@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from .._stderr import native_logs_to_debug
-from ..errors import InferenceError, ModelLoadError, StateError
-from .base import LoadReport, SessionSpec
+from ..._stderr import native_logs_to_debug
+from ...errors import InferenceError, ModelLoadError, StateError
+from ..base import LoadReport, SessionSpec
 from .litert_common import (
     check_input_shape,
     model_error,

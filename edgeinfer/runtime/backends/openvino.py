@@ -28,19 +28,19 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import (
+from ...errors import (
     BackendUnavailableError,
     InferenceError,
     ModelLoadError,
     ModelMemoryError,
     StateError,
 )
-from .base import Choice, Dim, LoadReport, SessionSpec, TensorSpec, format_shape, warm_up
-from .memory import MemoryMeter
+from ..base import Choice, Dim, LoadReport, SessionSpec, TensorSpec, format_shape, warm_up
+from ..memory import MemoryMeter
 from .litert_common import import_interpreter, quantization_of, quantize
 from .litert_common import tensor_spec as litert_spec
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("edgeinfer.runtime.openvino")  # its name before the move: users filter on it
 
 INSTALL = "pip install 'edgeinfer[openvino]'"
 # Choice.precision -> INFERENCE_PRECISION_HINT, and the OPTIMIZATION_CAPABILITIES entry it needs.

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import InferenceError, ModelLoadError, ModelMemoryError
-from .base import TensorSpec
+from ...errors import InferenceError, ModelLoadError, ModelMemoryError
+from ..base import TensorSpec
 
 ORT_TYPES = {
     "tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",

@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from .._stderr import native_logs_to_debug  # "INFO: Created TensorFlow Lite XNNPACK ..."
-from ..errors import (
+from ..._stderr import native_logs_to_debug  # "INFO: Created TensorFlow Lite XNNPACK ..."
+from ...errors import (
     BackendUnavailableError,
     ConfigError,
     InferenceError,
@@ -40,8 +40,8 @@ from ..errors import (
     ProviderFallbackError,
     StateError,
 )
-from . import memory
-from .base import Choice, Fallback, LoadReport, Session, SessionSpec, warm_up
+from .. import memory
+from ..base import Choice, Fallback, LoadReport, Session, SessionSpec, warm_up
 from .delegates import KNOWN_DELEGATES, check_plugin, delegate_name, find_delegates
 from .litert_common import (
     check_header,
@@ -60,7 +60,7 @@ from .litert_fp16 import CompiledSession
 __all__ = ["CPU_PROVIDER", "TFLiteSession", "available", "open_session", "precisions",
            "runtime_version", "tflite_quantization"]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("edgeinfer.runtime.tflite")  # its name before the move: users filter on it
 
 # The default op resolver applies XNNPACK; with BUILTIN_WITHOUT_DEFAULT_DELEGATES (never used here)
 # the plain kernels would run and the provider would be "litert-cpu".
@@ -243,6 +243,15 @@ def available() -> bool:
     except BackendUnavailableError:
         return False
     return True
+
+
+def version() -> str:
+    """The LiteRT runtime's version (ai-edge-litert's, or tflite-runtime's).
+
+    Raises:
+        BackendUnavailableError: neither is installed.
+    """
+    return runtime_version()[1]
 
 
 @functools.cache

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import (
+from ...errors import (
     BackendUnavailableError,
     ConfigError,
     InferenceError,
@@ -43,11 +43,11 @@ from ..errors import (
     ModelLoadError,
     StateError,
 )
-from .base import Choice, LoadReport, SessionSpec, TensorSpec, format_shape, warm_up
-from .memory import MemoryMeter, default_threads
+from ..base import Choice, LoadReport, SessionSpec, TensorSpec, format_shape, warm_up
+from ..memory import MemoryMeter, default_threads
 from .litert_common import check_header, quantize
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("edgeinfer.runtime.armnn")  # its name before the move: users filter on it
 
 INSTALL = ("apt install python3-pyarmnn libarmnn-cpuacc-backend33 libarmnntfliteparser24t64 "
            "(Debian 13 trixie, arm64)")
@@ -126,7 +126,7 @@ def precisions(device: str = DEFAULT_DEVICE) -> tuple[str, ...]:
     Raises:
         BackendUnavailableError: pyarmnn is not installed.
     """
-    from .providers import cpu_features
+    from ..providers import cpu_features
 
     if device not in devices():
         return ()

@@ -15,7 +15,7 @@ import functools
 import os
 from collections.abc import Callable, Iterable, Mapping
 
-from .base import DelegateSpec
+from ..base import DelegateSpec
 
 # (file name, name for ctypes.util.find_library or "" for none, short name, default options),
 # best first: NPUs before ARM NN's CPU/GPU kernels.
