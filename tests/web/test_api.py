@@ -61,10 +61,14 @@ def test_snapshot(client: Client) -> None:
 
 
 def test_latency_histogram(client: Client, pipeline: Any) -> None:
+    # The pipeline keeps running: the histogram holds what was inferred when it was made, so
+    # between the counts read before and after the request (read once after, it raced: 2 == 3).
+    before = min(pipeline.stats.infer.count, 512)
     data = client.get(f"/v1/pipelines/{PIPELINE}/latency").json()
+    after = min(pipeline.stats.infer.count, 512)
     bins = data["bins_ms"]
     assert bins == sorted(bins) and len(data["infer"]["counts"]) == len(bins)
-    assert sum(data["infer"]["counts"]) == min(pipeline.stats.infer.count, 512)
+    assert before <= sum(data["infer"]["counts"]) <= after
     assert sum(data["end_to_end"]["counts"]) > 0
     assert client.get("/v1/pipelines/x/latency").status == 404
 
