@@ -18,7 +18,6 @@ import uuid
 from typing import Any
 
 from ..errors import ConfigError
-from ..keys import load_private_key
 from ..mqtt.topics import check_level, is_verb
 from ._broker import add_broker_arguments
 from .ota_cmds import mqtt_config
@@ -97,6 +96,7 @@ def _payload(args: argparse.Namespace, body: dict[str, Any], request_id: str) ->
     if not args.key:
         return json.dumps({**body, "id": request_id}).encode()
     from ..control.signed import make_command  # inside: msgspec
+    from ..keys import load_private_key  # inside: its base64/hashlib/stat, not for --help
 
     return make_command(args.device, args.command, body, load_private_key(args.key),
                         request_id=request_id)

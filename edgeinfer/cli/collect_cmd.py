@@ -11,10 +11,9 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from .._importer import import_from_string
-from ..fleet.collector import Collector, Source
-from ..fleet.metrics import CollectMetricsServer
 
 if TYPE_CHECKING:
+    from ..fleet.collector import Source
     from ..config.collect import CollectConfig, MqttSourceConfig, NatsSourceConfig
 
 logger = logging.getLogger("edgeinfer.collect")
@@ -42,6 +41,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
     # top (the database psycopg when it connects), and `edgeinfer --help` imports this module.
     from ..config.collect import CollectConfig
     from ..config.loader import load_struct
+    from ..fleet.collector import Collector  # its queue, threading and records: not for --help
     from ..fleet.db import Database
 
     config = load_struct(args.config, CollectConfig)
@@ -101,6 +101,8 @@ def _check_receive_maximum(config: CollectConfig) -> None:
 
 
 def _metrics(collector: Any, config: Any) -> Any:
+    from ..fleet.metrics import CollectMetricsServer  # http.server, wsgiref: not for --help
+
     if config.metrics is None:
         return None
     server = CollectMetricsServer(collector, config.metrics)

@@ -25,7 +25,6 @@ import time
 from typing import IO, TYPE_CHECKING, Any
 
 from ..errors import ConfigError, OtaError
-from ..keys import generate_keypair, load_private_key
 from ._broker import add_broker_arguments, client_base
 
 if TYPE_CHECKING:
@@ -47,6 +46,8 @@ def add_keygen_arguments(p: argparse.ArgumentParser) -> None:
 
 def cmd_keygen(args: argparse.Namespace) -> int:
     """Write the key pair; refuse to overwrite without ``--force``."""
+    from ..keys import generate_keypair  # inside: not for `edgeinfer --help`
+
     private, public, key_id = generate_keypair(args.out, force=args.force)
     print(f"wrote {private} (private key, mode 0600: keep it secret) and {public}")
     print(f"key id {key_id}; list {public} in each device's ota.trusted_keys")
@@ -176,6 +177,8 @@ def _check(args: argparse.Namespace) -> None:
 
 def _key(args: argparse.Namespace) -> Any:
     if args.key:
+        from ..keys import load_private_key  # inside: not for `edgeinfer --help`
+
         return load_private_key(args.key)
     print("edgeinfer: WARNING: no --key: this push is UNSIGNED; only devices with "
           "ota.allow_unsigned: true (development only) will take it", file=sys.stderr)
