@@ -284,40 +284,37 @@ class Database:
 
     def _statuses(self, conn: psycopg.Connection[Any],
                   statuses: list[tuple[str, str, float, float]]) -> int:
-        if not statuses:
-            return 0
-        from psycopg import sql
-
-        values = sql.SQL(", ").join(
-            [sql.SQL("(%s, %s::jsonb, to_timestamp(%s), to_timestamp(%s))")] * len(statuses))
         # Receive time orders them (a row of before migration 3 has none: any status is newer).
-        with conn.cursor() as cur:
-            cur.execute(sql.SQL(
-                "INSERT INTO {t} AS d (device, status, status_ts, status_received) VALUES {v}"
-                " ON CONFLICT (device) DO UPDATE SET status = EXCLUDED.status,"
-                " status_ts = EXCLUDED.status_ts, status_received = EXCLUDED.status_received,"
-                " updated = now()"
-                " WHERE d.status_received IS NULL OR (d.status_received, d.status_ts)"
-                " < (EXCLUDED.status_received, EXCLUDED.status_ts)").format(
-                t=sql.Identifier(self._config.schema, "devices"), v=values),
-                [value for row in statuses for value in row])
-            return max(cur.rowcount, 0)
+        return self._upsert(
+            conn, "devices", "(%s, %s::jsonb, to_timestamp(%s), to_timestamp(%s))", statuses,
+            "INSERT INTO {t} AS d (device, status, status_ts, status_received) VALUES {v}"
+            " ON CONFLICT (device) DO UPDATE SET status = EXCLUDED.status,"
+            " status_ts = EXCLUDED.status_ts, status_received = EXCLUDED.status_received,"
+            " updated = now()"
+            " WHERE d.status_received IS NULL OR (d.status_received, d.status_ts)"
+            " < (EXCLUDED.status_received, EXCLUDED.status_ts)")
 
     def _rejected(self, conn: psycopg.Connection[Any], rows: list[tuple[Any, ...]]) -> int:
+        return self._upsert(
+            conn, "rejected", "(%s, %s, %s, %s, %s, to_timestamp(%s), to_timestamp(%s))", rows,
+            "INSERT INTO {t} AS r (digest, topic, reason, payload, size, received,"
+            " last_received) VALUES {v} ON CONFLICT (digest) DO UPDATE"
+            " SET times = r.times + 1, reason = EXCLUDED.reason,"
+            " last_received = greatest(r.last_received, EXCLUDED.last_received)")
+
+    def _upsert(self, conn: psycopg.Connection[Any], table: str, row: str,
+                rows: Sequence[tuple[Any, ...]], statement: str) -> int:
+        """One multi-row ``statement`` (``{t}``: ``table`` in our schema, ``{v}``: ``row`` once
+        per row) over ``rows``; returns the rows it inserted or updated."""
         if not rows:
             return 0
         from psycopg import sql
 
-        values = sql.SQL(", ").join(
-            [sql.SQL("(%s, %s, %s, %s, %s, to_timestamp(%s), to_timestamp(%s))")] * len(rows))
+        values = sql.SQL(", ").join([sql.SQL(row)] * len(rows))
         with conn.cursor() as cur:
-            cur.execute(sql.SQL(
-                "INSERT INTO {t} AS r (digest, topic, reason, payload, size, received,"
-                " last_received) VALUES {v} ON CONFLICT (digest) DO UPDATE"
-                " SET times = r.times + 1, reason = EXCLUDED.reason,"
-                " last_received = greatest(r.last_received, EXCLUDED.last_received)").format(
-                t=sql.Identifier(self._config.schema, "rejected"), v=values),
-                [value for row in rows for value in row])
+            cur.execute(sql.SQL(statement).format(
+                t=sql.Identifier(self._config.schema, table), v=values),
+                [value for r in rows for value in r])
             return max(cur.rowcount, 0)
 
     def _transaction(self, what: str, body: Callable[[psycopg.Connection[Any]], _T]) -> _T:
