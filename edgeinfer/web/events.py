@@ -21,7 +21,7 @@ from .base import Refused, WebHost, dumps
 if TYPE_CHECKING:
     from ..pipeline import Pipeline
 
-__all__ = ["CLIP_TYPES", "EventRoutes"]
+__all__ = ["CLIP_TYPES", "EventRoutes", "event_time"]
 
 CLIP_TYPES = {".webm": "video/webm", ".mp4": "video/mp4", ".avi": "video/x-msvideo",
               ".mkv": "video/x-matroska"}
@@ -58,7 +58,7 @@ class EventRoutes:
             if p.analytics is None or name not in (None, p.name):
                 continue
             found.extend((p, e) for e in _recent(p) if kind in (None, e.get("type")))
-        found.sort(key=lambda pe: _when(pe[1]), reverse=True)  # stable: newest of a pipeline
+        found.sort(key=lambda pe: event_time(pe[1]), reverse=True)  # stable: newest of a pipeline
         chosen = found[:limit]
         data = await asyncio.get_running_loop().run_in_executor(
             self.pool, lambda: [_with_urls(p, e) for p, e in chosen])
@@ -106,7 +106,8 @@ def _recent(p: Pipeline) -> list[dict[str, Any]]:
     return []
 
 
-def _when(event: dict[str, Any]) -> float:
+def event_time(event: dict[str, Any]) -> float:
+    """When an event happened (its end, else its start, else ``t``; 0 when it names none)."""
     for key in ("end", "start", "t"):
         value = event.get(key)
         if isinstance(value, (int, float)):

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 import msgspec
 import pytest
 from webscene import scene_pipeline
+from webscene import wait_for as poll_until
 
 from edgeinfer import Pipeline
 from edgeinfer._net import free_port
@@ -115,14 +116,6 @@ def server(make_server: ServerFactory) -> WebServer:
     return make_server(live_fps=5.0)
 
 
-def _wait_for(check: Callable[[], Any], timeout: float = 20.0, what: str = "it") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise AssertionError(f"{what} did not happen within {timeout} s")
 
 
 @dataclass
@@ -182,4 +175,4 @@ def client_of() -> type[Client]:
 @pytest.fixture
 def wait_for() -> Callable[..., Any]:
     """``wait_for(check, timeout, what)``: poll ``check`` until truthy; its value."""
-    return _wait_for
+    return poll_until

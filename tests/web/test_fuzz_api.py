@@ -21,7 +21,6 @@ from __future__ import annotations
 import http.client
 import json
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -33,7 +32,7 @@ from typing import Any
 
 import cv2
 import pytest
-from webscene import scene_pipeline
+from webscene import scene_pipeline, stop_daemon
 
 schemathesis = pytest.importorskip("schemathesis", reason="schemathesis (dev extra) is missing")
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
@@ -122,14 +121,7 @@ class Daemon:
             time.sleep(0.2)
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-            raise
+        return stop_daemon(self.proc)
 
 
 def _events(daemon: Daemon, timeout: float = 30.0) -> list[dict[str, Any]]:

@@ -13,23 +13,23 @@ import json
 import os
 import resource
 import select
-import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from PIL import Image
-from webscene import scene_pipeline
+from webscene import scene_pipeline, stop_daemon, wait_for
 
 from edgeinfer._net import free_port
 from edgeinfer.testing.scene_video import SceneTruth
+from edgeinfer.web.events import event_time
 
 ROOT = Path(__file__).resolve().parents[2]
 PIPELINE = "scene"
@@ -89,14 +89,7 @@ class Daemon:
         assert self.proc.poll() is None, f"the daemon exited: {self.log.read_text()[-3000:]}"
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-            raise
+        return stop_daemon(self.proc)
 
 
 def _limit_nofile() -> None:
@@ -143,7 +136,7 @@ def daemon(truth: SceneTruth, blazeface_path: Path, tmp_path: Path) -> Iterator[
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 3000), hard))
     daemon = Daemon(tmp_path, truth, blazeface_path)
     try:
-        _wait(lambda: _running(daemon), 40, "the pipeline running")
+        wait_for(lambda: _running(daemon), 40, "the pipeline running", every=0.2)
         yield daemon
     finally:
         code = daemon.stop()
@@ -159,15 +152,6 @@ def _running(daemon: Daemon) -> bool:
         return False
     return bool(found["state"] == "running" and found["processed"] > 0)
 
-
-def _wait(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"{what} did not happen within {timeout} s")
 
 
 def _processed(daemon: Daemon) -> tuple[float, int]:
@@ -325,7 +309,8 @@ def _uploads(daemon: Daemon, idle_rss: int) -> None:
 
 
 def test_the_daemon_holds_under_lan_attacks(daemon: Daemon) -> None:
-    _wait(lambda: daemon.get(f"/v1/events?pipeline={PIPELINE}"), 30, "a first event")
+    wait_for(lambda: daemon.get(f"/v1/events?pipeline={PIPELINE}"), 30, "a first event",
+             every=0.2)
     idle_rss = daemon.rss_kib()
     log_size = daemon.log.stat().st_size
     t0, n0 = _processed(daemon)
@@ -350,18 +335,12 @@ def test_the_daemon_holds_under_lan_attacks(daemon: Daemon) -> None:
     # last few seconds may still be being written).
     time.sleep(2)
     events = daemon.get(f"/v1/events?pipeline={PIPELINE}&limit=200")
-    recent = [e for e in events if started - 1 < _when(e) < time.time() - 3]
+    recent = [e for e in events if started - 1 < event_time(e) < time.time() - 3]
     lost = [e for e in events if (e.get("snapshot") and not e["snapshot_url"])
-            or (e.get("clip") and not e["clip_url"] and _when(e) < time.time() - 3)]
+            or (e.get("clip") and not e["clip_url"] and event_time(e) < time.time() - 3)]
     assert not lost, lost[:3]
     assert recent, "no event during the attacks"
     print(f"fps {idle_rate:.1f} idle, {rate:.1f} under attack; log grew {grown} bytes; "
           f"{len(recent)} events during the attacks, none lost its snapshot or clip")
 
 
-def _when(event: dict[str, Any]) -> float:
-    for key in ("end", "start", "t"):
-        value = event.get(key)
-        if isinstance(value, (int, float)):
-            return float(value)
-    return 0.0

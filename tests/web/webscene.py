@@ -3,6 +3,10 @@ and a zone), with event snapshots and clips, as a config dict."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,3 +26,27 @@ def scene_pipeline(name: str, truth: SceneTruth, model: Path, folder: Path,
                    "clips": {"pre_s": 0.5, "post_s": 0.5, "fps": 7.5, "format": clip_format}},
         "sinks": [{"type": "jsonl", "path": str(folder / "results.jsonl")}],
     }
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 20.0, what: str = "it",
+             every: float = 0.1) -> Any:
+    """``check()``'s first true value, polled until ``timeout``; else an AssertionError."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(every)
+    raise AssertionError(f"{what} did not happen within {timeout} s")
+
+
+def stop_daemon(proc: subprocess.Popen[Any]) -> int:
+    """SIGTERM, then its exit code within 30 s (killed, and the timeout raised, if not)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+        raise
