@@ -415,7 +415,7 @@ def case_shapes(case: Case, path: Path) -> dict[str, tuple[int, ...]]:
     model's catalog entry's."""
     if case.shapes:
         return dict(case.shapes)
-    from edgeinfer.catalog import for_path
+    from edgeinfer.model.catalog import for_path
 
     entry = for_path(path)
     return {n: tuple(d) for n, d in entry.input_shapes} if entry else {}

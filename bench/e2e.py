@@ -85,7 +85,7 @@ def raw_loop(cfg: Any, choice: dict[str, Any]) -> float:
     beforehand by the task (what the pipeline feeds it)."""
     from backends import raw_litert, raw_openvino, raw_ort
 
-    from edgeinfer.assembly import load_pipeline_model
+    from edgeinfer.pipeline.build import load_pipeline_model
     from edgeinfer.sources import open_source
     from edgeinfer.tasks import make_task
 

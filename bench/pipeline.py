@@ -67,7 +67,7 @@ def run_pipeline(config) -> float:  # type: ignore[no-untyped-def]
 
 def run_naive(config) -> float:  # type: ignore[no-untyped-def]
     """Everything in one thread, with the same parts the pipeline uses."""
-    from edgeinfer.assembly import load_pipeline_model
+    from edgeinfer.pipeline.build import load_pipeline_model
     from edgeinfer.frames import ModelRef, Result
     from edgeinfer.sinks import make_sink
     from edgeinfer.sources import open_source
@@ -96,7 +96,7 @@ def run_raw(config, frames: int) -> float:  # type: ignore[no-untyped-def]
     """The model alone: session.run over tensors preprocessed beforehand."""
     import onnxruntime as ort
 
-    from edgeinfer.assembly import load_pipeline_model
+    from edgeinfer.pipeline.build import load_pipeline_model
     from edgeinfer.runtime.backends import onnx as backend
     from edgeinfer.runtime.base import SessionSpec
     from edgeinfer.sources import open_source

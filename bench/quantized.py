@@ -4,7 +4,7 @@
 
 The INT8 model comes from ``edgeinfer.quantize.quantize_model`` (static QDQ, per-channel, this
 machine's layout), calibrated on crops of half of the real photographs of
-``edgeinfer.samples.sample_images()``, with preprocessing and the detect task taken from a
+``edgeinfer.model.samples.sample_images()``, with preprocessing and the detect task taken from a
 pipeline config written here (letterbox 320, YOLOv8 decoder). The other half (and its crops) is
 held out:
 

@@ -8,7 +8,7 @@ dropped oldest-first when inference falls behind, as a real camera's are) -> YOL
 decode + NMS, no sinks. When every pipeline has processed ``--frames`` frames, the process's
 resident memory is read (and its peak), with each camera's frames per second, the frames its
 queue dropped and its median wait for the shared model. "Before" is the same code with the
-process's model pool switched off (``edgeinfer.sharing.model_pool().enabled = False``): each
+process's model pool switched off (``edgeinfer.model.pool.model_pool().enabled = False``): each
 pipeline loads its own session, arena and thread pool, as edgeinfer did before sharing.
 """
 
@@ -54,7 +54,7 @@ def child(args: argparse.Namespace) -> int:
     from edgeinfer.config import parse_config
     from edgeinfer.pipeline import Pipeline
     from edgeinfer.runtime.memory import peak_rss_mb, return_frames_to_the_os, rss_mb
-    from edgeinfer.sharing import model_pool
+    from edgeinfer.model.pool import model_pool
 
     return_frames_to_the_os()  # as the daemon does at start
     model_pool().enabled = args.share

@@ -66,7 +66,7 @@ print("RESULT " + json.dumps({
 
 
 def _run(mode: str, path: Path, env: dict[str, str], cache: str = "") -> dict[str, Any]:
-    from edgeinfer.catalog import for_path
+    from edgeinfer.model.catalog import for_path
 
     entry = for_path(path)
     shape = list(entry.input_shapes[0][1]) if entry and entry.input_shapes else []

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import *
 from .errors import __all__ as _error_names
 
-__version__ = "0.1.0"
+from .version import __version__
 
 _LAZY = {
     "load_model": "edgeinfer.model:load_model",

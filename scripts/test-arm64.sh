@@ -404,7 +404,7 @@ if [[ ${_EDGEINFER_ARM64_NS:-} == 1 ]]; then
 fi
 
 SUITE=
-# Where edgeinfer.catalog keeps the example models on this host (edgeinfer/paths.py's order).
+# Where edgeinfer.model.catalog keeps the example models on this host (edgeinfer/paths.py's order).
 MODELS=${EDGEINFER_MODELS:-${EDGEINFER_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/edgeinfer}/models}
 ROOT_BASE=${EDGEINFER_ARM64_ROOT:-${XDG_CACHE_HOME:-$HOME/.cache}/edgeinfer/arm64-rootfs}
 CPU=${EDGEINFER_ARM64_CPU:-}

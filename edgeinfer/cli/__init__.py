@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from .. import __version__
+from ..version import __version__
 from ..errors import EdgeInferError
 from . import (
     bench_cmd,

@@ -70,7 +70,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     # Inside, not at the top: both import numpy (bench msgspec too) at their top; `edgeinfer --help`
     # imports this module.
     from ..bench import bench, parse_threads, plot_histograms
-    from ..catalog import resolve_model
+    from ..model.catalog import resolve_model
 
     path = resolve_model(args.model)
     results = bench(

@@ -36,7 +36,7 @@ def model_inputs(model: str, items: list[str]) -> tuple[dict[str, list[int]], di
     # Inside, not at the top, as every catalog, model and runtime import in this file: they
     # import numpy at their top (onnxruntime when a model loads), and `edgeinfer --help` imports
     # this module.
-    from ..catalog import for_path
+    from ..model.catalog import for_path
 
     entry = for_path(model)
     shapes = {name: list(dims) for name, dims in entry.input_shapes} if entry else {}
@@ -79,8 +79,8 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from ..catalog import resolve_model  # inside: numpy (see model_inputs)
-    from ..model import load_model
+    from ..model.catalog import resolve_model  # inside: numpy (see model_inputs)
+    from ..model.load import load_model
 
     shapes, warm = model_inputs(args.model, args.input_shape)
     with load_model(
@@ -242,7 +242,7 @@ def _litert_facts() -> dict[str, Any]:
 
 
 def _say_fetching(entry: Any, target: Path) -> None:
-    from ..catalog import describe_fetch  # inside: numpy (see model_inputs)
+    from ..model.catalog import describe_fetch  # inside: numpy (see model_inputs)
 
     print(describe_fetch(entry, target) + " ...", file=sys.stderr, flush=True)
 
@@ -259,7 +259,7 @@ def add_models_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from .. import catalog  # inside: numpy (see model_inputs)
+    from ..model import catalog  # inside: numpy (see model_inputs)
 
     if args.models_verb == "pull":
         names = args.names or sorted(catalog.CATALOG)

@@ -87,8 +87,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     # Inside: numpy (samples, catalog), msgspec (config, the MQTT client and broker), the daemon
     # as in cmd_run.
-    from .. import samples
-    from ..catalog import describe_fetch, pull
+    from ..model import samples
+    from ..model.catalog import describe_fetch, pull
     from ..config import load_config
     from ..daemon import Daemon
     from ..mqtt.client import MqttClient

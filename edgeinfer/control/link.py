@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .. import __version__
+from ..version import __version__
 from ..config import Config
 from ..config.commands import CommandsConfig
 from ..config.pipeline import MqttSource

@@ -7,9 +7,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .. import __version__
+from ..version import __version__
 from ..host import Host
-from ..model import Model
+from ..model.model import Model
 from ..runtime.memory import rss_mb
 
 __all__ = ["backend_of", "device_birth", "device_stats", "pipeline_health"]

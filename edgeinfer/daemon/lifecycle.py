@@ -30,7 +30,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from .. import systemd
-from ..assembly import assemble, load_pipeline_model, pipeline_path
+from ..pipeline.build import assemble, load_pipeline_model, pipeline_path
 from ..config import Config, PipelineConfig, load_config
 from ..control.commands import command_policy, run_unsigned
 from ..control.handlers import CommandHandlers
@@ -41,7 +41,7 @@ from ..errors import ConfigError, EdgeInferError
 from ..ota.agent import OtaAgent
 from ..pipeline import Pipeline
 from ..runtime.memory import return_frames_to_the_os, set_memory_budget
-from ..sharing import model_pool
+from ..model.pool import model_pool
 from ..statelock import LOCK_NAME, StateLock
 from .health import RESTART_BUDGET, RESTART_CLOSE_S, StallWatch, stall_policy
 from .reload import result_path, write_result

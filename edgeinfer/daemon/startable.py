@@ -15,7 +15,7 @@ from pathlib import Path
 
 import msgspec
 
-from ..catalog import CATALOG, resolve_model
+from ..model.catalog import CATALOG, resolve_model
 from ..config import Config
 from ..errors import ConfigError, ModelError
 from ..keys import load_trusted_keys

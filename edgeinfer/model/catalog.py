@@ -18,11 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ModelFetchError, ModelNotFoundError
-from .paths import cache_dir
-from .runtime.modelfile import file_sha256
+from ..errors import ModelFetchError, ModelNotFoundError
+from ..paths import cache_dir
+from ..runtime.modelfile import file_sha256
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("edgeinfer.catalog")  # the name before the move
 
 
 @dataclass(frozen=True, slots=True)

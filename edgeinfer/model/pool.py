@@ -34,15 +34,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import ModelMemoryError, StateError, WorkerCrashedError
-from .model import DEFAULT_MAX_MODEL_MB, Model, load_model
+from ..errors import ModelMemoryError, StateError, WorkerCrashedError
+from .load import DEFAULT_MAX_MODEL_MB, load_model
+from .model import Model
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from .runtime.base import Session
+    from ..runtime.base import Session
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("edgeinfer.sharing")  # the name before the move
 
 # Options that do not change the loaded session: identity, and a size limit each requester
 # checks for itself.
@@ -313,7 +314,7 @@ class ModelPool:
         if not self.enabled:
             return load_model(path, **options)
         from .catalog import resolve_model
-        from .runtime.modelfile import inspect_model
+        from ..runtime.modelfile import inspect_model
 
         name, version = options.get("name"), options.get("version")
         limit = options.get("max_model_mb")

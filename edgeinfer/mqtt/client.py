@@ -39,6 +39,7 @@ from paho.mqtt.properties import Properties
 from ..config.mqtt import MqttConfig
 from ..errors import StateError
 from ..sources.base import Backoff
+from ..version import __version__
 from ._connection import (AckBook, ConnackDeadline, FailureLog, PahoErrors, ProtocolChoice,
                           os_reason, ssl_context, tls_reason)
 from .topics import Topics, check_filter, matches, undotted
@@ -484,8 +485,6 @@ class MqttClient:
 
     # -- helpers ------------------------------------------------------------------------------
     def _status(self, state: str) -> bytes:
-        from .. import __version__
-
         status: dict[str, Any] = {"state": state, "device": self.topics.device}
         if state != "offline":
             status.update(version=__version__, ts=round(time.time(), 3),

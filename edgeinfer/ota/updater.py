@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
-from ..assembly import load_pipeline_model
+from ..pipeline.build import load_pipeline_model
 from ..config.ota import OtaConfig
 from ..errors import EdgeInferError, ModelMemoryError, OtaRejected
 from ..host import Host
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from ..config import PipelineConfig
-    from ..model import Model
+    from ..model.model import Model
     from ..tasks import Task
     from .receiver import StagedTransfer
     from .store import StoreEntry

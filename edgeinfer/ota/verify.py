@@ -44,7 +44,7 @@ from ..errors import (
 if TYPE_CHECKING:
     from ..config import PipelineConfig, RuntimeConfig
     from ..frames import Frame
-    from ..model import Model
+    from ..model.model import Model
     from ..tasks import Task
 
 __all__ = ["GOLDEN_OUTPUT_PREFIX", "VerifyReport", "check_file", "trial_run"]
@@ -241,8 +241,8 @@ def _load(path: Path, pipeline: PipelineConfig, runtime: RuntimeConfig,
           memory_limit_mb: float | None, timeout_s: float) -> Model:
     """The candidate with the pipeline's options, in a worker, without the optimized-model
     cache (a rejected candidate must leave nothing behind)."""
-    from ..assembly import task_load_options
-    from ..model import load_model
+    from ..pipeline.build import task_load_options
+    from ..model.load import load_model
 
     kwargs = pipeline.model.load_kwargs(default_max_model_mb=runtime.max_model_mb)
     for key, value in task_load_options(pipeline, path).items():

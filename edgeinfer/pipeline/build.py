@@ -8,14 +8,14 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 if TYPE_CHECKING:
-    from .config import Config, PipelineConfig, RuntimeConfig
-    from .model import Model
-    from .pipeline import Pipeline, ResultCallback
+    from ..config import Config, PipelineConfig, RuntimeConfig
+    from ..model.model import Model
+    from .engine import Pipeline, ResultCallback
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("edgeinfer.assembly")  # the name before the move
 
 
 def select(config: Config, name: str | None) -> PipelineConfig:
@@ -37,7 +37,7 @@ def build_pipeline(config: PipelineConfig | Config | str, *, name: str | None = 
                    runtime: RuntimeConfig | None = None, on_result: ResultCallback | None = None,
                    **context: Any) -> Pipeline:
     """See ``Pipeline.from_config``."""
-    from .config import Config, RuntimeConfig, load_config
+    from ..config import Config, RuntimeConfig, load_config
 
     if isinstance(config, (str, Path)):
         config = load_config(config)
@@ -59,10 +59,10 @@ def build_pipeline(config: PipelineConfig | Config | str, *, name: str | None = 
 
 def load_pipeline_model(pc: PipelineConfig, runtime: RuntimeConfig) -> Model:
     """The pipeline's model with the runtime's directories and limits: the one already loaded
-    in this process for the same file and options (shared, `edgeinfer.sharing`), else loaded.
+    in this process for the same file and options (shared, `edgeinfer.model.pool`), else loaded.
     ``close()`` it when done: the last pipeline to close a shared model closes it."""
-    from .catalog import resolve_model
-    from .sharing import model_pool
+    from ..model.catalog import resolve_model
+    from ..model.pool import model_pool
 
     mc = pc.model
     path = resolve_model(mc.path)
@@ -73,7 +73,7 @@ def load_pipeline_model(pc: PipelineConfig, runtime: RuntimeConfig) -> Model:
     if kwargs["probe"] and kwargs["isolation"] == "none":
         # Serve at once: a cached decision under the task's gate opens the winner now,
         # otherwise ``assemble`` starts measuring once the task (and its gate) exists.
-        from .tasks.gates import gate_key
+        from ..tasks.gates import gate_key
 
         kwargs["probe"] = "background"
         kwargs["gate"] = gate_key(str(type(pc.task).__struct_config__.tag))
@@ -99,10 +99,10 @@ def assemble(pc: PipelineConfig, model: Model, *, on_result: ResultCallback | No
 
     ``state_dir`` keeps the analytics' counters and media (default: the platform's state
     directory); ``where`` is the pipeline's YAML path in errors."""
-    from .pipeline import Pipeline
-    from .sinks import make_sink
-    from .sources import open_source
-    from .tasks import make_task
+    from .engine import Pipeline
+    from ..sinks import make_sink
+    from ..sources import open_source
+    from ..tasks import make_task
 
     task = make_task(pc.task, model)
     analytics = _analytics(pc, task, state_dir, where)
@@ -119,9 +119,9 @@ def _analytics(pc: PipelineConfig, task: Any, state_dir: Path | None, where: str
     the source's fixed frame size (pixel points outside it are refused before it opens)."""
     if pc.tracking is None:
         return None
-    from .analytics.stage import SceneAnalytics
-    from .config.analytics import LineConfig, ZoneConfig, check_frame_size
-    from .paths import state_dir as default_state_dir
+    from ..analytics.stage import SceneAnalytics
+    from ..config.analytics import LineConfig, ZoneConfig, check_frame_size
+    from ..paths import state_dir as default_state_dir
 
     width, height = getattr(pc.source, "width", None), getattr(pc.source, "height", None)
     if isinstance(width, int) and isinstance(height, int):
@@ -139,13 +139,13 @@ def _analytics(pc: PipelineConfig, task: Any, state_dir: Path | None, where: str
 
 def _sample_video(source: Any) -> Any:
     """A missing ``demo.mp4`` video is the demo clip from the samples cache (made if needed)."""
-    from .config import VideoSource
+    from ..config import VideoSource
 
     if not isinstance(source, VideoSource):
         return source
     import msgspec
 
-    from .samples import resolve_video
+    from ..model.samples import resolve_video
 
     return msgspec.structs.replace(source, uri=resolve_video(source.uri))
 
@@ -154,7 +154,7 @@ def task_load_options(pc: PipelineConfig, model_path: Path) -> dict[str, Any]:
     """``load_model`` options the task implies: the shapes it will feed (so the model is
     optimized and warmed up for them) and valid warm-up values."""
     if type(pc.task).__struct_config__.tag == "vad":
-        from .tasks.vad import silero_load_options
+        from ..tasks.vad import silero_load_options
 
         return silero_load_options(getattr(pc.source, "sample_rate", 16000))
     shapes = _shapes_from_preprocess(pc, model_path)
@@ -167,7 +167,7 @@ def _shapes_from_preprocess(pc: PipelineConfig, model_path: Path) -> dict[str, l
     pre = getattr(pc.task, "preprocess", None)
     if pre is None or not pre.size:
         return None
-    from .runtime.modelfile import inspect_model
+    from ..runtime.modelfile import inspect_model
 
     try:
         info = inspect_model(model_path, digest=False)  # load_model hashes it once

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .frames import Frame, TaskResult
+from ..frames import Frame, TaskResult
 
 if TYPE_CHECKING:
-    from .config.pipeline import EmitConfig
+    from ..config.pipeline import EmitConfig
 
 
 class Emission:

@@ -20,32 +20,32 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Self
 
-from .config.pipeline import EmitConfig
-from .errors import (
+from ..config.pipeline import EmitConfig
+from ..errors import (
     EdgeInferError,
     InferenceError,
     InvalidInputError,
     StateError,
     WorkerCrashedError,
 )
-from .frames import DropFrame, Frame, ModelRef, Result, TaskResult
+from ..frames import DropFrame, Frame, ModelRef, Result, TaskResult
 from .emission import Emission
-from .health import Health
-from .queues import Closed, DropOldestQueue
-from .sharing import SharedModel
-from .sources.base import RateLimiter
-from .stats import PipelineStats
+from ..health import Health
+from ..queues import Closed, DropOldestQueue
+from ..model.pool import SharedModel
+from ..sources.base import RateLimiter
+from ..stats import PipelineStats
 from .tuning import annotate, current_settings, tuned
 
 if TYPE_CHECKING:
-    from .analytics.stage import SceneAnalytics
-    from .config import Config, PipelineConfig
-    from .model import Model
-    from .sinks import Sink
-    from .sources import Source
-    from .tasks import Task
+    from ..analytics.stage import SceneAnalytics
+    from ..config import Config, PipelineConfig
+    from ..model.model import Model
+    from ..sinks import Sink
+    from ..sources import Source
+    from ..tasks import Task
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("edgeinfer.pipeline")  # the name before the move
 
 ResultCallback = Callable[[Result], None]
 _MAX_HELD_EVENTS = 1000  # events waiting for a result to carry them (emit: min_interval_s)
@@ -119,7 +119,7 @@ class Pipeline:
         """Build a pipeline from a ``PipelineConfig``, a whole ``Config`` (its only pipeline, or
         the one called ``name``) or a config file path. ``context`` reaches sources and sinks
         (e.g. ``subscribe`` for an MQTT source)."""
-        from .assembly import build_pipeline
+        from .build import build_pipeline
 
         return build_pipeline(config, name=name, on_result=on_result, **context)
 

@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import numpy as np
 
-from .analytics.draw import draw_scene, encode_jpeg
-from .config._types import Fps
-from .errors import ConfigError
-from .frames import Frame, TaskResult
-from .sources.base import RateLimiter
+from ..analytics.draw import draw_scene, encode_jpeg
+from ..config._types import Fps
+from ..errors import ConfigError
+from ..frames import Frame, TaskResult
+from ..sources.base import RateLimiter
 
 if TYPE_CHECKING:
-    from .config.pipeline import EmitConfig
+    from ..config.pipeline import EmitConfig
 
 __all__ = ["PIPELINE_FIELDS", "TASK_FIELDS", "Tuning", "annotate", "current_settings", "tuned"]
 

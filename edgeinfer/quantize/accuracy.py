@@ -29,7 +29,8 @@ from ..config.pipeline import ImagesSource as ImagesConfig
 from ..config.pipeline import VideoSource as VideoConfig
 from ..errors import ConfigError, EdgeInferError, ModelLoadError
 from ..frames import DropFrame
-from ..model import Model, load_model
+from ..model.model import Model
+from ..model.load import load_model
 from ..sources.files import IMAGE_EXTENSIONS, ImagesSource, VideoSource
 from ..tasks.metrics import PRED_THRESHOLD, average_precision, box_iou, cosine, mean_ap
 

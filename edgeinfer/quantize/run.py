@@ -34,14 +34,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import __version__
-from ..assembly import select, task_load_options
-from ..catalog import resolve_model
+from ..version import __version__
+from ..pipeline.build import select, task_load_options
+from ..model.catalog import resolve_model
 from ..config import Config, load_config
 from ..config.pipeline import RawTask
 from ..config.schema import PipelineConfig
 from ..errors import BackendUnavailableError, ConfigError, ModelError, ModelFormatError
-from ..model import Model, load_model
+from ..model.model import Model
+from ..model.load import load_model
 from ..runtime.modelfile import ModelFileInfo, inspect_model
 from ..runtime.backends.ort_log import onnxruntime_quiet
 from ..tasks import make_task

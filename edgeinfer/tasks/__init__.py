@@ -8,7 +8,7 @@ from .._importer import resolve
 from .base import Task, label_of, load_labels
 
 if TYPE_CHECKING:
-    from ..model import Model
+    from ..model.model import Model
 
 TASKS = {
     "classify": "edgeinfer.tasks.classify:ClassifyTask",

@@ -22,7 +22,7 @@ from ..runtime.gate import Gate, OutputsGate
 from .metrics import OutputPair
 
 if TYPE_CHECKING:
-    from ..model import Model
+    from ..model.model import Model
 
 
 class Task(ABC):

@@ -18,7 +18,7 @@ from .metrics import OutputPair, cosine
 from .preprocess import Preprocessor, Transform
 
 if TYPE_CHECKING:
-    from ..model import Model
+    from ..model.model import Model
 
 __all__ = ["ClassifyTask", "is_probabilities", "softmax"]
 

@@ -22,7 +22,7 @@ from .nms import nms, weighted_nms
 from .preprocess import Preprocessor, Transform
 
 if TYPE_CHECKING:
-    from ..model import Model
+    from ..model.model import Model
 
 __all__ = ["DetectTask"]
 

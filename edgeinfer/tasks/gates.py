@@ -9,7 +9,7 @@ A candidate backend must give the task's answer, not merely numbers close to the
   (``ClassifyGate``);
 - anything else: every output close (``OutputsGate``: cosine >= 0.9999, error <= 1e-3 of range).
 
-Sample inputs are the real photographs of ``edgeinfer.samples`` already on the device (never
+Sample inputs are the real photographs of ``edgeinfer.model.samples`` already on the device (never
 downloaded during a boot), run through the task's own preprocessing; without them, seeded random
 inputs and the outputs gate decide, since a detector finds nothing in noise.
 """
@@ -27,7 +27,7 @@ import numpy as np
 from .._importer import resolve
 from ..frames import Frame
 from ..runtime.gate import Gate, OutputsGate, compare_arrays
-from ..samples import PHOTOS, SAMPLES, samples_dir
+from ..model.samples import PHOTOS, SAMPLES, samples_dir
 from . import TASKS
 
 if TYPE_CHECKING:

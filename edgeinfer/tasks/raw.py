@@ -17,7 +17,7 @@ from .base import Task
 from .preprocess import Preprocessor, infer_layout
 
 if TYPE_CHECKING:
-    from ..model import Model
+    from ..model.model import Model
 
 __all__ = ["RawTask"]
 

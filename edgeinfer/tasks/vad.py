@@ -30,7 +30,7 @@ from ..frames import DropFrame, Frame, TaskResult, VadState
 from .base import Task
 
 if TYPE_CHECKING:
-    from ..model import Model
+    from ..model.model import Model
 
 __all__ = ["VadTask", "silero_load_options"]
 

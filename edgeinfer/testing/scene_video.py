@@ -1,6 +1,6 @@
 """A scene-analytics test video with exact ground truth, made from real photographs.
 
-The astronaut's face (``edgeinfer.samples``), cropped with a margin around the box a face
+The astronaut's face (``edgeinfer.model.samples``), cropped with a margin around the box a face
 detector finds on the photograph, is pasted onto the ``coffee`` photograph and moved along a
 known path: left to right across a vertical counting line, down into a rectangular zone, a
 pause there (dwell), then right to left out of the zone and back across the line. The path is
@@ -120,11 +120,11 @@ def astronaut_face_box(model_path: str | os.PathLike[str]) -> Box:
     Raises:
         InvalidInputError: The model finds no face.
     """
-    from .. import samples
+    from ..model import samples
     from ..config.pipeline import DetectTask as DetectConfig
     from ..errors import InvalidInputError
     from ..frames import Frame
-    from ..model import load_model
+    from ..model.load import load_model
     from ..tasks.detect import DetectTask
 
     image = samples.load_image("astronaut")
@@ -143,7 +143,7 @@ def background(size: tuple[int, int] = (640, 480)) -> npt.NDArray[np.uint8]:
     """The ``coffee`` photograph resized to ``size`` (BGR)."""
     import cv2
 
-    from .. import samples
+    from ..model import samples
 
     path = samples.sample_images()[list(samples.PHOTOS).index("coffee")]
     image = cv2.imread(str(path), cv2.IMREAD_COLOR)
@@ -155,7 +155,7 @@ def background(size: tuple[int, int] = (640, 480)) -> npt.NDArray[np.uint8]:
 def _face_patch(face_box: Box, face_px: int) -> tuple[npt.NDArray[np.uint8], Box]:
     import cv2
 
-    from .. import samples
+    from ..model import samples
 
     image = samples.load_image("astronaut")
     x1, y1, x2, y2 = face_box

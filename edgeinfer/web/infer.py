@@ -2,7 +2,7 @@
 
 The image's size is read from its header before anything is decoded (a small PNG can claim
 100000 x 100000 pixels). The model runs on a handle of its own on the pipeline's pooled model
-(`edgeinfer.sharing`), so the request takes its turn with the pipeline's frames instead of
+(`edgeinfer.model.pool`), so the request takes its turn with the pipeline's frames instead of
 racing them; the handle is closed after. Tracking and zones are not applied: a single image has
 no history.
 """
@@ -19,7 +19,7 @@ from aiohttp import web
 
 from ..errors import EdgeInferError, InvalidInputError
 from ..frames import Frame
-from ..sharing import SharedModel
+from ..model.pool import SharedModel
 from .auth import error
 from .guard import within
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from ..tuning import annotate
+from ..pipeline.tuning import annotate
 from .auth import error
 
 if TYPE_CHECKING:

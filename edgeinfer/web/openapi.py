@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import __version__
+from ..version import __version__
 from ..health import STATES
 
 __all__ = ["openapi_document"]

@@ -13,8 +13,8 @@ from typing import Any
 
 from edgeinfer.config import parse_config
 from edgeinfer.pipeline import Pipeline
-from edgeinfer.samples import demo_video
-from edgeinfer.sharing import SharedModel, model_pool
+from edgeinfer.model.samples import demo_video
+from edgeinfer.model.pool import SharedModel, model_pool
 from edgeinfer.testing import onnx_models as om
 
 

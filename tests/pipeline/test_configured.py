@@ -153,7 +153,7 @@ def test_every_shipped_config_validates(tmp_path: Path, monkeypatch: pytest.Monk
 
 def test_preprocess_size_fixes_dynamic_inputs_of_a_model_named_by_catalog_name(
         yolo_path: Path) -> None:
-    from edgeinfer.assembly import load_pipeline_model
+    from edgeinfer.pipeline.build import load_pipeline_model
     from edgeinfer.config import RuntimeConfig
 
     config = parse_config(json.dumps({"pipelines": [{
@@ -218,7 +218,7 @@ def test_labels_on_snapshots_sit_on_a_dark_plate(kind: str) -> None:
     import numpy as np
 
     from edgeinfer.frames import Classification, Detection, Frame, TaskResult
-    from edgeinfer.tuning import annotate
+    from edgeinfer.pipeline.tuning import annotate
 
     frame = Frame(0, 0.0, 0.0, np.full((480, 640, 3), 255, np.uint8))
     if kind == "detect":

@@ -1,4 +1,4 @@
-"""Pipelines naming the same model share one loaded session (``edgeinfer.sharing``): real models
+"""Pipelines naming the same model share one loaded session (``edgeinfer.model.pool``): real models
 (a tiny classifier built with onnx.helper, YOLOv8n-320, Silero VAD), real video and WAV files,
 real worker processes, and the daemon's reload."""
 
@@ -19,7 +19,7 @@ import pytest
 from edgeinfer import samples
 from edgeinfer.config import Config, parse_config
 from edgeinfer.pipeline import Pipeline
-from edgeinfer.sharing import SharedModel, model_pool
+from edgeinfer.model.pool import SharedModel, model_pool
 from edgeinfer.testing import onnx_models as om
 
 

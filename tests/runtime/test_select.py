@@ -154,7 +154,7 @@ def test_a_candidate_that_breaks_outputs_is_refused_and_never_picked(tmp_path: P
 def test_detection_gate_compares_detections_on_sample_photos(tmp_path: Path,
                                                              yolo_path: Path) -> None:
     from edgeinfer.config.pipeline import DetectTask as DetectConfig
-    from edgeinfer.samples import sample_images
+    from edgeinfer.model.samples import sample_images
     from edgeinfer.tasks.detect import DetectTask
     from edgeinfer.tasks.gates import DetectGate, local_photos
 
