@@ -12,6 +12,7 @@ caught, with ``raise X from exc`` so the original stays in the chain::
     │   ├── UnsafeModelError                     external data outside the model's folder
     │   ├── ModelTooLargeError                   over max_model_mb
     │   ├── ModelLoadError                       the runtime refused the model
+    │   ├── OutputLayoutError                    a running model's outputs do not fit its decoder
     │   └── ModelFetchError                      an example model could not be fetched/verified
     ├── ModelMemoryError                exit 71  the model would break its limit or the budget
     ├── InvalidInputError               exit 65  run() got a wrong name, shape or dtype (also ValueError)
@@ -47,6 +48,7 @@ __all__ = [
     "ModelNotFoundError",
     "ModelTooLargeError",
     "OtaError",
+    "OutputLayoutError",
     "OtaRejected",
     "ProviderError",
     "ProviderFallbackError",
@@ -98,6 +100,12 @@ class ModelTooLargeError(ModelError):
 
 class ModelLoadError(ModelError):
     """The runtime refused to build a session from the model."""
+
+
+class OutputLayoutError(ModelError):
+    """A running model's outputs do not fit the decoder reading them (scores outside [0, 1], boxes
+    outside the frame, class ids beyond the labels): every result would be wrong, so the pipeline
+    stops; the message names the likely layout and the fix."""
 
 
 class ModelFetchError(ModelError):

@@ -25,6 +25,7 @@ from ..errors import ConfigError
 from ._types import PATTERN_HELP
 from ._yaml import YamlReader, format_path
 from .pipeline import (
+    BUILTIN_LABELS,
     AudioSource,
     ClassifyTask,
     DetectTask,
@@ -227,7 +228,9 @@ def _resolve_source(source: SourceConfig, absolute: Callable[[str], str]) -> Sou
 
 
 def _resolve_task(task: TaskConfig, absolute: Callable[[str], str]) -> TaskConfig:
-    if isinstance(task, (ClassifyTask, DetectTask)) and isinstance(task.labels, str):
+    builtin = isinstance(task, DetectTask) and task.labels in BUILTIN_LABELS
+    if isinstance(task, (ClassifyTask, DetectTask)) and isinstance(task.labels, str) \
+            and not builtin:
         return msgspec.structs.replace(task, labels=absolute(task.labels))
     return task
 

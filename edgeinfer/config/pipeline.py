@@ -33,6 +33,9 @@ __all__ = [
     "SyntheticSource", "TaskConfig", "VadTask", "VideoSource",
 ]
 
+BUILTIN_LABELS = ("coco", "coco91")
+"""``labels:`` values naming the label lists shipped in the package (never made a path)."""
+
 Scale = Annotated[float, Meta(ge=1e-6, le=1e6)]
 Offset = Annotated[float, Meta(ge=-1e6, le=1e6)]
 PerChannel = Meta(min_length=1, max_length=4)
@@ -244,15 +247,20 @@ class DetectTask(_Part, tag="detect", frozen=True):
     """Object detection.
 
     Attributes:
-        decoder: ``yolov8`` (1 x (4+classes) x N), ``yolov5`` (1 x N x (5+classes)), ``ssd``
-            (boxes, classes, scores, count), or ``blazeface`` (anchors, regressors + scores).
+        decoder: ``auto`` (picked from the model's metadata and output shapes; two that fit are
+            refused), or a registered decoder: ``yolov8`` (1 x (4+classes) x N, or transposed),
+            ``yolov5`` (1 x N x (5+classes)), ``yolo-end2end`` (1 x K x 6: YOLOv10, YOLO26,
+            nms=True exports), ``ultralytics-rtdetr``, ``ssd`` (boxes, classes, scores, count),
+            ``blazeface`` (anchors, regressors + scores). Checked when the task is built.
         score_threshold, iou_threshold: Keep boxes scoring at least this; NMS overlap.
         max_detections: Keep at most this many, best first.
         classes: Report only these labels (or class ids).
-        labels: A labels file or list; ``None``: class ids as labels.
+        labels: A labels file or list, or built-in names (``coco``: the 80 classes,
+            ``coco91``: by COCO category id); ``None``: the model's own (metadata ``names``, a
+            packed TFLite label file, ``labels.txt`` beside the model), else class ids.
     """
 
-    decoder: Literal["yolov8", "yolov5", "ssd", "blazeface"]
+    decoder: str = "auto"
     score_threshold: Fraction = 0.25
     iou_threshold: Fraction = 0.45
     max_detections: Annotated[int, Meta(ge=1, le=10_000)] = 100

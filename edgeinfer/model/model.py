@@ -50,7 +50,7 @@ class Model:
 
     Attributes:
         name, version: from the caller (default: the file's stem, ``None``).
-        path, format, sha256, size_bytes: the model file.
+        path, format, sha256, size_bytes, metadata: the model file.
         inputs, outputs: ``TensorSpec`` per tensor (name, shape, dtype).
         report: how the session was built (provider fallbacks, cache, probe, memory, warm-up).
     """
@@ -96,6 +96,12 @@ class Model:
     @property
     def size_bytes(self) -> int:
         return self._info.size_bytes
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        """The ONNX file's ``metadata_props`` (Ultralytics writes ``names``, ``task``, ``imgsz``
+        there); empty for TFLite, whose packed metadata ``tasks.labels`` reads."""
+        return dict(self._info.onnx.metadata) if self._info.onnx is not None else {}
 
     @property
     def quantization(self) -> str:

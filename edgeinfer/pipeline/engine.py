@@ -25,6 +25,7 @@ from ..errors import (
     EdgeInferError,
     InferenceError,
     InvalidInputError,
+    OutputLayoutError,
     StateError,
     WorkerCrashedError,
 )
@@ -433,6 +434,8 @@ class Pipeline:
             except DropFrame:
                 stats.dropped_by_task += 1
                 continue
+            except OutputLayoutError:  # every result would be wrong: stop (see _guard)
+                raise
             except Exception as exc:  # a decoding failure costs one frame, not the pipeline
                 stats.errors += 1
                 if task is self.task:

@@ -3,7 +3,8 @@ source-image pixels."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import logging
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import msgspec
@@ -13,10 +14,13 @@ from ..config.pipeline import DetectTask as DetectConfig
 from ..config.pipeline import PreprocessConfig
 from ..errors import ConfigError
 from ..frames import Detection, Frame, TaskResult
+from ..runtime.base import format_shape
 from ..runtime.gate import Gate
-from .base import Task, label_of, load_labels
-from .decoders import Decoded, Decoder, make_decoder
+from .base import Task, label_of
+from .decoders import Decoded, Decoder, make_decoder, pick_decoder
+from .decoders.sanity import OutputCheck
 from .gates import DetectGate
+from .labels import file_metadata, find_labels, looks_like_coco80
 from .metrics import PRED_THRESHOLD, Dets, OutputPair, mean_ap
 from .nms import nms, weighted_nms
 from .preprocess import Preprocessor, Transform
@@ -26,11 +30,17 @@ if TYPE_CHECKING:
 
 __all__ = ["DetectTask"]
 
+logger = logging.getLogger(__name__)
+
 _DEFAULT_PAD = PreprocessConfig().pad_value
 
 
 class DetectTask(Task):
-    """Object detection with one of the decoders in ``tasks.decoders``.
+    """Object detection with one of the decoders in ``tasks.decoders`` (``decoder: auto``: the
+    one that fits the model's metadata and outputs, logged with why; ``decoder_choice`` holds
+    both). Labels default to the model's own (``tasks.labels``). On the first frames with
+    candidates, values no right layout gives (scores outside [0, 1], boxes inverted or off the
+    input, class ids beyond the labels) raise ``OutputLayoutError``, which stops a pipeline.
 
     BlazeFace gets MediaPipe's input convention unless configured otherwise: values in
     [-1, 1] (``scale: 0.00784``, ``mean: [1]``) and black letterbox borders (a ``pad_value``
@@ -40,7 +50,8 @@ class DetectTask(Task):
 
     Raises:
         ConfigError: the model does not have one image input, its outputs do not fit the
-            decoder (the shapes are named), or labels/classes do not match its classes.
+            decoder (the shapes are named), ``auto`` finds none or several, ``resize: none``
+            on a dynamic input, or labels/classes do not match its classes.
     """
 
     gate_key: ClassVar[str] = "detect"
@@ -52,16 +63,22 @@ class DetectTask(Task):
             raise ConfigError(f"detect needs a model with one image input; {model.name} has "
                               f"{len(model.inputs)}: {names}")
         self._input = model.inputs[0].name
-        self.preprocessor = Preprocessor(_preprocess_config(config), model.inputs[0])
-        self.decoder: Decoder = make_decoder(config.decoder, model.outputs,
-                                             self.preprocessor.size)
-        self.labels = load_labels(config.labels) or self.decoder.default_labels
-        n = self.decoder.num_classes
-        if config.labels is not None and n is not None and self.labels is not None \
-                and len(self.labels) != n:
-            raise ConfigError(f"labels has {len(self.labels)} entries; the outputs of "
-                              f"{model.name} score {n} classes")
-        self._allowed = _class_ids(config.classes, self.labels, n)
+        metadata = file_metadata(model.path, model.format, model.metadata)
+        self.labels, labels_from = find_labels(config.labels, model.path, model.format, metadata)
+        size = _input_size(config, model)
+        hints = _decoder_hints(metadata, self.labels, size)
+        name, why = (config.decoder, "configured") if config.decoder != "auto" \
+            else pick_decoder(model.outputs, hints)
+        self.decoder_choice = (name, why)
+        logger.info("%s: decoder %s (%s); labels from %s", model.name, name, why, labels_from)
+        self.preprocessor = Preprocessor(_preprocess_config(config, name), model.inputs[0])
+        self.decoder: Decoder = make_decoder(name, model.outputs, self.preprocessor.size, hints)
+        if self.labels is None:
+            self.labels = self.decoder.default_labels
+        else:
+            _check_labels(self.labels, labels_from, self.decoder, model.name)
+        self._allowed = _class_ids(config.classes, self.labels, self.decoder.num_classes)
+        self._check = OutputCheck(self.decoder, self.labels)
 
     def preprocess(self, frame: Frame) -> tuple[dict[str, np.ndarray], Transform]:
         """The model's input for ``frame`` and the letterbox transform."""
@@ -76,7 +93,7 @@ class DetectTask(Task):
     def detect(self, outputs: Mapping[str, np.ndarray], transform: Transform
                ) -> tuple[Detection, ...]:
         """Decode, filter, suppress and map back through ``transform``."""
-        d = self.select(outputs)
+        d = self.select(outputs, self._check)
         boxes = transform.boxes_to_source(d.boxes)
         labels = self.labels
         return tuple(
@@ -84,10 +101,14 @@ class DetectTask(Task):
             for b, s, c in zip(boxes.tolist(), d.scores.tolist(), d.class_ids.tolist())
         )
 
-    def select(self, outputs: Mapping[str, np.ndarray]) -> Decoded:
-        """The kept detections in model-input pixels (threshold, classes, NMS, max count)."""
+    def select(self, outputs: Mapping[str, np.ndarray],
+               check: Callable[[Decoded], None] | None = None) -> Decoded:
+        """The kept detections in model-input pixels (threshold, classes, NMS, max count);
+        ``check`` sees the candidates first (the pipeline's first-frames layout check)."""
         cfg: DetectConfig = self.config
         d = self.decoder(outputs, cfg.score_threshold)
+        if check is not None:
+            check(d)
         if self._allowed is not None:
             d = _take(d, np.isin(d.class_ids, self._allowed))
         limit = cfg.max_detections
@@ -144,9 +165,43 @@ def _take(d: Decoded, idx: Any) -> Decoded:
                    None if d.keypoints is None else d.keypoints[idx])
 
 
-def _preprocess_config(config: DetectConfig) -> PreprocessConfig:
+def _input_size(config: DetectConfig, model: Model) -> tuple[int, int]:
+    size = Preprocessor(config.preprocess, model.inputs[0]).size
+    if min(size) <= 0:
+        spec = model.inputs[0]
+        raise ConfigError(f"preprocess: {{resize: none}} on {model.name}, whose input {spec.name} "
+                          f"{format_shape(spec.shape)} has a dynamic size: the decoder needs the "
+                          "input size to place boxes; set preprocess.size: [width, height] (or "
+                          "resize: letterbox)")
+    return size
+
+
+def _decoder_hints(metadata: Mapping[str, str], labels: list[str] | None,
+                   size: tuple[int, int]) -> dict[str, str]:
+    """The metadata the decoders see: the file's, with ``imgsz`` (the input the task feeds)
+    and ``names`` (the labels, where the file has none) filled in."""
+    hints = dict(metadata)
+    hints["imgsz"] = repr([size[1], size[0]])  # Ultralytics' order: height, width
+    if labels is not None and "names" not in hints:
+        hints["names"] = repr(dict(enumerate(labels)))
+    return hints
+
+
+def _check_labels(labels: list[str], source: str, decoder: Decoder, model: str) -> None:
+    n = decoder.num_classes
+    if n is not None and len(labels) != n:
+        raise ConfigError(f"labels has {len(labels)} entries (from {source}); the outputs of "
+                          f"{model} score {n} classes")
+    if decoder.class_numbering == "tf" and looks_like_coco80(labels):
+        raise ConfigError(f"labels (from {source}) are COCO's 80 names, but decoder "
+                          f"{decoder.name} reads models numbering COCO's 91 category ids (the "
+                          "TensorFlow way): every label would be wrong (person -> bicycle); use "
+                          "labels: coco91, or the model's own 90/91-line label map")
+
+
+def _preprocess_config(config: DetectConfig, decoder: str) -> PreprocessConfig:
     pre = config.preprocess
-    if config.decoder != "blazeface":
+    if decoder != "blazeface":
         return pre
     changes: dict[str, Any] = {}
     if pre.scale is None and pre.mean is None and pre.std is None:

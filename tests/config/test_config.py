@@ -690,11 +690,6 @@ def test_typo_inside_a_part_suggests_the_field(tmp_path: Path, part: str, proble
     ("part", "problem"),
     [
         (
-            "task: {type: detect, decoder: yolo}",
-            "task.decoder: invalid enum value 'yolo'; valid: yolov8, yolov5, ssd, blazeface",
-        ),
-        ("task: {type: detect}", "task: missing required field 'decoder'"),
-        (
             "task: {type: detect, decoder: ssd, score_threshold: 1.5}",
             "task.score_threshold: expected float <= 1.0",
         ),
@@ -723,6 +718,19 @@ def test_part_field_errors(tmp_path: Path, part: str, problem: str) -> None:
     message = config_error(tmp_path, pipeline_yaml("source: {type: synthetic}", part))
 
     assert message == f"{tmp_path / 'config.yaml'}:5: $.pipelines[0].{problem}"
+
+
+def test_detect_decoder_defaults_to_auto_and_builtin_labels_stay_names(tmp_path: Path) -> None:
+    """The decoder is picked (and a configured name checked) when the task is built, where the
+    registry and the model are known; ``coco`` is the built-in list, not a file beside it."""
+    file = write(tmp_path, pipeline_yaml("source: {type: synthetic}",
+                                         "task: {type: detect, labels: coco, decoder: anything}"))
+    task = load_config(file).pipelines[0].task
+    assert task == DetectTask(decoder="anything", labels="coco")
+    file = write(tmp_path, pipeline_yaml("source: {type: synthetic}",
+                                         "task: {type: detect, labels: coco.txt}"))
+    task = load_config(file).pipelines[0].task
+    assert task == DetectTask(decoder="auto", labels=str(tmp_path / "coco.txt"))
 
 
 @pytest.mark.parametrize(

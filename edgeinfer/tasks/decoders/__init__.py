@@ -9,11 +9,12 @@ bound to them and has a ``matches(outputs, metadata)`` test used to pick one for
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 
 from ..._importer import import_from_string
 from ...errors import ConfigError
-from ...runtime.base import TensorSpec
+from ...runtime.base import TensorSpec, format_shape
 from .base import Decoded, Decoder
 from .blazeface import BlazeFaceDecoder, blazeface_anchors
 from .ssd import SsdDecoder
@@ -21,13 +22,17 @@ from .yolo import YoloV5Decoder, YoloV8Decoder
 
 __all__ = ["DECODERS", "BlazeFaceDecoder", "Decoded", "Decoder", "SsdDecoder", "YoloV5Decoder",
            "YoloV8Decoder", "blazeface_anchors", "decoder_class", "make_decoder",
-           "register_decoder"]
+           "pick_decoder", "register_decoder"]
+
+logger = logging.getLogger(__name__)
 
 DECODERS: dict[str, str | type[Decoder]] = {
     "yolov8": "edgeinfer.tasks.decoders.yolo:YoloV8Decoder",
     "yolov5": "edgeinfer.tasks.decoders.yolo:YoloV5Decoder",
     "ssd": "edgeinfer.tasks.decoders.ssd:SsdDecoder",
     "blazeface": "edgeinfer.tasks.decoders.blazeface:BlazeFaceDecoder",
+    "yolo-end2end": "edgeinfer.tasks.decoders.end2end:YoloEnd2EndDecoder",
+    "ultralytics-rtdetr": "edgeinfer.tasks.decoders.rtdetr:UltralyticsRtDetrDecoder",
 }
 
 
@@ -55,8 +60,8 @@ def decoder_class(name: str) -> type[Decoder]:
     try:
         entry = DECODERS[name]
     except KeyError:
-        raise ConfigError(f"unknown decoder {name!r}; valid: {', '.join(sorted(DECODERS))}"
-                          ) from None
+        valid = ", ".join(["auto", *sorted(DECODERS)])
+        raise ConfigError(f"unknown decoder {name!r}; valid: {valid}") from None
     cls: type[Decoder] = import_from_string(entry) if isinstance(entry, str) else entry
     return cls
 
@@ -68,4 +73,53 @@ def make_decoder(name: str, outputs: Sequence[TensorSpec], input_size: tuple[int
     Raises:
         ConfigError: unknown decoder, or outputs it cannot read (the shapes are named).
     """
-    return decoder_class(name)(outputs, input_size, metadata)
+    decoder = decoder_class(name)(outputs, input_size, metadata)
+    if decoder.doubt is not None:
+        logger.warning("decoder %s: %s; the first frames' values are checked", name,
+                       decoder.doubt)
+    return decoder
+
+
+def pick_decoder(outputs: Sequence[TensorSpec], metadata: Mapping[str, str]) -> tuple[str, str]:
+    """``decoder: auto``: the one registered decoder whose ``matches`` accepts ``outputs``.
+
+    Returns:
+        The decoder's name and why it was picked (for the log and ``edgeinfer info``).
+
+    Raises:
+        ConfigError: none fits (each one's reason is given), or several do (they are named).
+    """
+    fits: list[str] = []
+    reasons: list[str] = []
+    for name in DECODERS:
+        try:
+            verdict = decoder_class(name).matches(outputs, metadata)
+        except ImportError as exc:  # a plug-in whose package is missing cannot be the one
+            reasons.append(f"decoder {name} cannot be imported: {exc}")
+            continue
+        if verdict is True:
+            fits.append(name)
+        elif isinstance(verdict, str):
+            reasons.append(verdict)
+    have = ", ".join(f"{s.name} {format_shape(s.shape)}" for s in outputs) or "none"
+    if len(fits) == 1:
+        return fits[0], f"the only decoder whose layout fits {have}{_meta_note(metadata)}"
+    if fits:
+        raise _several(fits, have)
+    raise ConfigError(f"decoder: auto found no decoder for the outputs {have}; set decoder: "
+                      "(or the task type) to the one that made this model. "
+                      + "; ".join(reasons))
+
+
+def _several(fits: list[str], have: str) -> ConfigError:
+    names = " and ".join(", ".join(fits).rsplit(", ", 1))
+    return ConfigError(f"decoder: auto: the outputs {have} fit {names}, and the model's metadata "
+                      "does not say which made it; set decoder: to one of them (the labels, "
+                      "or a metadata 'names', can also tell YOLO layouts apart)")
+
+
+def _meta_note(metadata: Mapping[str, str]) -> str:
+    facts = [f"{k} {metadata[k]}" for k in ("task", "imgsz") if k in metadata]
+    if "names" in metadata:
+        facts.append("class names")
+    return f" (metadata: {', '.join(facts)})" if facts else ""

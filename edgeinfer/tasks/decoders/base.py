@@ -18,11 +18,11 @@ import numpy as np
 
 from ...errors import ConfigError
 from ...runtime.base import TensorSpec, format_shape
+from .meta import read_meta
 
 __all__ = ["Decoded", "Decoder", "sigmoid", "xywh_to_xyxy"]
 
-# Input size a decoder is bound with by ``matches`` when the metadata names none: only the
-# decoders whose checks depend on the input size (BlazeFace anchors) override ``matches``.
+# Input size a decoder is bound with by ``matches`` when the metadata names none.
 NOMINAL_SIZE = (640, 640)
 
 
@@ -59,12 +59,22 @@ class Decoder(ABC):
     expects: ClassVar[str]
     suppression: ClassVar[Literal["greedy", "weighted", "none"]] = "greedy"
     default_labels: ClassVar[list[str] | None] = None
+    hint: ClassVar[str] = ""
+    """The layouts this decoder's shape is most often confused with, named when the first
+    frames' values show the outputs are not this layout."""
+    class_numbering: ClassVar[Literal["dense", "tf"]] = "dense"
+    """``tf``: class ids follow the TensorFlow Object Detection COCO numbering (91 ids, 80
+    used), so COCO's 80 names would name every class wrong and are refused."""
 
     def __init__(self, outputs: Sequence[TensorSpec], input_size: tuple[int, int],
                  metadata: Mapping[str, str] | None = None) -> None:
         self.input_size = input_size
         self.metadata: Mapping[str, str] = metadata or {}
         self.num_classes: int | None = None
+        # Set by _bind when the outputs are readable but do not look like this layout (a row
+        # count that is not the head's grid): a configured decoder logs it and the first
+        # frames' values decide; `decoder: auto` does not pick it.
+        self.doubt: str | None = None
         self._outputs = tuple(outputs)
         self._bind(self._outputs)
 
@@ -75,14 +85,15 @@ class Decoder(ABC):
         Returns:
             ``True`` when it does; else why not (a reason for the log and the refusal), or
             ``False`` when the outputs are not this family's at all. The default binds the
-            decoder at a nominal input size: a decoder whose checks need the real input size
-            overrides this.
+            decoder (a ``doubt`` it has is a reason not to pick it) at the input size the
+            metadata's ``imgsz`` names (``decoder: auto`` fills it in from the model input),
+            else at a nominal 640x640.
         """
         try:
-            cls(outputs, NOMINAL_SIZE, metadata)
+            bound = cls(outputs, read_meta(metadata).imgsz or NOMINAL_SIZE, metadata)
         except ConfigError as exc:
             return str(exc)
-        return True
+        return True if bound.doubt is None else f"decoder {cls.name}: {bound.doubt}"
 
     @abstractmethod
     def _bind(self, outputs: tuple[TensorSpec, ...]) -> None:

@@ -19,6 +19,8 @@ class SsdDecoder(Decoder):
     expects = ("four outputs (TFLite_Detection_PostProcess): boxes 1 x N x 4 (ymin, xmin, ymax, "
                "xmax, normalized), classes 1 x N, scores 1 x N, count 1")
     suppression = "none"
+    class_numbering = "tf"
+    hint = "the TF Object Detection API outputs in another order, or pixel boxes"
 
     def _bind(self, outputs: tuple[TensorSpec, ...]) -> None:
         if len(outputs) != 4:
