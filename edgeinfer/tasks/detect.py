@@ -14,10 +14,10 @@ from ..config.pipeline import DetectTask as DetectConfig
 from ..config.pipeline import PreprocessConfig
 from ..errors import ConfigError
 from ..frames import Detection, Frame, TaskResult
-from ..runtime.base import format_shape
+from ..runtime.base import TensorSpec, format_shape
 from ..runtime.gate import Gate
 from .base import Task, label_of
-from .decoders import Decoded, Decoder, make_decoder, pick_decoder
+from .decoders import Decoded, Decoder, decoder_class, make_decoder, pick_decoder
 from .decoders.sanity import OutputCheck
 from .gates import DetectGate
 from .labels import file_metadata, find_labels, looks_like_coco80
@@ -58,21 +58,22 @@ class DetectTask(Task):
 
     def __init__(self, config: DetectConfig, model: Model) -> None:
         super().__init__(config, model)
-        if len(model.inputs) != 1:
-            names = ", ".join(s.name for s in model.inputs)
-            raise ConfigError(f"detect needs a model with one image input; {model.name} has "
-                              f"{len(model.inputs)}: {names}")
-        self._input = model.inputs[0].name
+        image = _image_input(model)
+        self._input = image.name
         metadata = file_metadata(model.path, model.format, model.metadata)
         self.labels, labels_from = find_labels(config.labels, model.path, model.format, metadata)
-        size = _input_size(config, model)
+        size = _input_size(config, model, image)
         hints = _decoder_hints(metadata, self.labels, size)
         name, why = (config.decoder, "configured") if config.decoder != "auto" \
             else pick_decoder(model.outputs, hints)
         self.decoder_choice = (name, why)
         logger.info("%s: decoder %s (%s); labels from %s", model.name, name, why, labels_from)
-        self.preprocessor = Preprocessor(_preprocess_config(config, name), model.inputs[0])
+        family = decoder_class(name)
+        self.preprocessor = Preprocessor(_preprocess_config(config, family), image,
+                                         anchor=family.letterbox)
         self.decoder: Decoder = make_decoder(name, model.outputs, self.preprocessor.size, hints)
+        # Inputs besides the image (RT-DETR's orig_target_sizes): the decoder says what to feed.
+        self._fixed = self.decoder.fill_inputs([s for s in model.inputs if s is not image])
         if self.labels is None:
             self.labels = self.decoder.default_labels
         else:
@@ -83,6 +84,8 @@ class DetectTask(Task):
     def preprocess(self, frame: Frame) -> tuple[dict[str, np.ndarray], Transform]:
         """The model's input for ``frame`` and the letterbox transform."""
         tensor, transform = self.preprocessor(frame.data)
+        if self._fixed:
+            return {self._input: tensor, **self._fixed}, transform
         return {self._input: tensor}, transform
 
     def postprocess(self, outputs: Mapping[str, np.ndarray], frame: Frame, context: Any
@@ -165,10 +168,19 @@ def _take(d: Decoded, idx: Any) -> Decoded:
                    None if d.keypoints is None else d.keypoints[idx])
 
 
-def _input_size(config: DetectConfig, model: Model) -> tuple[int, int]:
-    size = Preprocessor(config.preprocess, model.inputs[0]).size
+def _image_input(model: Model) -> TensorSpec:
+    """The model's one image (4-D) input; other inputs are the decoder's to fill."""
+    images = [s for s in model.inputs if len(s.shape) == 4]
+    if len(model.inputs) == 1 or len(images) == 1:
+        return images[0] if images else model.inputs[0]
+    names = ", ".join(f"{s.name} {format_shape(s.shape)}" for s in model.inputs)
+    raise ConfigError(f"detect needs a model with one image input; {model.name} has "
+                      f"{len(model.inputs)}: {names}")
+
+
+def _input_size(config: DetectConfig, model: Model, spec: TensorSpec) -> tuple[int, int]:
+    size = Preprocessor(config.preprocess, spec).size
     if min(size) <= 0:
-        spec = model.inputs[0]
         raise ConfigError(f"preprocess: {{resize: none}} on {model.name}, whose input {spec.name} "
                           f"{format_shape(spec.shape)} has a dynamic size: the decoder needs the "
                           "input size to place boxes; set preprocess.size: [width, height] (or "
@@ -199,12 +211,14 @@ def _check_labels(labels: list[str], source: str, decoder: Decoder, model: str) 
                           "labels: coco91, or the model's own 90/91-line label map")
 
 
-def _preprocess_config(config: DetectConfig, decoder: str) -> PreprocessConfig:
+def _preprocess_config(config: DetectConfig, decoder: type[Decoder]) -> PreprocessConfig:
     pre = config.preprocess
-    if decoder != "blazeface":
-        return pre
+    unset = pre.scale is None and pre.mean is None and pre.std is None
+    if decoder.name != "blazeface":
+        return msgspec.structs.replace(pre, **decoder.input_values) \
+            if unset and decoder.input_values else pre
     changes: dict[str, Any] = {}
-    if pre.scale is None and pre.mean is None and pre.std is None:
+    if unset:
         changes.update(scale=1 / 127.5, mean=[1.0])
     if pre.pad_value == _DEFAULT_PAD:
         changes["pad_value"] = 0

@@ -22,9 +22,10 @@ from ..config.pipeline import PreprocessConfig
 from ..errors import ConfigError, InvalidInputError
 from ..runtime.base import Dim, TensorSpec, format_shape
 
-__all__ = ["Preprocessor", "Transform", "infer_layout"]
+__all__ = ["Anchor", "Preprocessor", "Transform", "infer_layout"]
 
 Layout = Literal["nchw", "nhwc"]
+Anchor = Literal["center", "top-left"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +91,8 @@ class Preprocessor:
     Args:
         config: What to do; ``None`` fields are read from ``spec``.
         spec: The model input (4-D image tensor).
+        anchor: Where a letterboxed image sits: ``center`` (padding split around it), or
+            ``top-left`` (padding right and below, as YOLOX's own preprocessing does).
 
     Defaults: float inputs get ``scale = 1/255`` and no mean/std; uint8 inputs raw pixels; int8
     inputs pixels - 128; a quantized (TFLite) input gets float values such that the backend's
@@ -100,10 +103,11 @@ class Preprocessor:
             or ``mean``/``std`` do not match its channels.
     """
 
-    __slots__ = ("alpha", "beta", "channels", "color", "dtype", "layout", "pad_value", "resize",
-                 "size", "_canvas", "_plan", "_rgb", "_src", "_uniform", "_view")
+    __slots__ = ("alpha", "anchor", "beta", "channels", "color", "dtype", "layout", "pad_value",
+                 "resize", "size", "_canvas", "_plan", "_rgb", "_src", "_uniform", "_view")
 
-    def __init__(self, config: PreprocessConfig, spec: TensorSpec) -> None:
+    def __init__(self, config: PreprocessConfig, spec: TensorSpec, anchor: Anchor = "center"
+                 ) -> None:
         layout = config.layout or infer_layout(spec.shape)
         if layout is None or len(spec.shape) != 4:
             raise ConfigError(
@@ -117,6 +121,7 @@ class Preprocessor:
             raise ConfigError(f"input {spec.name!r} {format_shape(spec.shape)} has "
                               f"{self.channels} channels; images have 1 or 3")
         self.resize = config.resize
+        self.anchor: Anchor = anchor
         self.size = _size(config, spec, w, h)
         self.color = config.color
         self.pad_value = config.pad_value
@@ -162,7 +167,7 @@ class Preprocessor:
         else:
             s = min(tw / w, th / h)
             nw, nh = max(1, round(w * s)), max(1, round(h * s))
-            px, py = (tw - nw) // 2, (th - nh) // 2
+            px, py = ((tw - nw) // 2, (th - nh) // 2) if self.anchor == "center" else (0, 0)
         self._plan = Transform(nw / w, nh / h, float(px), float(py), w, h)
         if (nw, nh) == (w, h) and (self.resize == "none" or (w, h) == (tw, th)):
             # The frame already is the model's size: no resize, no canvas.

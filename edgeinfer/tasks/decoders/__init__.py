@@ -33,6 +33,11 @@ DECODERS: dict[str, str | type[Decoder]] = {
     "blazeface": "edgeinfer.tasks.decoders.blazeface:BlazeFaceDecoder",
     "yolo-end2end": "edgeinfer.tasks.decoders.end2end:YoloEnd2EndDecoder",
     "ultralytics-rtdetr": "edgeinfer.tasks.decoders.rtdetr:UltralyticsRtDetrDecoder",
+    "yolox": "edgeinfer.tasks.decoders.yolox:YoloxDecoder",
+    "yolo-nas": "edgeinfer.tasks.decoders.yolonas:YoloNasDecoder",
+    "rtdetr": "edgeinfer.tasks.decoders.detr:RtDetrDecoder",
+    "dfine": "edgeinfer.tasks.decoders.detr:DFineDecoder",
+    "rfdetr": "edgeinfer.tasks.decoders.detr:RfDetrDecoder",
 }
 
 

@@ -65,6 +65,12 @@ class Decoder(ABC):
     class_numbering: ClassVar[Literal["dense", "tf"]] = "dense"
     """``tf``: class ids follow the TensorFlow Object Detection COCO numbering (91 ids, 80
     used), so COCO's 80 names would name every class wrong and are refused."""
+    letterbox: ClassVar[Literal["center", "top-left"]] = "center"
+    """Where the family's own preprocessing puts a letterboxed image: centered (Ultralytics),
+    or at the top-left with the padding right and below (YOLOX)."""
+    input_values: ClassVar[dict[str, float | list[float]]] = {}
+    """``preprocess`` scale/mean/std the family's models were trained with, used when the
+    config sets none of the three."""
 
     def __init__(self, outputs: Sequence[TensorSpec], input_size: tuple[int, int],
                  metadata: Mapping[str, str] | None = None) -> None:
@@ -94,6 +100,19 @@ class Decoder(ABC):
         except ConfigError as exc:
             return str(exc)
         return True if bound.doubt is None else f"decoder {cls.name}: {bound.doubt}"
+
+    def fill_inputs(self, inputs: Sequence[TensorSpec]) -> dict[str, np.ndarray]:
+        """Values for the model's inputs other than the image (the same every frame).
+
+        Raises:
+            ConfigError: this decoder fills none (the default), or not these.
+        """
+        if not inputs:
+            return {}
+        names = ", ".join(f"{s.name} {format_shape(s.shape)}" for s in inputs)
+        raise ConfigError(f"decoder {self.name} feeds the model one image input; it also has "
+                          f"{names}, which this decoder does not fill: is it the layout of "
+                          "another decoder (rtdetr, dfine: an orig_target_sizes input)?")
 
     @abstractmethod
     def _bind(self, outputs: tuple[TensorSpec, ...]) -> None:
