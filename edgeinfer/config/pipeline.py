@@ -250,7 +250,11 @@ class DetectTask(_Part, tag="detect", frozen=True):
         decoder: ``auto`` (picked from the model's metadata and output shapes; two that fit are
             refused), or a registered decoder: ``yolov8`` (1 x (4+classes) x N, or transposed),
             ``yolov5`` (1 x N x (5+classes)), ``yolo-end2end`` (1 x K x 6: YOLOv10, YOLO26,
-            nms=True exports), ``ultralytics-rtdetr``, ``ssd`` (boxes, classes, scores, count),
+            nms=True exports), ``ultralytics-rtdetr``, ``ssd`` (boxes, classes, scores, count
+            in any order: TFLite post-processing, TF Object Detection API), ``yolox`` (raw
+            grid rows; never picked by ``auto`` unless the metadata names YOLOX), ``yolo-nas``
+            (with its NMS), ``rtdetr``/``dfine`` (labels, boxes, scores; the
+            ``orig_target_sizes`` input is filled), ``rfdetr`` (dets + class logits),
             ``blazeface`` (anchors, regressors + scores). Checked when the task is built.
         score_threshold, iou_threshold: Keep boxes scoring at least this; NMS overlap.
         max_detections: Keep at most this many, best first.
