@@ -21,7 +21,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 __all__ = ["FRAME", "Planted", "const_model", "od_api_model", "rfdetr_model", "rtdetr_model",
-           "ssd_model", "to_input", "yolonas_model", "yolox_model"]
+           "ssd_model", "ssd_outputs", "to_input", "yolonas_model", "yolox_model"]
 
 FRAME = (1280, 720)
 """``(width, height)`` of the source frame the tests feed."""
@@ -69,7 +69,7 @@ def ssd_model(path: Path, dets: Sequence[Planted], *, size: tuple[int, int] = (3
     """``TFLite_Detection_PostProcess``'s four outputs in ``order`` (boxes ymin, xmin, ymax,
     xmax normalized; classes from 0; padding rows after the count hold junk), named
     ``names[role]`` or ``StatefulPartitionedCall:<i>`` as TF2 exports name them."""
-    roles = _ssd_roles(dets, size, rows)
+    roles = ssd_outputs(dets, size, rows)
     outs = {(names or {}).get(r, f"StatefulPartitionedCall:{i}"): roles[r]
             for i, r in enumerate(order)}
     return const_model(path, outs, size=size, layout=layout, dtype=dtype)
@@ -81,7 +81,7 @@ def od_api_model(path: Path, dets: Sequence[Planted], *, size: tuple[int, int] =
     """The TF Object Detection API's ``detection_*`` outputs (class ids from 1), uint8 NHWC
     input; ``eight``: the TF2 SavedModel's 8-output form with its raw and multiclass outputs
     (raw boxes deliberately elsewhere, so reading them would fail the test)."""
-    roles = _ssd_roles(dets, size, rows)
+    roles = ssd_outputs(dets, size, rows)
     outs = {"detection_boxes": roles["boxes"], "detection_classes": roles["classes"],
             "detection_scores": roles["scores"], "num_detections": roles["count"]}
     if eight:
@@ -186,8 +186,10 @@ def rfdetr_model(path: Path, dets: Sequence[Planted], *, size: tuple[int, int] =
 # --- graph pieces ---------------------------------------------------------------------------------
 
 
-def _ssd_roles(dets: Sequence[Planted], size: tuple[int, int], rows: int
-               ) -> dict[str, np.ndarray]:
+def ssd_outputs(dets: Sequence[Planted], size: tuple[int, int], rows: int = 10
+                ) -> dict[str, np.ndarray]:
+    """``boxes``, ``classes``, ``scores``, ``count`` of TFLite's post-processing op for
+    ``dets`` (boxes ymin, xmin, ymax, xmax fractions of ``size``), junk in the padding rows."""
     w, h = size
     boxes = np.tile(np.array([0.1, 0.1, 0.9, 0.9], np.float32), (1, rows, 1))  # padding junk
     classes = np.full((1, rows), 5.0, np.float32)

@@ -38,6 +38,7 @@ __all__ = [
     "int8_fc_reference",
     "quantize",
     "reshape_model",
+    "ssd_postprocess_model",
     "uint8_add_model",
     "uint8_add_reference",
 ]
@@ -372,3 +373,34 @@ def reshape_model(path: Path) -> Path:
     y = g.tensor("y", [8], TT.FLOAT32)
     g.op(OP.RESHAPE, [x, shape], [y])
     return _write(path, g.finish([x], [y]))
+
+
+def ssd_postprocess_model(
+    path: Path,
+    outputs: Sequence[tuple[str, np.ndarray, tuple[float, int] | None]],
+    size: tuple[int, int] = (300, 300),
+) -> Path:
+    """A stand-in for a quantized SSD export: a uint8 ``[1, h, w, 3]`` image in, and
+    ``outputs`` (name, values, int8 quantization or ``None`` for float32) out in that order,
+    each ``values + 0`` (an ADD of constants: the image is not read).
+
+    Quantized values are given as float and stored as int8 with their (scale, zero point).
+    """
+    w, h = size
+    g = _Graph()
+    image = g.tensor("images", [1, h, w, 3], TT.UINT8, quant=(1.0, 0))
+    outs = []
+    for name, values, quant in outputs:
+        shape = list(values.shape)
+        if quant is None:
+            data, ttype = values.astype(np.float32), TT.FLOAT32
+        else:
+            data, ttype = quantize(values, *quant), TT.INT8
+        zero = np.full(shape, 0 if quant is None else quant[1], data.dtype)
+        a = g.tensor(name + "_value", shape, ttype, data=data, quant=quant)
+        b = g.tensor(name + "_zero", shape, ttype, data=zero, quant=quant)
+        y = g.tensor(name, shape, ttype, quant=quant)
+        g.op(OP.ADD, [a, b], [y], options=schema.AddOptionsT(),
+             options_type=schema.BuiltinOptions.AddOptions, version=2 if quant else 1)
+        outs.append(y)
+    return _write(path, g.finish([image], outs))

@@ -19,6 +19,7 @@ from edgeinfer.tasks import make_task
 from edgeinfer.tasks.decoders import make_decoder
 from edgeinfer.tasks.detect import DetectTask
 from edgeinfer.tasks.labels import COCO80, COCO91
+from edgeinfer.testing.tflite_models import ssd_postprocess_model
 from edgeinfer.testing.export_layouts import (
     FRAME,
     Planted,
@@ -26,6 +27,7 @@ from edgeinfer.testing.export_layouts import (
     rfdetr_model,
     rtdetr_model,
     ssd_model,
+    ssd_outputs,
     to_input,
     yolonas_model,
     yolox_model,
@@ -122,6 +124,20 @@ def test_ssd_int8_outputs_are_dequantized() -> None:
     np.testing.assert_allclose(d.boxes, [[30, 60, 150, 180]], atol=0.5)
     np.testing.assert_allclose(d.scores, [0.8], atol=1 / 256)
     assert d.class_ids.tolist() == [4]
+
+
+def test_ssd_int8_tflite_export(tmp_path: Path) -> None:
+    size = (300, 300)
+    roles = ssd_outputs(_planted(size, 0, 2), size)
+    q = (1 / 255, -128)  # 0..1 in int8
+    path = ssd_postprocess_model(tmp_path / "ssd.tflite", [
+        ("StatefulPartitionedCall:0", roles["scores"], q),
+        ("StatefulPartitionedCall:1", roles["boxes"], q),
+        ("StatefulPartitionedCall:2", roles["count"], None),
+        ("StatefulPartitionedCall:3", roles["classes"], None)], size=size)
+    task, dets = _detect(path, labels=COCO90, score_threshold=0.5)
+    assert [s.dtype for s in task.model.outputs[:2]] == ["int8", "int8"]
+    _found(dets, (PERSON, "person"), (CAR, "car"))
 
 
 @pytest.mark.parametrize("eight", [False, True])

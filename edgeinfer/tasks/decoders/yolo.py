@@ -79,7 +79,8 @@ class YoloV8Decoder(_GridDecoder):
             return
         if n == cols - 5:
             raise self._refuse(f"{n} class names and {cols} values per box: the YOLOv5/v7 "
-                               "layout 1 x N x (5+C) (decoder: yolov5)")
+                               "layout 1 x N x (5+C) (decoder: yolov5), or YOLOX's raw one "
+                               "(decoder: yolox)")
         raise self._refuse(f"1 x N x {cols} is the transposed YOLOv8 layout only if the model has "
                            f"{cols - 4} classes; it is also YOLOv5/v7's 1 x N x (5+C) (decoder: "
                            f"yolov5) and YOLOX's (decoder: yolox). Give the labels ({cols - 4} "
