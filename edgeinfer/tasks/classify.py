@@ -9,7 +9,7 @@ import numpy as np
 
 from ..config.pipeline import ClassifyTask as ClassifyConfig
 from ..errors import ConfigError, InvalidInputError
-from ..frames import Classification, Frame, TaskResult
+from ..frames import TOP, Classification, Frame, TaskResult
 from ..runtime.base import format_shape
 from ..runtime.gate import Gate
 from .base import Task, label_of, load_labels
@@ -76,7 +76,7 @@ class ClassifyTask(Task):
     def postprocess(self, outputs: Mapping[str, np.ndarray], frame: Frame, context: Any
                     ) -> TaskResult:
         """The ``top_k`` classes scoring at least ``score_threshold``, best first."""
-        return TaskResult(top=self.classify(outputs[self._output]))
+        return TaskResult(TOP, self.classify(outputs[self._output]))
 
     def classify(self, output: np.ndarray) -> tuple[Classification, ...]:
         """Top-k of one output tensor (batch of 1)."""

@@ -12,7 +12,7 @@ import numpy as np
 from ..config.pipeline import DetectTask as DetectConfig
 from ..config.pipeline import PreprocessConfig
 from ..errors import ConfigError
-from ..frames import Detection, Frame, TaskResult
+from ..frames import DETECTIONS, Detection, Frame, TaskResult
 from ..runtime.gate import Gate
 from .base import Task, label_of, load_labels
 from .decoders import Decoded, Decoder, make_decoder
@@ -71,7 +71,7 @@ class DetectTask(Task):
     def postprocess(self, outputs: Mapping[str, np.ndarray], frame: Frame, context: Any
                     ) -> TaskResult:
         """Detections in ``frame``'s pixels, best score first."""
-        return TaskResult(detections=self.detect(outputs, context))
+        return TaskResult(DETECTIONS, self.detect(outputs, context))
 
     def detect(self, outputs: Mapping[str, np.ndarray], transform: Transform
                ) -> tuple[Detection, ...]:

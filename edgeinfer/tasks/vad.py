@@ -26,7 +26,7 @@ import numpy as np
 
 from ..config.pipeline import VadTask as VadConfig
 from ..errors import ConfigError
-from ..frames import DropFrame, Frame, TaskResult, VadState
+from ..frames import VAD, DropFrame, Frame, TaskResult, VadState
 from .base import Task
 
 if TYPE_CHECKING:
@@ -146,12 +146,12 @@ class VadTask(Task):
                 silence, self._silence, self._candidate = self._silence, None, None
                 if self._speech:
                     start, self._segment, self._speech = self._segment, None, False
-                    return TaskResult(vad=VadState(False, p, start, silence, "end"))
+                    return TaskResult(VAD, VadState(False, p, start, silence, "end"))
         if (not self._speech and self._candidate is not None and self._silence is None
                 and (t + duration - self._candidate) * 1000.0 >= c.min_speech_ms - 1e-6):
             self._speech, self._segment, self._candidate = True, self._candidate, None
-            return TaskResult(vad=VadState(True, p, self._segment, None, "start"))
-        return TaskResult(vad=VadState(self._speech, p, self._segment))
+            return TaskResult(VAD, VadState(True, p, self._segment, None, "start"))
+        return TaskResult(VAD, VadState(self._speech, p, self._segment))
 
 
 def _native(sample_rate: int) -> tuple[int, int]:
