@@ -12,7 +12,7 @@ from ..errors import ConfigError, InvalidInputError
 from ..frames import TOP, Classification, Frame, TaskResult
 from ..runtime.base import format_shape
 from ..runtime.gate import Gate
-from .base import Task, label_of, load_labels
+from .base import Entity, Task, label_of, load_labels
 from .gates import ClassifyGate
 from .metrics import OutputPair, cosine
 from .preprocess import Preprocessor, Transform
@@ -46,7 +46,16 @@ class ClassifyTask(Task):
             per class, or the labels do not match the class count.
     """
 
+    Config = ClassifyConfig
+    part = TOP
     gate_key: ClassVar[str] = "classify"
+
+    @classmethod
+    def ha_entities(cls, pipeline: str, result_topic: str) -> list[Entity]:
+        """The top label."""
+        return [("sensor", "top", {
+            "name": f"{pipeline} top label", "state_topic": result_topic,
+            "value_template": "{{ value_json.top[0].label if value_json.top else 'none' }}"})]
 
     def __init__(self, config: ClassifyConfig, model: Model) -> None:
         super().__init__(config, model)

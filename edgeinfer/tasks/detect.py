@@ -14,7 +14,7 @@ from ..config.pipeline import PreprocessConfig
 from ..errors import ConfigError
 from ..frames import DETECTIONS, Detection, Frame, TaskResult
 from ..runtime.gate import Gate
-from .base import Task, label_of, load_labels
+from .base import Entity, Task, label_of, load_labels
 from .decoders import Decoded, Decoder, make_decoder
 from .gates import DetectGate
 from .metrics import PRED_THRESHOLD, Dets, OutputPair, mean_ap
@@ -43,7 +43,27 @@ class DetectTask(Task):
             decoder (the shapes are named), or labels/classes do not match its classes.
     """
 
+    Config = DetectConfig
+    part = DETECTIONS
     gate_key: ClassVar[str] = "detect"
+
+    @classmethod
+    def ha_entities(cls, pipeline: str, result_topic: str) -> list[Entity]:
+        """Something detected (occupancy), how many, and the best one's label."""
+        return [
+            ("binary_sensor", "detected", {
+                "name": f"{pipeline} detected", "state_topic": result_topic,
+                "value_template": "{{ 'ON' if value_json.detections | length > 0 else 'OFF' }}",
+                "device_class": "occupancy"}),
+            ("sensor", "count", {
+                "name": f"{pipeline} count", "state_topic": result_topic,
+                "state_class": "measurement",
+                "value_template": "{{ value_json.detections | length }}"}),
+            ("sensor", "top", {
+                "name": f"{pipeline} top label", "state_topic": result_topic,
+                "value_template": "{{ value_json.detections[0].label if value_json.detections "
+                                  "else 'none' }}"}),
+        ]
 
     def __init__(self, config: DetectConfig, model: Model) -> None:
         super().__init__(config, model)

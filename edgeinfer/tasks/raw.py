@@ -36,6 +36,9 @@ class RawTask(Task):
         ConfigError: ``preprocess`` is configured for a model whose inputs are not one image.
     """
 
+    Config = RawConfig
+    part = OUTPUTS
+
     def __init__(self, config: RawConfig, model: Model) -> None:
         super().__init__(config, model)
         self.preprocessor: Preprocessor | None = None

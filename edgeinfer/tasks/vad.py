@@ -27,7 +27,7 @@ import numpy as np
 from ..config.pipeline import VadTask as VadConfig
 from ..errors import ConfigError
 from ..frames import VAD, DropFrame, Frame, TaskResult, VadState
-from .base import Task
+from .base import Entity, Task
 
 if TYPE_CHECKING:
     from ..model.model import Model
@@ -60,7 +60,22 @@ class VadTask(Task):
         ConfigError: The model's inputs or outputs are not Silero's (the message names them).
     """
 
+    Config = VadConfig
+    part = VAD
     stateful = True
+
+    @classmethod
+    def ha_entities(cls, pipeline: str, result_topic: str) -> list[Entity]:
+        """Speech or not."""
+        return [("binary_sensor", "speech", {
+            "name": f"{pipeline} speech", "state_topic": result_topic,
+            "value_template": "{{ 'ON' if value_json.vad.speech else 'OFF' }}",
+            "device_class": "sound"})]
+
+    @classmethod
+    def load_options(cls, config: Any, source: Any) -> dict[str, Any]:
+        """Silero's input shapes and warm-up values at the source's sample rate."""
+        return silero_load_options(getattr(source, "sample_rate", 16000))
 
     def __init__(self, config: VadConfig, model: Model) -> None:
         super().__init__(config, model)
