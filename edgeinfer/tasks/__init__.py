@@ -25,7 +25,7 @@ TASKS: dict[str, str | type[Task]] = {
 }
 
 __all__ = ["TASKS", "Entity", "Task", "label_of", "load_labels", "make_task", "register_task",
-           "task_class"]
+           "task_class", "task_for_gate"]
 
 
 def task_class(name: str) -> type[Task]:
@@ -36,6 +36,16 @@ def task_class(name: str) -> type[Task]:
     """
     cls: type[Task] = resolve(TASKS, name, "task type")
     return cls
+
+
+def task_for_gate(key: str) -> type[Task]:
+    """The task class whose answers a report or a cached decision names by ``key`` (its
+    ``gate_key``; ``Task`` itself for the outputs every task has)."""
+    for name in TASKS:
+        cls = task_class(name)
+        if cls.gate_key == key:
+            return cls
+    return Task
 
 
 def make_task(config: Any, model: Model) -> Task:

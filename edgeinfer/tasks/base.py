@@ -24,7 +24,7 @@ from ..config.pipeline import TaskOptions
 from ..errors import ConfigError
 from ..frames import OUTPUTS, Frame, PartKind, TaskResult
 from ..runtime.gate import Gate, OutputsGate
-from .metrics import OutputPair
+from .metrics import OutputPair, fmt_metric
 
 if TYPE_CHECKING:
     from ..model.model import Model
@@ -101,6 +101,16 @@ class Task(ABC):
         terms (``edgeinfer quantize``'s report adds them beside the per-tensor measures);
         ``pairs`` holds the reference model's and the compared model's outputs per input."""
         return {}
+
+    @classmethod
+    def accuracy_rows(cls, report: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """A measured quantization report as ``(label, text)`` rows: a task's own measures
+        (``accuracy_metrics``) first, then the per-tensor ones every report has."""
+        f = fmt_metric
+        return [(f"output {name}"[:13],
+                 f"cosine mean {f(o['cosine_mean'])} min {f(o['cosine_min'])}, max abs error "
+                 f"{f(o['max_abs_error'], 4)} (float values up to {f(o['float_max_abs'], 3)})")
+                for name, o in report.get("outputs", {}).items()]
 
 
 def load_labels(labels: str | list[str] | None) -> list[str] | None:

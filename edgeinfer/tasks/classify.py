@@ -14,7 +14,7 @@ from ..runtime.base import format_shape
 from ..runtime.gate import Gate
 from .base import Entity, Task, label_of, load_labels
 from .gates import ClassifyGate
-from .metrics import OutputPair, cosine
+from .metrics import OutputPair, cosine, fmt_metric
 from .preprocess import Preprocessor, Transform
 
 if TYPE_CHECKING:
@@ -118,6 +118,14 @@ class ClassifyTask(Task):
         return {"top1_agreement": float(np.mean(agree)) if agree else None,
                 "cosine_mean": float(np.mean(cos)) if cos else None,
                 "cosine_min": float(np.min(cos)) if cos else None}
+
+    @classmethod
+    def accuracy_rows(cls, report: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """Top-1 agreement and cosine, then the per-tensor rows."""
+        r, f = report, fmt_metric
+        return [("top-1 agree", f"{f(r['top1_agreement'])} over {r['samples']} inputs"),
+                ("cosine", f"mean {f(r['cosine_mean'])}, min {f(r['cosine_min'])}"),
+                *super().accuracy_rows(report)]
 
 
 def _names(specs: Any) -> str:

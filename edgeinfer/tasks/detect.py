@@ -17,7 +17,7 @@ from ..runtime.gate import Gate
 from .base import Entity, Task, label_of, load_labels
 from .decoders import Decoded, Decoder, make_decoder
 from .gates import DetectGate
-from .metrics import PRED_THRESHOLD, Dets, OutputPair, mean_ap
+from .metrics import PRED_THRESHOLD, Dets, OutputPair, fmt_metric, mean_ap
 from .nms import nms, weighted_nms
 from .preprocess import Preprocessor, Transform
 
@@ -157,6 +157,19 @@ class DetectTask(Task):
             "float_boxes": int(sum(len(t[0]) for t in truth)),
             "int8_boxes": int(sum(len(t[0]) for t in same)),
         }
+
+    @classmethod
+    def accuracy_rows(cls, report: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """mAP@0.5 at the prediction threshold and at the task's, then the per-tensor rows."""
+        r, f = report, fmt_metric
+        return [
+            ("mAP@0.5", f"{f(r['map50'])} INT8 vs float boxes over {r['samples']} inputs "
+                        f"({r['float_boxes']} float boxes at score >= {r['score_threshold']}; "
+                        f"INT8 boxes from {r['pred_threshold']})"),
+            ("", f"{f(r['map50_same_threshold'])} with INT8 boxes at the same threshold "
+                 f"({r['int8_boxes']} boxes)"),
+            *super().accuracy_rows(report),
+        ]
 
 
 def _take(d: Decoded, idx: Any) -> Decoded:
