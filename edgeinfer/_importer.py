@@ -25,11 +25,14 @@ def import_from_string(target: str) -> Any:
         raise ImportError(f"module {module_name!r} has no attribute {attr!r}") from None
 
 
-def resolve(registry: Mapping[str, str], name: str, what: str) -> Any:
-    """Look ``name`` up in a lazy registry; an unknown name is a ``ConfigError`` listing the valid ones."""
+def resolve(registry: Mapping[str, Any], name: str, what: str) -> Any:
+    """Look ``name`` up in a lazy registry; an unknown name is a ``ConfigError`` listing the valid ones.
+
+    An entry is an import string, or the object itself (registered from outside the package,
+    already imported)."""
     try:
         target = registry[name]
     except KeyError:
         valid = ", ".join(sorted(registry))
         raise ConfigError(f"unknown {what} {name!r}; valid: {valid}") from None
-    return import_from_string(target)
+    return import_from_string(target) if isinstance(target, str) else target

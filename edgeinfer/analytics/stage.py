@@ -115,7 +115,7 @@ class SceneAnalytics:
         update = self.tracker.update(boxes, scores, classes)
         ids = update.ids.tolist()
         tracked = tuple(
-            Detection(d.label, d.class_id, d.score, d.box, i) if i >= 0 else d
+            Detection(d.label, d.class_id, d.score, d.box, i, d.keypoints, d.mask) if i >= 0 else d
             for d, i in zip(dets, ids, strict=True))
         clock = frame.start if frame.start is not None else frame.ts
         events = _NO_EVENTS
@@ -132,7 +132,7 @@ class SceneAnalytics:
                 self.recent.extend(events)
         if self.recorder is not None:
             self.recorder.offer(frame, clock, tracked)  # detections are drawn as they are
-        return TaskResult(detections=tracked), events
+        return TaskResult(part.kind, tracked), events
 
     def _event(self, e: Any) -> dict[str, Any]:
         self._events += 1

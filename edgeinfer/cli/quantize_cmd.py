@@ -111,14 +111,6 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fmt(value: Any, digits: int = 4) -> str:
-    if value is None:
-        return "n/a"
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return str(value)
-
-
 def format_card(card: dict[str, Any]) -> str:
     """The card as a readable table: files, settings, data, then the accuracy report."""
     s, inp, out = card["settings"], card["input"], card["output"]
@@ -153,20 +145,6 @@ def format_card(card: dict[str, Any]) -> str:
 def _report_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
     if not r.get("samples"):
         return [("accuracy", r.get("note", "not measured"))]
-    rows: list[tuple[str, str]] = []
-    if r["kind"] == "detect":
-        rows.append(("mAP@0.5", f"{_fmt(r['map50'])} INT8 vs float boxes over {r['samples']} "
-                                f"inputs ({r['float_boxes']} float boxes at score >= "
-                                f"{r['score_threshold']}; INT8 boxes from "
-                                f"{r['pred_threshold']})"))
-        rows.append(("", f"{_fmt(r['map50_same_threshold'])} with INT8 boxes at the same "
-                         f"threshold ({r['int8_boxes']} boxes)"))
-    elif r["kind"] == "classify":
-        rows.append(("top-1 agree", f"{_fmt(r['top1_agreement'])} over {r['samples']} inputs"))
-        rows.append(("cosine", f"mean {_fmt(r['cosine_mean'])}, min {_fmt(r['cosine_min'])}"))
-    for name, o in r.get("outputs", {}).items():
-        rows.append((f"output {name}"[:13],
-                     f"cosine mean {_fmt(o['cosine_mean'])} min {_fmt(o['cosine_min'])}, "
-                     f"max abs error {_fmt(o['max_abs_error'], 4)} (float values up to "
-                     f"{_fmt(o['float_max_abs'], 3)})"))
-    return rows
+    from ..tasks import task_for_gate  # inside: numpy, not for --help
+
+    return task_for_gate(r["kind"]).accuracy_rows(r)

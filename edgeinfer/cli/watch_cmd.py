@@ -236,37 +236,15 @@ def _result_line(data: dict[str, Any]) -> str:
 
 
 def result_from_dict(data: dict[str, Any]) -> Any:
-    """A `edgeinfer.frames.Result` back from its JSON form (the frame without pixels)."""
+    """A `edgeinfer.frames.Result` back from its JSON form (the frame without pixels); the
+    task part is read by its kind (`edgeinfer.frames.part_from_dict`)."""
     import numpy as np
 
-    from ..frames import (  # inside: numpy
-        Classification,
-        Detection,
-        Frame,
-        ModelRef,
-        Result,
-        TaskResult,
-        VadState,
-    )
+    from ..frames import Frame, ModelRef, Result, part_from_dict  # inside: numpy
 
     frame = data.get("frame") or {}
     lat = data.get("latency_ms") or {}
     model = data.get("model") or {}
-    if "detections" in data:
-        task = TaskResult(detections=tuple(
-            Detection(d["label"], int(d.get("class_id", -1)), float(d["score"]),
-                      tuple(float(v) for v in d["box"]),  # type: ignore[arg-type]
-                      int(d["track_id"]) if d.get("track_id") is not None else None)
-            for d in data["detections"]))
-    elif "top" in data:
-        task = TaskResult(top=tuple(Classification(c["label"], int(c.get("class_id", -1)),
-                                                   float(c["score"])) for c in data["top"]))
-    elif "vad" in data:
-        v = data["vad"]
-        task = TaskResult(vad=VadState(bool(v["speech"]), float(v["probability"]), v.get("start"),
-                                       v.get("end"), v.get("event")))
-    else:
-        task = TaskResult(outputs=data.get("outputs") or {})
     return Result(
         seq=int(data["seq"]), ts=float(data.get("ts", 0.0)), pipeline=str(data["pipeline"]),
         frame=Frame(int(frame.get("index", 0)), 0.0, float(frame.get("ts", 0.0)),
@@ -274,7 +252,7 @@ def result_from_dict(data: dict[str, Any]) -> Any:
         model=ModelRef(str(model.get("name", "")), model.get("version"), str(model.get("sha256", ""))),
         provider=str(data.get("provider", "")),
         latency_ms=(float(lat.get("pre", 0)), float(lat.get("infer", 0)), float(lat.get("post", 0))),
-        task=task,
+        task=part_from_dict(data),
     )
 
 

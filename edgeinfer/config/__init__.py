@@ -11,7 +11,8 @@ Example::
         )
 
 A pipeline's ``source``, ``task`` and ``sinks`` are tagged unions on their ``type:`` key
-(`SourceConfig`, `TaskConfig`, `SinkConfig`); match on the struct class::
+(`SourceConfig`, `TaskConfig`, `SinkConfig`); match on the struct class. The task union is
+open: a task added with ``edgeinfer.tasks.register_task`` brings its own `TaskOptions` struct::
 
     match pipeline.source:
         case CameraSource(uri=uri): ...
@@ -43,9 +44,12 @@ from .pipeline import (
     SourceConfig,
     StdoutSink,
     SyntheticSource,
+    TASK_CONFIGS,
     TaskConfig,
+    TaskOptions,
     VadTask,
     VideoSource,
+    register_task_config,
 )
 from .schema import (
     Config,
@@ -59,6 +63,7 @@ from .schema import (
 keep_struct_types_at_exit()
 
 __all__ = [
+    "TASK_CONFIGS",
     "AudioSource",
     "CameraSource",
     "ClassifyTask",
@@ -88,10 +93,12 @@ __all__ = [
     "StdoutSink",
     "SyntheticSource",
     "TaskConfig",
+    "TaskOptions",
     "TlsConfig",
     "VadTask",
     "VideoSource",
     "config_schema",
     "load_config",
     "parse_config",
+    "register_task_config",
 ]

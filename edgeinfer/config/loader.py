@@ -25,14 +25,16 @@ from ..errors import ConfigError
 from ._types import PATTERN_HELP
 from ._yaml import YamlReader, format_path
 from .pipeline import (
+    BUILT_IN_TASKS,
     BUILTIN_LABELS,
+    TASK_CONFIGS,
     AudioSource,
-    ClassifyTask,
-    DetectTask,
     ImagesSource,
     JsonlSink,
+    OpenUnion,
+    PendingTask,
     SourceConfig,
-    TaskConfig,
+    TaskOptions,
     VideoSource,
 )
 from .schema import Config
@@ -104,7 +106,7 @@ def parse_config(text: str, *, source: str = "<string>", base_dir: Path | None =
         raise ConfigError(f"{source}: config nested too deeply") from None
     _check_unique_names(reader, data)
     try:
-        config = msgspec.convert(data, Config, strict=True)
+        config = _convert(data)
     except msgspec.ValidationError as exc:
         error = _validation_error(reader, exc, data)
         if not reader.has_secrets:
@@ -114,6 +116,53 @@ def parse_config(text: str, *, source: str = "<string>", base_dir: Path | None =
     # msgspec's own message may quote a credential's value: raised here, outside the handler,
     # the error carries no __context__ holding it.
     raise error
+
+
+def _convert(data: Any) -> Config:
+    """``data`` as a `Config`: the registered (plug-in) tasks converted on their own around
+    the tree, which msgspec decodes with the built-in ones (see `OpenUnion`)."""
+    registered = _take_registered_tasks(data)
+    config = msgspec.convert(data, Config, strict=True)
+    if not registered:
+        return config
+    pipelines = list(config.pipelines)
+    for i, task in registered.items():
+        try:  # the pipeline's own checks run again, with its task
+            pipelines[i] = msgspec.structs.replace(pipelines[i], task=task)
+        except ValueError as exc:
+            raise msgspec.ValidationError(f"{exc} - at `$.pipelines[{i}]`") from None
+    return msgspec.structs.replace(config, pipelines=pipelines)
+
+
+def _take_registered_tasks(data: Any) -> dict[int, TaskOptions]:
+    """Convert each pipeline's ``task:`` of a type not built in against `TASK_CONFIGS` (an
+    unknown type is refused there, naming the valid ones), leaving a `PendingTask` in the data.
+
+    Raises:
+        msgspec.ValidationError: a task does not validate; the path is the task's in the file.
+    """
+    pipelines = data.get("pipelines") if isinstance(data, dict) else None
+    taken: dict[int, TaskOptions] = {}
+    for i, pipeline in enumerate(pipelines if isinstance(pipelines, list) else []):
+        task = pipeline.get("task") if isinstance(pipeline, dict) else None
+        tag = task.get("type") if isinstance(task, dict) else None
+        if not isinstance(tag, str) or tag in BUILT_IN_TASKS:
+            continue  # msgspec decodes it in the tree, or says what is wrong with it
+        try:
+            taken[i] = msgspec.convert(task, TASK_CONFIGS.union(), strict=True)
+        except msgspec.ValidationError as exc:
+            raise _inside(exc, f"$.pipelines[{i}].task") from None
+        pipeline["task"] = {"type": PendingTask.__struct_config__.tag}
+    return taken
+
+
+def _inside(exc: msgspec.ValidationError, at: str) -> msgspec.ValidationError:
+    """``exc`` of a value converted on its own, with its path put inside ``at``."""
+    match = _MSGSPEC_AT.match(str(exc))
+    if match is None:  # the value itself
+        return msgspec.ValidationError(f"{exc} - at `{at}`")
+    key = "key` in `" if match["key"] else ""
+    return msgspec.ValidationError(f"{match['msg']} - at `{key}{at}{match['path'][1:]}`")
 
 
 def load_struct(path: str | os.PathLike[str], root: type[T]) -> T:
@@ -167,8 +216,13 @@ def _read(file: Path) -> str:
 
 
 def config_schema() -> dict[str, Any]:
-    """The JSON schema of `Config`, for documentation and editors."""
-    return msgspec.json.schema(Config)
+    """The JSON schema of `Config`, for documentation and editors (``task:`` with the task
+    types registered now)."""
+    tasks = TASK_CONFIGS.union()
+    (root, task), defs = msgspec.json.schema_components([Config, tasks],
+                                                        ref_template="#/$defs/{name}")
+    defs["PipelineConfig"]["properties"]["task"] = task  # msgspec sees the open field as Any
+    return {**root, "$defs": defs}
 
 
 def _resolve_paths(config: Config, base: Path) -> Config:
@@ -227,11 +281,10 @@ def _resolve_source(source: SourceConfig, absolute: Callable[[str], str]) -> Sou
     return source
 
 
-def _resolve_task(task: TaskConfig, absolute: Callable[[str], str]) -> TaskConfig:
-    builtin = isinstance(task, DetectTask) and task.labels in BUILTIN_LABELS
-    if isinstance(task, (ClassifyTask, DetectTask)) and isinstance(task.labels, str) \
-            and not builtin:
-        return msgspec.structs.replace(task, labels=absolute(task.labels))
+def _resolve_task(task: TaskOptions, absolute: Callable[[str], str]) -> TaskOptions:
+    labels = getattr(task, "labels", None)  # any task's labels file (a list stays as it is)
+    if isinstance(labels, str) and labels not in BUILTIN_LABELS:
+        return msgspec.structs.replace(task, labels=absolute(labels))
     return task
 
 
@@ -351,12 +404,21 @@ def _walk(path: _Path, data: Any, root: Any = None) -> tuple[Any, Any]:
             tp = typing.get_args(tp)[0]
             data = data[part] if isinstance(data, list) and 0 <= part < len(data) else None
         elif isinstance(part, str) and _is_struct(tp):
-            tp = typing.get_type_hints(tp).get(part)
+            tp = _field_type(tp, part)
             data = data.get(part) if isinstance(data, dict) else None
         else:
             return None, None
         tp = _unwrap(tp)
     return tp, data
+
+
+def _field_type(struct: Any, field: str) -> Any:
+    """The type ``struct`` declares for ``field``; an open union's members known now."""
+    declared = typing.get_type_hints(struct, include_extras=True).get(field)
+    for extra in getattr(declared, "__metadata__", ()):
+        if isinstance(extra, OpenUnion):
+            return extra.union()
+    return typing.get_type_hints(struct).get(field)
 
 
 def _tags(tp: Any) -> tuple[str, dict[Any, Any]] | None:

@@ -3,11 +3,16 @@
 Each part is a tagged union on its ``type:`` key (msgspec picks the struct by tag, and an unknown
 tag is an error that lists the valid ones). These structs import nothing but msgspec: the modules
 that implement them (OpenCV, pyserial, LiteRT, ...) are imported only when a pipeline starts.
+
+The task union is open: a task registered from outside the package
+(``edgeinfer.tasks.register_task``) adds its config struct, a `TaskOptions`, to `TASK_CONFIGS`.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import functools
+import operator
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Generic, Literal, TypeVar
 
 import msgspec
 from msgspec import Meta
@@ -27,10 +32,11 @@ from ._types import (
 )
 
 __all__ = [
-    "AudioSource", "CameraSource", "ClassifyTask", "DetectTask", "EmitConfig", "ImagesSource",
-    "JsonlSink", "MqttSink", "MqttSource", "Picamera2Source", "PreprocessConfig", "RawTask",
-    "ReconnectConfig", "SerialSource", "SinkConfig", "SourceConfig", "StdoutSink",
-    "SyntheticSource", "TaskConfig", "VadTask", "VideoSource",
+    "TASK_CONFIGS", "AudioSource", "CameraSource", "ClassifyTask", "DetectTask", "EmitConfig",
+    "ImagesSource", "JsonlSink", "MqttSink", "MqttSource", "Picamera2Source",
+    "PreprocessConfig", "RawTask", "ReconnectConfig", "SerialSource", "SinkConfig",
+    "SourceConfig", "StdoutSink", "SyntheticSource", "TaskConfig", "TaskOptions",
+    "VadTask", "VideoSource", "register_task_config",
 ]
 
 BUILTIN_LABELS = ("coco", "coco91")
@@ -226,7 +232,20 @@ class PreprocessConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True,
     pad_value: Annotated[int, Meta(ge=0, le=255)] = 114
 
 
-class ClassifyTask(_Part, tag="classify", frozen=True):
+class TaskOptions(_Part, frozen=True):
+    """The base of every task's config struct, a plug-in task's too: unknown keys refused,
+    keyword-only, immutable, picked by its ``type:`` tag (``class ToyTask(TaskOptions,
+    tag="toy", frozen=True)``).
+
+    Attributes:
+        scene: Class attribute: the task's answers are detections, so ``track``, ``zones``,
+            ``lines`` and ``record`` may be used with it.
+    """
+
+    scene: ClassVar[bool] = False
+
+
+class ClassifyTask(TaskOptions, tag="classify", frozen=True):
     """Top-k classification.
 
     Attributes:
@@ -243,7 +262,7 @@ class ClassifyTask(_Part, tag="classify", frozen=True):
     preprocess: PreprocessConfig = msgspec.field(default_factory=PreprocessConfig)
 
 
-class DetectTask(_Part, tag="detect", frozen=True):
+class DetectTask(TaskOptions, tag="detect", frozen=True):
     """Object detection.
 
     Attributes:
@@ -264,6 +283,8 @@ class DetectTask(_Part, tag="detect", frozen=True):
             packed TFLite label file, ``labels.txt`` beside the model), else class ids.
     """
 
+    scene: ClassVar[bool] = True
+
     decoder: str = "auto"
     score_threshold: Fraction = 0.25
     iou_threshold: Fraction = 0.45
@@ -273,7 +294,7 @@ class DetectTask(_Part, tag="detect", frozen=True):
     preprocess: PreprocessConfig = msgspec.field(default_factory=PreprocessConfig)
 
 
-class VadTask(_Part, tag="vad", frozen=True):
+class VadTask(TaskOptions, tag="vad", frozen=True):
     """Voice activity on audio windows with a stateful model (Silero), state carried across.
 
     Attributes:
@@ -287,13 +308,85 @@ class VadTask(_Part, tag="vad", frozen=True):
     min_silence_ms: Milliseconds = 300.0
 
 
-class RawTask(_Part, tag="raw", frozen=True):
+class RawTask(TaskOptions, tag="raw", frozen=True):
     """The output tensors as lists, for models edgeinfer has no decoder for."""
 
     preprocess: PreprocessConfig | None = None
 
 
 TaskConfig = ClassifyTask | DetectTask | VadTask | RawTask
+"""The built-in task configs; `TASK_CONFIGS` holds these and the registered ones."""
+
+
+S = TypeVar("S", bound=msgspec.Struct)
+
+
+class OpenUnion(Generic[S]):
+    """A tagged union that grows at run time: plug-ins add their structs (``add``).
+
+    msgspec fixes a union when it builds a decoder, so the field is declared with the built-in
+    members and ``Annotated`` with this union; the loader converts a value of another member
+    against ``union()`` itself (``edgeinfer.config.loader``), and reads the members from here
+    for its messages (the valid types, the fields of the one named).
+    """
+
+    def __init__(self, base: type[S], *members: type[S]) -> None:
+        self.base = base
+        self.members: dict[str, type[S]] = {}
+        for member in members:
+            self.add(member)
+
+    def add(self, struct: type[S]) -> None:
+        """Add ``struct`` under its tag (again: nothing changes).
+
+        Raises:
+            ValueError: ``struct`` is not a tagged subclass of the base, or its tag is
+                another struct's.
+        """
+        if not (isinstance(struct, type) and issubclass(struct, self.base)
+                and isinstance(struct.__struct_config__.tag, str)):
+            raise ValueError(f"{struct!r} must be a subclass of {self.base.__name__} with a tag "
+                             f"(class X({self.base.__name__}, tag=\"name\", frozen=True))")
+        tag = struct.__struct_config__.tag
+        known = self.members.setdefault(tag, struct)
+        if known is not struct:
+            raise ValueError(f"type {tag!r} is taken by {known.__qualname__}; give "
+                             f"{struct.__qualname__} another tag")
+
+    def union(self) -> Any:
+        """The members as one union type (msgspec, typing)."""
+        return functools.reduce(operator.or_, self.members.values())
+
+
+class PendingTask(TaskOptions, tag="<registered task>", frozen=True):
+    """Holds the place of a registered task's config while the loader converts the tree around
+    it (msgspec knows only the built-in tasks); the loader then puts the task's own struct in
+    its place, and the pipeline's checks run again with it. Never in a loaded config."""
+
+    scene: ClassVar[bool] = True  # the real task's own flag is checked when it is put in
+
+
+TASK_CONFIGS: OpenUnion[TaskOptions] = OpenUnion(TaskOptions, ClassifyTask, DetectTask, VadTask,
+                                                 RawTask)
+"""The task config structs by ``type:``: the built-in ones and those registered since."""
+
+BUILT_IN_TASKS = frozenset(TASK_CONFIGS.members)
+"""The task types msgspec decodes in the tree (`TaskField`); the loader converts the others."""
+
+if TYPE_CHECKING:
+    TaskField = TaskOptions
+else:  # what msgspec decodes, and the open union the loader reads
+    TaskField = Annotated[TaskConfig | PendingTask, TASK_CONFIGS]
+
+
+def register_task_config(struct: type[TaskOptions]) -> None:
+    """Make ``struct`` a valid ``task:`` of a pipeline config, under its ``type:`` tag (what
+    ``edgeinfer.tasks.register_task`` does for a task's ``Config``).
+
+    Raises:
+        ValueError: ``struct`` is not a tagged `TaskOptions`, or its tag is another's.
+    """
+    TASK_CONFIGS.add(struct)
 
 
 # --- sinks and emission ------------------------------------------------------------------------

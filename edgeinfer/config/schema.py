@@ -22,7 +22,15 @@ from .http import HttpConfig
 from .metrics import MetricsConfig
 from .mqtt import MqttConfig
 from .ota import OtaConfig
-from .pipeline import EmitConfig, RawTask, SinkConfig, SourceConfig, StdoutSink, TaskConfig
+from .pipeline import (
+    TASK_CONFIGS,
+    EmitConfig,
+    RawTask,
+    SinkConfig,
+    SourceConfig,
+    StdoutSink,
+    TaskField,
+)
 
 __all__ = [
     "Config",
@@ -182,8 +190,8 @@ class PipelineConfig(ConfigStruct, frozen=True):
         model: The model this pipeline runs.
         source: Where frames (or audio windows, or sensor readings) come from; one of the
             `SourceConfig` structs, picked by its ``type:``.
-        task: How inputs are prepared and outputs decoded (`TaskConfig`); default ``raw``
-            (the output tensors as lists).
+        task: How inputs are prepared and outputs decoded (a `TaskOptions`: one of
+            `TaskConfig` or a registered task's); default ``raw`` (the output tensors as lists).
         sinks: Where results go (`SinkConfig`); default readable lines on stdout.
         emit: Which results are emitted (every frame or on change, rate limit).
         queue_size: Frames buffered between the pipeline's stages.
@@ -199,7 +207,7 @@ class PipelineConfig(ConfigStruct, frozen=True):
     name: PipelineName
     model: ModelConfig
     source: SourceConfig
-    task: TaskConfig = msgspec.field(default_factory=RawTask)
+    task: TaskField = msgspec.field(default_factory=RawTask)
     sinks: list[SinkConfig] = msgspec.field(default_factory=lambda: [StdoutSink()])
     emit: EmitConfig = msgspec.field(default_factory=EmitConfig)
     queue_size: QueueSize = 2
@@ -211,9 +219,10 @@ class PipelineConfig(ConfigStruct, frozen=True):
 
     def __post_init__(self) -> None:
         scene = self.track is not None or self.zones or self.lines or self.record is not None
-        tag = type(self.task).__struct_config__.tag
-        if scene and tag != "detect":
-            raise ValueError(f"track, zones, lines and record need a detect task (this one is "
+        if scene and not type(self.task).scene:
+            tag = type(self.task).__struct_config__.tag
+            able = " or ".join(t for t, s in TASK_CONFIGS.members.items() if s.scene)
+            raise ValueError(f"track, zones, lines and record need a {able} task (this one is "
                              f"{tag!r})")
         if self.record is not None and not (self.zones or self.lines):
             raise ValueError("record: needs zones or lines (their events get the media)")

@@ -1,7 +1,8 @@
 """Home Assistant MQTT discovery: retained configs that make a device with entities per pipeline.
 
-For each pipeline: a binary sensor (something detected / speech), a count and a top-label
-sensor (detection and classification), and fps and latency sensors from the stats topic; per
+For each pipeline: its task's entities (``Task.ha_entities``: something detected and a count
+and a top label for detection, speech for VAD, a top label for classification), and fps and
+latency sensors from the stats topic; per
 zone an occupancy sensor and per line an ``in`` and an ``out`` counter (``total_increasing``)
 from the retained counts topic.
 Availability follows the status topic: an entity is available while the device is ``online``
@@ -25,6 +26,8 @@ from __future__ import annotations
 
 import json
 from typing import Any
+
+from ..tasks import task_class
 
 __all__ = ["config_filter", "discovery_messages", "node_id"]
 
@@ -59,25 +62,8 @@ def discovery_messages(topics: Any, device_id: str, pipelines: dict[str, str], h
 
     for name, task in sorted(pipelines.items()):
         result = topics.result(name)
-        if task in ("detect", "vad"):
-            what = "speech" if task == "vad" else "detected"
-            template = ("{{ 'ON' if value_json.vad.speech else 'OFF' }}" if task == "vad" else
-                        "{{ 'ON' if value_json.detections | length > 0 else 'OFF' }}")
-            add("binary_sensor", name, what, {
-                "name": f"{name} {what}", "state_topic": result, "value_template": template,
-                "device_class": "sound" if task == "vad" else "occupancy"})
-        if task == "detect":
-            add("sensor", name, "count", {
-                "name": f"{name} count", "state_topic": result, "state_class": "measurement",
-                "value_template": "{{ value_json.detections | length }}"})
-            add("sensor", name, "top", {
-                "name": f"{name} top label", "state_topic": result,
-                "value_template": "{{ value_json.detections[0].label if value_json.detections "
-                                  "else 'none' }}"})
-        elif task == "classify":
-            add("sensor", name, "top", {
-                "name": f"{name} top label", "state_topic": result,
-                "value_template": "{{ value_json.top[0].label if value_json.top else 'none' }}"})
+        for component, what, config in task_class(task).ha_entities(name, result):
+            add(component, name, what, config)
         zones, lines = (scenes or {}).get(name, ([], []))
         counts = topics.counts(name)
         for zone in zones:

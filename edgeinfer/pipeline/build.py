@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
+from ..tasks import make_task, task_class
 
 if TYPE_CHECKING:
     from ..config import Config, PipelineConfig, RuntimeConfig
@@ -73,10 +74,8 @@ def load_pipeline_model(pc: PipelineConfig, runtime: RuntimeConfig) -> Model:
     if kwargs["probe"] and kwargs["isolation"] == "none":
         # Serve at once: a cached decision under the task's gate opens the winner now,
         # otherwise ``assemble`` starts measuring once the task (and its gate) exists.
-        from ..tasks.gates import gate_key
-
         kwargs["probe"] = "background"
-        kwargs["gate"] = gate_key(str(type(pc.task).__struct_config__.tag))
+        kwargs["gate"] = task_class(str(type(pc.task).__struct_config__.tag)).gate_key
     return model_pool().acquire(
         path, **kwargs,
         state_dir=runtime.resolved_state_dir(), cache_dir=runtime.resolved_cache_dir(),
@@ -102,7 +101,6 @@ def assemble(pc: PipelineConfig, model: Model, *, on_result: ResultCallback | No
     from .engine import Pipeline
     from ..sinks import make_sink
     from ..sources import open_source
-    from ..tasks import make_task
 
     task = make_task(pc.task, model)
     analytics = _analytics(pc, task, state_dir, where)
@@ -153,10 +151,10 @@ def _sample_video(source: Any) -> Any:
 def task_load_options(pc: PipelineConfig, model_path: Path) -> dict[str, Any]:
     """``load_model`` options the task implies: the shapes it will feed (so the model is
     optimized and warmed up for them) and valid warm-up values."""
-    if type(pc.task).__struct_config__.tag == "vad":
-        from ..tasks.vad import silero_load_options
-
-        return silero_load_options(getattr(pc.source, "sample_rate", 16000))
+    options = task_class(str(type(pc.task).__struct_config__.tag)).load_options(pc.task,
+                                                                                 pc.source)
+    if options:
+        return options
     shapes = _shapes_from_preprocess(pc, model_path)
     return {"input_shapes": shapes} if shapes else {}
 

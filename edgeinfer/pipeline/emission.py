@@ -14,9 +14,10 @@ class Emission:
     """``emit: {mode, min_interval_s}``: decides which processed frames become results.
 
     In ``change`` mode a result is emitted when the task's ``change_key`` differs from the last
-    emitted one (and always on a VAD segment event). With ``min_interval_s`` a result that is
-    due too early is held and the newest held one goes out when the interval has passed (or at
-    the end of the stream), so a change is delayed, never lost.
+    emitted one (and always on an event its part marks: a VAD segment's start or end). With
+    ``min_interval_s`` a result that is due too early is held and the newest held one goes out
+    when the interval has passed (or at the end of the stream), so a change is delayed, never
+    lost.
     """
 
     __slots__ = ("_change", "_interval", "_last_key", "_last_time", "_pending", "_first")
@@ -33,8 +34,7 @@ class Emission:
               ) -> tuple[Frame, TaskResult, float] | None:
         if self._change:
             key = part.change_key()
-            event = part.vad is not None and part.vad.event is not None
-            if not (self._first or event or key != self._last_key):
+            if not (self._first or part.is_event() or key != self._last_key):
                 if self._pending is None:
                     return None
                 # nothing new; a held change may now be due

@@ -110,13 +110,13 @@ def annotate(frame: Frame, part: TaskResult, quality: int = 85, geometry: Any = 
         return encode_jpeg(image, quality)
     import cv2
 
-    for d in part.detections or ():
-        x1, y1, x2, y2 = (int(round(v)) for v in d.box)
+    for box, text in part.kind.marks(part.value):  # the part's kind says what to draw
+        if box is None:
+            _plated(image, text, (8, 20), 0.6)
+            continue
+        x1, y1, x2, y2 = (int(round(v)) for v in box)
         cv2.rectangle(image, (x1, y1), (x2, y2), (0, 255, 0), 2)
-        _plated(image, f"{d.label} {d.score:.2f}", (x1, y1), 0.5, above=True)
-    if part.top:
-        c = part.top[0]
-        _plated(image, f"{c.label} {c.score:.2f}", (8, 20), 0.6)
+        _plated(image, text, (x1, y1), 0.5, above=True)
     return encode_jpeg(image, quality)
 
 

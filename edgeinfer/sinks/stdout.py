@@ -30,22 +30,7 @@ def format_line(result: Result) -> str:
     """``faces #12 frame 36 3.1 ms  face 0.93 [101,52,188,160]`` and the like."""
     latency = sum(result.latency_ms)
     head = f"{result.pipeline} #{result.seq} frame {result.frame.index} {latency:.1f} ms "
-    task = result.task
-    if task.detections is not None:
-        if not task.detections:
-            return head + " no detections"
-        items = (f"{d.label}{'' if d.track_id is None else f' #{d.track_id}'} {d.score:.2f} "
-                 f"[{','.join(f'{v:.0f}' for v in d.box)}]" for d in task.detections)
-        return head + " " + "  ".join(items)
-    if task.top is not None:
-        return head + " " + "  ".join(f"{c.label} {c.score:.2f}" for c in task.top)
-    if task.vad is not None:
-        v = task.vad
-        state = "speech" if v.speech else "silence"
-        event = f" ({v.event} at {v.start if v.event == 'start' else v.end:.2f} s)" if v.event else ""
-        return head + f" {state} p={v.probability:.2f}{event}"
-    names = ", ".join(task.outputs or {})
-    return head + f" outputs: {names}"
+    return head + " " + result.task.describe()
 
 
 def format_event(pipeline: str, event: dict[str, Any]) -> str:

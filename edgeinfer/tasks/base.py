@@ -5,6 +5,10 @@ model + ``update_state`` (inference thread, in frame order), then ``postprocess`
 thread). A stateful task (VAD) keeps its recurrent state with the last two, so preprocessing
 the next frame early never reads a stale state. Quantization calibration reuses
 ``preprocess`` so it sees exactly what the pipeline feeds the model.
+
+A task module carries everything of its kind: its config struct (``Config``), its result part
+(``part``: serialization, change key), its accuracy gate and metrics and its Home Assistant
+entities; one line in ``tasks.TASKS`` (or ``register_task`` from outside the package) adds it.
 """
 
 from __future__ import annotations
@@ -16,13 +20,18 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from ..config.pipeline import TaskOptions
 from ..errors import ConfigError
-from ..frames import Frame, TaskResult
+from ..frames import OUTPUTS, Frame, PartKind, TaskResult
 from ..runtime.gate import Gate, OutputsGate
-from .metrics import OutputPair
+from .metrics import OutputPair, fmt_metric
 
 if TYPE_CHECKING:
     from ..model.model import Model
+
+Entity = tuple[str, str, dict[str, Any]]
+"""A Home Assistant entity of a pipeline: its component (``sensor``), what it shows (a word
+without ``_``: the object id is ``<pipeline>_<what>``) and its discovery config."""
 
 
 class Task(ABC):
@@ -33,10 +42,28 @@ class Task(ABC):
     refused at startup rather than on the first frame.
     """
 
+    Config: ClassVar[type[TaskOptions]]
+    """The task's config struct (its ``type:`` tag is the task's name); ``track``, ``zones``,
+    ``lines`` and ``record`` may be used when its ``scene`` says so (detections)."""
+    part: ClassVar[PartKind[Any]] = OUTPUTS
+    """The kind of result part ``postprocess`` gives (``TaskResult(part, value)``)."""
     stateful: bool = False
     gate_key: ClassVar[str] = "outputs"
     """The kind of answer this task gives, as the backend selector caches its decisions and the
     quantization report names its kind (known before a task is built, so a class attribute)."""
+
+    @classmethod
+    def ha_entities(cls, pipeline: str, result_topic: str) -> list[Entity]:
+        """The pipeline's Home Assistant entities read off its results (beside the fps,
+        latency, zone and line sensors every pipeline gets); none by default."""
+        return []
+
+    @classmethod
+    def load_options(cls, config: Any, source: Any) -> dict[str, Any]:
+        """``load_model`` options the task implies for its model, given the pipeline's task
+        and source configs (a stateful model's input shapes and warm-up values); the shapes
+        of a configured preprocessing size are added by the pipeline."""
+        return {}
 
     def __init__(self, config: Any, model: Model) -> None:
         self.config = config
@@ -74,6 +101,16 @@ class Task(ABC):
         terms (``edgeinfer quantize``'s report adds them beside the per-tensor measures);
         ``pairs`` holds the reference model's and the compared model's outputs per input."""
         return {}
+
+    @classmethod
+    def accuracy_rows(cls, report: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """A measured quantization report as ``(label, text)`` rows: a task's own measures
+        (``accuracy_metrics``) first, then the per-tensor ones every report has."""
+        f = fmt_metric
+        return [(f"output {name}"[:13],
+                 f"cosine mean {f(o['cosine_mean'])} min {f(o['cosine_min'])}, max abs error "
+                 f"{f(o['max_abs_error'], 4)} (float values up to {f(o['float_max_abs'], 3)})")
+                for name, o in report.get("outputs", {}).items()]
 
 
 def load_labels(labels: str | list[str] | None) -> list[str] | None:

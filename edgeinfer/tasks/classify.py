@@ -9,12 +9,12 @@ import numpy as np
 
 from ..config.pipeline import ClassifyTask as ClassifyConfig
 from ..errors import ConfigError, InvalidInputError
-from ..frames import Classification, Frame, TaskResult
+from ..frames import TOP, Classification, Frame, TaskResult
 from ..runtime.base import format_shape
 from ..runtime.gate import Gate
-from .base import Task, label_of, load_labels
+from .base import Entity, Task, label_of, load_labels
 from .gates import ClassifyGate
-from .metrics import OutputPair, cosine
+from .metrics import OutputPair, cosine, fmt_metric
 from .preprocess import Preprocessor, Transform
 
 if TYPE_CHECKING:
@@ -46,7 +46,16 @@ class ClassifyTask(Task):
             per class, or the labels do not match the class count.
     """
 
+    Config = ClassifyConfig
+    part = TOP
     gate_key: ClassVar[str] = "classify"
+
+    @classmethod
+    def ha_entities(cls, pipeline: str, result_topic: str) -> list[Entity]:
+        """The top label."""
+        return [("sensor", "top", {
+            "name": f"{pipeline} top label", "state_topic": result_topic,
+            "value_template": "{{ value_json.top[0].label if value_json.top else 'none' }}"})]
 
     def __init__(self, config: ClassifyConfig, model: Model) -> None:
         super().__init__(config, model)
@@ -76,7 +85,7 @@ class ClassifyTask(Task):
     def postprocess(self, outputs: Mapping[str, np.ndarray], frame: Frame, context: Any
                     ) -> TaskResult:
         """The ``top_k`` classes scoring at least ``score_threshold``, best first."""
-        return TaskResult(top=self.classify(outputs[self._output]))
+        return TaskResult(TOP, self.classify(outputs[self._output]))
 
     def classify(self, output: np.ndarray) -> tuple[Classification, ...]:
         """Top-k of one output tensor (batch of 1)."""
@@ -109,6 +118,14 @@ class ClassifyTask(Task):
         return {"top1_agreement": float(np.mean(agree)) if agree else None,
                 "cosine_mean": float(np.mean(cos)) if cos else None,
                 "cosine_min": float(np.min(cos)) if cos else None}
+
+    @classmethod
+    def accuracy_rows(cls, report: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """Top-1 agreement and cosine, then the per-tensor rows."""
+        r, f = report, fmt_metric
+        return [("top-1 agree", f"{f(r['top1_agreement'])} over {r['samples']} inputs"),
+                ("cosine", f"mean {f(r['cosine_mean'])}, min {f(r['cosine_min'])}"),
+                *super().accuracy_rows(report)]
 
 
 def _names(specs: Any) -> str:

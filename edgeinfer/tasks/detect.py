@@ -13,15 +13,15 @@ import numpy as np
 from ..config.pipeline import DetectTask as DetectConfig
 from ..config.pipeline import PreprocessConfig
 from ..errors import ConfigError
-from ..frames import Detection, Frame, TaskResult
+from ..frames import DETECTIONS, Detection, Frame, TaskResult
 from ..runtime.base import TensorSpec, format_shape
 from ..runtime.gate import Gate
-from .base import Task, label_of
+from .base import Entity, Task, label_of
 from .decoders import Decoded, Decoder, decoder_class, make_decoder, pick_decoder
 from .decoders.sanity import OutputCheck
 from .gates import DetectGate
 from .labels import file_metadata, find_labels, looks_like_coco80
-from .metrics import PRED_THRESHOLD, Dets, OutputPair, mean_ap
+from .metrics import PRED_THRESHOLD, Dets, OutputPair, fmt_metric, mean_ap
 from .nms import nms, weighted_nms
 from .preprocess import Preprocessor, Transform
 
@@ -54,7 +54,27 @@ class DetectTask(Task):
             on a dynamic input, or labels/classes do not match its classes.
     """
 
+    Config = DetectConfig
+    part = DETECTIONS
     gate_key: ClassVar[str] = "detect"
+
+    @classmethod
+    def ha_entities(cls, pipeline: str, result_topic: str) -> list[Entity]:
+        """Something detected (occupancy), how many, and the best one's label."""
+        return [
+            ("binary_sensor", "detected", {
+                "name": f"{pipeline} detected", "state_topic": result_topic,
+                "value_template": "{{ 'ON' if value_json.detections | length > 0 else 'OFF' }}",
+                "device_class": "occupancy"}),
+            ("sensor", "count", {
+                "name": f"{pipeline} count", "state_topic": result_topic,
+                "state_class": "measurement",
+                "value_template": "{{ value_json.detections | length }}"}),
+            ("sensor", "top", {
+                "name": f"{pipeline} top label", "state_topic": result_topic,
+                "value_template": "{{ value_json.detections[0].label if value_json.detections "
+                                  "else 'none' }}"}),
+        ]
 
     def __init__(self, config: DetectConfig, model: Model) -> None:
         super().__init__(config, model)
@@ -91,7 +111,7 @@ class DetectTask(Task):
     def postprocess(self, outputs: Mapping[str, np.ndarray], frame: Frame, context: Any
                     ) -> TaskResult:
         """Detections in ``frame``'s pixels, best score first."""
-        return TaskResult(detections=self.detect(outputs, context))
+        return TaskResult(DETECTIONS, self.detect(outputs, context))
 
     def detect(self, outputs: Mapping[str, np.ndarray], transform: Transform
                ) -> tuple[Detection, ...]:
@@ -161,6 +181,19 @@ class DetectTask(Task):
             "float_boxes": int(sum(len(t[0]) for t in truth)),
             "int8_boxes": int(sum(len(t[0]) for t in same)),
         }
+
+    @classmethod
+    def accuracy_rows(cls, report: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """mAP@0.5 at the prediction threshold and at the task's, then the per-tensor rows."""
+        r, f = report, fmt_metric
+        return [
+            ("mAP@0.5", f"{f(r['map50'])} INT8 vs float boxes over {r['samples']} inputs "
+                        f"({r['float_boxes']} float boxes at score >= {r['score_threshold']}; "
+                        f"INT8 boxes from {r['pred_threshold']})"),
+            ("", f"{f(r['map50_same_threshold'])} with INT8 boxes at the same threshold "
+                 f"({r['int8_boxes']} boxes)"),
+            *super().accuracy_rows(report),
+        ]
 
 
 def _take(d: Decoded, idx: Any) -> Decoded:

@@ -55,8 +55,8 @@ class Selecting(Preprocessing, Protocol):
 
 def gate_key(task_kind: str) -> str:
     """The key a task kind's gate caches decisions under (known before the task is built)."""
-    task_class: type[Task] = resolve(TASKS, task_kind, "task type")
-    return task_class.gate_key
+    cls: type[Task] = resolve(TASKS, task_kind, "task type")
+    return cls.gate_key
 
 
 def gate_for(task: Task) -> Gate:

@@ -11,11 +11,12 @@ report.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 __all__ = ["PRED_THRESHOLD", "Dets", "OutputPair", "average_precision", "box_iou", "cosine",
-           "mean_ap"]
+           "fmt_metric", "mean_ap"]
 
 PRED_THRESHOLD = 0.001
 """Score threshold of the compared detections for ``map50`` (as COCO evaluation decodes at
@@ -23,6 +24,15 @@ PRED_THRESHOLD = 0.001
 
 OutputPair = tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]
 """One input's outputs from the reference (float) model and from the compared one."""
+
+
+def fmt_metric(value: Any, digits: int = 4) -> str:
+    """A measure as the quantization report prints it (``n/a`` when not measured)."""
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:

@@ -11,7 +11,7 @@ import numpy as np
 from ..config.pipeline import PreprocessConfig
 from ..config.pipeline import RawTask as RawConfig
 from ..errors import ConfigError, InvalidInputError
-from ..frames import Frame, TaskResult
+from ..frames import OUTPUTS, Frame, TaskResult
 from ..runtime.base import TensorSpec, format_shape
 from .base import Task
 from .preprocess import Preprocessor, infer_layout
@@ -35,6 +35,9 @@ class RawTask(Task):
     Raises:
         ConfigError: ``preprocess`` is configured for a model whose inputs are not one image.
     """
+
+    Config = RawConfig
+    part = OUTPUTS
 
     def __init__(self, config: RawConfig, model: Model) -> None:
         super().__init__(config, model)
@@ -65,7 +68,7 @@ class RawTask(Task):
     def postprocess(self, outputs: Mapping[str, np.ndarray], frame: Frame, context: Any
                     ) -> TaskResult:
         """Every output by name as nested lists, floats rounded to ``DECIMALS``."""
-        return TaskResult(outputs={name: _to_list(value) for name, value in outputs.items()})
+        return TaskResult(OUTPUTS, {name: _to_list(value) for name, value in outputs.items()})
 
 
 def _fit(data: np.ndarray, spec: TensorSpec) -> np.ndarray:

@@ -26,8 +26,8 @@ import numpy as np
 
 from ..config.pipeline import VadTask as VadConfig
 from ..errors import ConfigError
-from ..frames import DropFrame, Frame, TaskResult, VadState
-from .base import Task
+from ..frames import VAD, DropFrame, Frame, TaskResult, VadState
+from .base import Entity, Task
 
 if TYPE_CHECKING:
     from ..model.model import Model
@@ -60,7 +60,22 @@ class VadTask(Task):
         ConfigError: The model's inputs or outputs are not Silero's (the message names them).
     """
 
+    Config = VadConfig
+    part = VAD
     stateful = True
+
+    @classmethod
+    def ha_entities(cls, pipeline: str, result_topic: str) -> list[Entity]:
+        """Speech or not."""
+        return [("binary_sensor", "speech", {
+            "name": f"{pipeline} speech", "state_topic": result_topic,
+            "value_template": "{{ 'ON' if value_json.vad.speech else 'OFF' }}",
+            "device_class": "sound"})]
+
+    @classmethod
+    def load_options(cls, config: Any, source: Any) -> dict[str, Any]:
+        """Silero's input shapes and warm-up values at the source's sample rate."""
+        return silero_load_options(getattr(source, "sample_rate", 16000))
 
     def __init__(self, config: VadConfig, model: Model) -> None:
         super().__init__(config, model)
@@ -146,12 +161,12 @@ class VadTask(Task):
                 silence, self._silence, self._candidate = self._silence, None, None
                 if self._speech:
                     start, self._segment, self._speech = self._segment, None, False
-                    return TaskResult(vad=VadState(False, p, start, silence, "end"))
+                    return TaskResult(VAD, VadState(False, p, start, silence, "end"))
         if (not self._speech and self._candidate is not None and self._silence is None
                 and (t + duration - self._candidate) * 1000.0 >= c.min_speech_ms - 1e-6):
             self._speech, self._segment, self._candidate = True, self._candidate, None
-            return TaskResult(vad=VadState(True, p, self._segment, None, "start"))
-        return TaskResult(vad=VadState(self._speech, p, self._segment))
+            return TaskResult(VAD, VadState(True, p, self._segment, None, "start"))
+        return TaskResult(VAD, VadState(self._speech, p, self._segment))
 
 
 def _native(sample_rate: int) -> tuple[int, int]:
