@@ -123,7 +123,7 @@ def pipeline_config(video: Path, state: Path, analytics: bool, clip_format: str)
     pc: dict[str, Any] = {
         "name": "bench",
         "source": {"type": "video", "uri": str(video)},
-        "model": {"path": "yolov8n-320", "threads": 1, "providers": "cpu", "probe": False},
+        "model": {"path": "nudenet-320n", "threads": 1, "providers": "cpu", "probe": False},
         "task": {"type": "detect", "decoder": "yolov8", "score_threshold": 0.2,
                  "preprocess": {"size": [320, 320]}},
         "sinks": [{"type": "jsonl", "path": str(state / "out.jsonl")}],

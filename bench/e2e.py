@@ -33,7 +33,7 @@ from _report import machine_facts, write_section
 CASES = {
     "demo": {"model": "blazeface", "size": (640, 480),
              "task": {"type": "detect", "decoder": "blazeface", "score_threshold": 0.6}},
-    "yolo-720p": {"model": "yolov8n-320", "size": (1280, 720),
+    "yolo-720p": {"model": "nudenet-320n", "size": (1280, 720),
                   "task": {"type": "detect", "decoder": "yolov8", "score_threshold": 0.25,
                            "preprocess": {"size": [320, 320]}}},
 }

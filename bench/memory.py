@@ -1,7 +1,7 @@
 """Resident memory of edgeinfer's pick against the same backend opened raw, in fresh processes;
 and the four-pipelines-on-one-model numbers of ``bench/shared.py``.
 
-    python3 bench/memory.py [--repeats 3] [--models yolov8n-320,blazeface,ppocr-det]
+    python3 bench/memory.py [--repeats 3] [--models nudenet-320n,blazeface,ppocr-det]
                             [--shared-frames 100] [--no-write]
 
 Per model: ``load_model(path)`` once with an empty state directory (the probe picks and caches),
@@ -148,7 +148,7 @@ def shared(frames: int) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--models", default="yolov8n-320,blazeface,ppocr-det")
+    p.add_argument("--models", default="nudenet-320n,blazeface,ppocr-det")
     p.add_argument("--shared-frames", type=int, default=100)
     p.add_argument("--no-write", action="store_true")
     args = p.parse_args()

@@ -62,7 +62,7 @@ def yolo_input() -> np.ndarray:
 def opencv_vs_ort(threads: int, rounds: int, runs: int) -> dict[str, Any]:
     import cv2
 
-    path = catalog.pull("yolov8n-320")
+    path = catalog.pull("nudenet-320n")
     x = yolo_input()
     model = edgeinfer.load_model(path, threads=threads, input_shapes={"images": x.shape})
     ref = model.run({"images": x})[model.outputs[0].name]

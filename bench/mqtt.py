@@ -45,7 +45,7 @@ from edgeinfer.testing.mosquitto import Mosquitto, free_port
 frame = Frame(index=1, ts=0.0, wall=time.time(), data=np.zeros((480, 640, 3), np.uint8))
 task = TaskResult(detections=(Detection("person", 0, 0.91, (10.0, 20.0, 200.0, 400.0)),
                               Detection("dog", 16, 0.77, (220.0, 240.0, 380.0, 460.0))))
-PAYLOAD = Result(1, time.time(), "cam", frame, ModelRef("yolov8n-320", "1", "ab" * 32),
+PAYLOAD = Result(1, time.time(), "cam", frame, ModelRef("nudenet-320n", "1", "ab" * 32),
                  "CPUExecutionProvider", (1.2, 20.5, 0.4), task).to_json()
 TOPIC = "edgeinfer/dev/cam/result"
 

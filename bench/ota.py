@@ -94,7 +94,7 @@ def run(rounds: int, fps: float) -> dict[str, Any]:
     from edgeinfer.ota.push import Pusher
     from edgeinfer.testing.mosquitto import Mosquitto
 
-    yolo = catalog.pull("yolov8n-320")
+    yolo = catalog.pull("nudenet-320n")
     tmp = Path(tempfile.mkdtemp(prefix="edgeinfer-bench-ota-"))
     private, public, _ = generate_keypair(tmp / "key")
     key = load_private_key(private)

@@ -48,7 +48,7 @@ def pipeline_config(video: Path, out: Path, loop: bool = False):  # type: ignore
         "pipelines": [{
             "name": "bench",
             "source": {"type": "video", "uri": str(video), "loop": loop},
-            "model": {"path": "yolov8n-320", "threads": THREADS},
+            "model": {"path": "nudenet-320n", "threads": THREADS},
             "task": {"type": "detect", "decoder": "yolov8", "score_threshold": 0.25,
                      "preprocess": {"size": list(SIZE)}},
             "sinks": [{"type": "jsonl", "path": str(out)}],

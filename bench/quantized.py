@@ -115,7 +115,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     from edgeinfer.quantize import quantize_model
     from edgeinfer.tasks.detect import DetectTask
 
-    float_path = catalog.pull("yolov8n-320")
+    float_path = catalog.pull("nudenet-320n")
     calib, held, photos = write_sets(work, args.per_photo)
     config = work / "bench.yaml"
     config.write_text(CONFIG.format(images=held, model=float_path, threads=args.threads,
@@ -127,7 +127,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         # onnxruntime's quantization tools can leave <uuid>.data files in the working directory
         with contextlib.chdir(work):
             cards[variant] = quantize_model(
-                float_path, work / f"yolov8n-320.{variant}.onnx", calib, config=config,
+                float_path, work / f"nudenet-320n.{variant}.onnx", calib, config=config,
                 pipeline="bench", held_out=held, samples=args.samples, force=True,
                 **VARIANTS[variant])
         quantize_s[variant] = time.perf_counter() - start

@@ -178,7 +178,7 @@ def render(tp: dict[str, float], mem: dict[str, float], cold: dict[str, float],
     raw = mem["raw-same-options"][0]
     chosen = mem[f"edgeinfer:arena={DEFAULT_ARENA}"][0]
     lines = [
-        f"Model: YOLOv8n-320 (`yolov8n-320`, float), input 1x3x320x320, {THREADS} threads, CPU "
+        f"Model: YOLOv8n-320 (`nudenet-320n`, float), input 1x3x320x320, {THREADS} threads, CPU "
         f"provider. {machine_facts()}",
         "",
         "| measure | edgeinfer | raw onnxruntime | ratio | target |",
@@ -219,7 +219,7 @@ def main() -> int:
     args = parser.parse_args()
     from edgeinfer import catalog
 
-    path = catalog.pull("yolov8n-320")
+    path = catalog.pull("nudenet-320n")
     tp = throughput(path, args.rounds, args.runs)
     mem = memory(path)
     cold = cold_start(path)

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 def config_text(cameras: int, fps: float, size: tuple[int, int], threads: int | None,
                 queue_size: int = 2) -> str:
-    model: dict[str, Any] = {"path": "yolov8n-320"}
+    model: dict[str, Any] = {"path": "nudenet-320n"}
     if threads:
         model["threads"] = threads
     return json.dumps({"pipelines": [{

@@ -1,7 +1,7 @@
 """Start-up with the measuring selector: the first boot's probe, later boots on the cached
 decision, and a cached start against raw onnxruntime, each in fresh processes.
 
-    python3 bench/startup.py [--repeats 5] [--model yolov8n-320] [--no-write]
+    python3 bench/startup.py [--repeats 5] [--model nudenet-320n] [--no-write]
 
 1. First boot: ``load_model(path)`` with an empty state directory and an empty cache directory
    (no decision, no optimized graph, no OpenVINO compile cache), as on a new device: the
@@ -105,7 +105,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--first-boots", type=int, default=3)
-    p.add_argument("--model", default="yolov8n-320")
+    p.add_argument("--model", default="nudenet-320n")
     p.add_argument("--no-write", action="store_true")
     args = p.parse_args()
     from edgeinfer import catalog

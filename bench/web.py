@@ -218,7 +218,7 @@ def one_run(cfg: Any, viewers: int, frames: int, warm: int) -> dict[str, Any]:
 def throughput(video: Path, tmp: Path, scene: dict[str, Any], rounds: int, frames: int,
                seed: int) -> dict[str, Any]:
     modes = {"no_http": (None, 0), "http": ({}, 0), "http_2_viewers": ({}, 2)}
-    cfgs = {m: config(video, tmp / m, "yolov8n-320", web, scene)
+    cfgs = {m: config(video, tmp / m, "nudenet-320n", web, scene)
             for m, (web, _) in modes.items()}
     one_run(cfgs["http"], 0, 30, 10)  # warm-up: model file, OpenCV, aiohttp
     order = list(modes)
@@ -257,7 +257,7 @@ def infer_latency(video: Path, tmp: Path, scene: dict[str, Any], n: int) -> dict
     ok, buf = cv2.imencode(".jpg", samples.load_image("astronaut"))
     assert ok
     photo = buf.tobytes()
-    run = Running(config(video, tmp / "infer", "yolov8n-320", {}, scene))
+    run = Running(config(video, tmp / "infer", "nudenet-320n", {}, scene))
     try:
         run.wait_frames(5)
         run.pipeline.pause()

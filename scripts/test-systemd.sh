@@ -129,9 +129,9 @@ if ! ls "$WHEELS"/setuptools-*.whl "$WHEELS"/wheel-*.whl >/dev/null 2>&1; then
     timeout 300 "$HOST_PY" -m pip download -q "setuptools>=61" wheel -d "$WHEELS" ||
         die "cannot fetch setuptools and wheel"
 fi
-# YOLOv8n at 320x320 (`edgeinfer models pull yolov8n-320`), as the Pi config runs it.
+# YOLOv8n at 320x320 (`edgeinfer models pull nudenet-320n`), as the Pi config runs it.
 MODEL=${EDGEINFER_SYSTEMD_MODEL:-$CACHE/models/320n.onnx}
-[[ -f $MODEL ]] || die "no $MODEL: edgeinfer models pull yolov8n-320 (or set EDGEINFER_SYSTEMD_MODEL)"
+[[ -f $MODEL ]] || die "no $MODEL: edgeinfer models pull nudenet-320n (or set EDGEINFER_SYSTEMD_MODEL)"
 
 NSPAWN_PID=
 PID1=

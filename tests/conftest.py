@@ -49,12 +49,18 @@ def _example(name: str) -> Path:
 @pytest.fixture(scope="session")
 def yolo_path() -> Path:
     """YOLOv8n-architecture detector, images 1x3x320x320 (dynamic dims in the file)."""
-    return _example("yolov8n-320")
+    return _example("nudenet-320n")
 
 
 @pytest.fixture(scope="session")
 def blazeface_path() -> Path:
     return _example("blazeface")
+
+
+@pytest.fixture(scope="session")
+def person_path() -> Path:
+    """MediaPipe's person detector (pose_detection.tflite), 1x224x224x3."""
+    return _example("person-detector")
 
 
 @pytest.fixture(scope="session")

@@ -12,14 +12,14 @@ from edgeinfer import catalog
 from edgeinfer.errors import ModelNotFoundError
 
 
-@pytest.mark.parametrize("name", ["320n.onnx", "yolov8n-320"])
+@pytest.mark.parametrize("name", ["320n.onnx", "nudenet-320n"])
 def test_load_model_finds_pulled_example_by_name(yolo_path: Path, name: str,
                                                  tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)  # no 320n.onnx here: only the models cache has it
     with edgeinfer.load_model(name, input_shapes={"images": (1, 3, 320, 320)},
                               warmup=False) as m:
-        assert m.sha256 == catalog.CATALOG["yolov8n-320"].sha256
+        assert m.sha256 == catalog.CATALOG["nudenet-320n"].sha256
 
 
 def test_resolve_bare_name_in_models_cache(tmp_path: Path, yolo_path: Path,
@@ -42,14 +42,14 @@ def test_missing_model_error_lists_where_it_looked(tmp_path: Path,
     assert "model file not found: nothere.onnx" in text
     assert str(tmp_path / "nothere.onnx") in text
     assert str(tmp_path / "models" / "nothere.onnx") in text
-    assert "yolov8n-320" in text  # the example models it could have named
+    assert "nudenet-320n" in text  # the example models it could have named
 
 
 def test_unpulled_example_without_fetch_names_the_pull_command(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EDGEINFER_MODELS", str(tmp_path / "empty"))
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ModelNotFoundError, match="edgeinfer models pull yolov8n-320"):
+    with pytest.raises(ModelNotFoundError, match="edgeinfer models pull nudenet-320n"):
         catalog.resolve_model("320n.onnx", fetch_missing=False)
 
 

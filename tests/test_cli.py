@@ -127,7 +127,7 @@ def test_providers_json_and_table() -> None:
 def test_models_list_names_every_example() -> None:
     r = cli("models", "list")
     assert r.returncode == 0
-    for name in ("yolov8n-320", "blazeface", "silero-vad"):
+    for name in ("nudenet-320n", "blazeface", "silero-vad"):
         assert name in r.stdout
 
 
@@ -172,3 +172,15 @@ def test_the_public_api_names_of_the_readme_and_architecture_resolve_lazily() ->
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60)
     assert proc.stdout.strip() == "HEAVY [] MISSING [] True", proc.stdout + proc.stderr
+
+
+def test_validate_config_refuses_an_unknown_decoder_without_a_model(tmp_path: Path) -> None:
+    """A misspelt decoder is a config error (exit 78 naming the path and the valid names), not
+    a config that "validates" and fails when the device starts it."""
+    config = tmp_path / "p.yaml"
+    config.write_text("pipelines:\n  - name: a\n    source: {type: synthetic}\n"
+                      "    model: {path: nowhere.onnx}\n    task: {type: detect, decoder: yolo}\n")
+    done = subprocess.run([sys.executable, "-m", "edgeinfer", "validate-config", str(config)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 78, done
+    assert "$.pipelines[0].task.decoder: unknown decoder 'yolo'; valid: auto," in done.stderr

@@ -1,6 +1,6 @@
 """`info` and `quantize` on the README's own model, word for word.
 
-Before: `edgeinfer info yolov8n-320` printed onnxruntime internals (`op_kernel.cc:87 virtual
+Before: `edgeinfer info nudenet-320n` printed onnxruntime internals (`op_kernel.cc:87 virtual
 OrtValue* ...; pass input_shapes`) and a 300-character symbolic output shape while `models list`
 said 1x3x320x320; `quantize` had no `--input-shape`, wrote the model with mode 0600 (unreadable
 by the service's DynamicUser) and let onnxruntime's warnings through.
@@ -33,7 +33,7 @@ def _cli(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProc
 
 
 def test_info_of_an_example_model_uses_its_catalog_shapes(yolo_path: Path) -> None:
-    proc = _cli("info", "yolov8n-320")
+    proc = _cli("info", "nudenet-320n")
     assert proc.returncode == 0, proc.stderr
     rows = dict(line.split(None, 1) for line in proc.stdout.splitlines()
                 if line and not line.startswith(" ") and " " in line)
@@ -42,7 +42,7 @@ def test_info_of_an_example_model_uses_its_catalog_shapes(yolo_path: Path) -> No
     assert "output0              float32  1x22x2100" in proc.stdout
     assert "WARNING" not in proc.stderr, proc.stderr
     # the user's own shape wins over the catalog's
-    proc = _cli("info", "yolov8n-320", "--input-shape", "images=1,3,640,640")
+    proc = _cli("info", "nudenet-320n", "--input-shape", "images=1,3,640,640")
     assert proc.returncode == 0 and "1x22x8400" in proc.stdout, proc.stdout + proc.stderr
 
 

@@ -39,6 +39,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from ..config import load_config
     from ..config.loader import config_kind
     from ..daemon.startable import start_problems
+    from ..tasks import config_problems
 
     if getattr(args, "systemd_dropin", False):
         # The ports need no secrets: credentials the service alone can read are stood in for.
@@ -49,6 +50,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if kind == "collect" or (kind == "auto" and config_kind(args.config) == "collect"):
         return _validate_collect(args)
     config = load_config(args.config)
+    invalid = config_problems(config)
+    if invalid:  # as invalid as a YAML error: no model loaded anywhere fixes it
+        for problem in invalid:
+            print(f"{args.config}: {problem}", file=sys.stderr)
+        return 78
     problems = start_problems(config)
     if args.json:
         data = msgspec.to_builtins(config)

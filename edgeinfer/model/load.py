@@ -72,7 +72,7 @@ def load_model(
     """Load an ONNX or TFLite model (format detected from its bytes) on the best provider.
 
     Args:
-        path: the model file, or an example model's name or file name (``"yolov8n-320"``,
+        path: the model file, or an example model's name or file name (``"nudenet-320n"``,
             ``"320n.onnx"``) found in the models cache, pulled into it when missing, as the
             CLI and configs do (``edgeinfer.model.catalog.resolve_model``).
         providers: ``"auto"``: every backend installed here (onnxruntime and its providers,

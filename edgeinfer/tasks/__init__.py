@@ -15,6 +15,7 @@ from ..frames import register_part_kind
 from .base import Entity, Task, label_of, load_labels
 
 if TYPE_CHECKING:
+    from ..config.schema import Config
     from ..model.model import Model
 
 TASKS: dict[str, str | type[Task]] = {
@@ -24,8 +25,8 @@ TASKS: dict[str, str | type[Task]] = {
     "raw": "edgeinfer.tasks.raw:RawTask",
 }
 
-__all__ = ["TASKS", "Entity", "Task", "label_of", "load_labels", "make_task", "register_task",
-           "task_class", "task_for_gate"]
+__all__ = ["TASKS", "Entity", "Task", "config_problems", "label_of", "load_labels", "make_task",
+           "register_task", "task_class", "task_for_gate"]
 
 
 def task_class(name: str) -> type[Task]:
@@ -46,6 +47,17 @@ def task_for_gate(key: str) -> type[Task]:
         if cls.gate_key == key:
             return cls
     return Task
+
+
+def config_problems(config: Config) -> list[str]:
+    """What the pipelines' tasks find wrong in their settings without loading a model, each
+    as ``"$.pipelines[i].task.<key>: <why>"`` (``Task.check_config``)."""
+    problems = []
+    for i, pc in enumerate(config.pipelines):
+        problem = task_class(str(type(pc.task).__struct_config__.tag)).check_config(pc.task)
+        if problem:
+            problems.append(f"$.pipelines[{i}].task.{problem}")
+    return problems
 
 
 def make_task(config: Any, model: Model) -> Task:

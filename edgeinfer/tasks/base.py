@@ -65,6 +65,12 @@ class Task(ABC):
         of a configured preprocessing size are added by the pipeline."""
         return {}
 
+    @classmethod
+    def check_config(cls, config: Any) -> str | None:
+        """What is wrong in the task's config that needs no model to see (a decoder name no
+        decoder has), as ``"<key>: <why>"``, for ``validate-config``; ``None``: nothing."""
+        return None
+
     def __init__(self, config: Any, model: Model) -> None:
         self.config = config
         self.model = model

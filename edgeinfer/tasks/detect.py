@@ -76,6 +76,17 @@ class DetectTask(Task):
                                   "else 'none' }}"}),
         ]
 
+    @classmethod
+    def check_config(cls, config: DetectConfig) -> str | None:
+        """An unknown ``decoder:`` name (the valid ones are listed)."""
+        if config.decoder == "auto":
+            return None
+        try:
+            decoder_class(config.decoder)
+        except ConfigError as exc:
+            return f"decoder: {exc}"
+        return None
+
     def __init__(self, config: DetectConfig, model: Model) -> None:
         super().__init__(config, model)
         image = _image_input(model)
@@ -245,17 +256,15 @@ def _check_labels(labels: list[str], source: str, decoder: Decoder, model: str) 
 
 
 def _preprocess_config(config: DetectConfig, decoder: type[Decoder]) -> PreprocessConfig:
+    """The configured preprocessing, with the decoder family's own pixel values and padding
+    where the config leaves them unset."""
     pre = config.preprocess
-    unset = pre.scale is None and pre.mean is None and pre.std is None
-    if decoder.name != "blazeface":
-        return msgspec.structs.replace(pre, **decoder.input_values) \
-            if unset and decoder.input_values else pre
     changes: dict[str, Any] = {}
-    if unset:
-        changes.update(scale=1 / 127.5, mean=[1.0])
-    if pre.pad_value == _DEFAULT_PAD:
-        changes["pad_value"] = 0
-    return msgspec.structs.replace(pre, **changes)
+    if pre.scale is None and pre.mean is None and pre.std is None:
+        changes.update(decoder.input_values)
+    if decoder.pad_value is not None and pre.pad_value == _DEFAULT_PAD:
+        changes["pad_value"] = decoder.pad_value
+    return msgspec.structs.replace(pre, **changes) if changes else pre
 
 
 def _class_ids(classes: list[str | int] | None, labels: list[str] | None, n: int | None

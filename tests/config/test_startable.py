@@ -64,7 +64,7 @@ def test_an_example_model_name_not_yet_fetched_is_no_problem(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # `run` pulls it: an empty models cache is no reason to refuse the config
     monkeypatch.setenv("EDGEINFER_MODELS", str(tmp_path / "no-models"))
-    assert main(["validate-config", "--strict", str(_config(tmp_path, "yolov8n-320"))]) == 0
+    assert main(["validate-config", "--strict", str(_config(tmp_path, "nudenet-320n"))]) == 0
 
 
 def test_run_refuses_with_the_same_message_and_exit_78(tmp_path: Path, yolo_path: Path) -> None:

@@ -157,7 +157,7 @@ def test_preprocess_size_fixes_dynamic_inputs_of_a_model_named_by_catalog_name(
     from edgeinfer.config import RuntimeConfig
 
     config = parse_config(json.dumps({"pipelines": [{
-        "name": "y", "source": {"type": "synthetic"}, "model": {"path": "yolov8n-320"},
+        "name": "y", "source": {"type": "synthetic"}, "model": {"path": "nudenet-320n"},
         "task": {"type": "detect", "decoder": "yolov8", "preprocess": {"size": [320, 256]}},
     }]}))
     with load_pipeline_model(config.pipelines[0], RuntimeConfig()) as model:

@@ -31,6 +31,7 @@ DECODERS: dict[str, str | type[Decoder]] = {
     "yolov5": "edgeinfer.tasks.decoders.yolo:YoloV5Decoder",
     "ssd": "edgeinfer.tasks.decoders.ssd:SsdDecoder",
     "blazeface": "edgeinfer.tasks.decoders.blazeface:BlazeFaceDecoder",
+    "blazepose": "edgeinfer.tasks.decoders.blazepose:BlazePoseDecoder",
     "yolo-end2end": "edgeinfer.tasks.decoders.end2end:YoloEnd2EndDecoder",
     "ultralytics-rtdetr": "edgeinfer.tasks.decoders.rtdetr:UltralyticsRtDetrDecoder",
     "yolox": "edgeinfer.tasks.decoders.yolox:YoloxDecoder",

@@ -71,6 +71,9 @@ class Decoder(ABC):
     input_values: ClassVar[dict[str, float | list[float]]] = {}
     """``preprocess`` scale/mean/std the family's models were trained with, used when the
     config sets none of the three."""
+    pad_value: ClassVar[int | None] = None
+    """The letterbox padding the family was trained with, where it is not ``preprocess``'s
+    default (MediaPipe pads black); ``None``: the default."""
 
     def __init__(self, outputs: Sequence[TensorSpec], input_size: tuple[int, int],
                  metadata: Mapping[str, str] | None = None) -> None:

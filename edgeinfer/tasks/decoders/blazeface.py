@@ -50,12 +50,13 @@ class BlazeFaceDecoder(Decoder):
     suppression = "weighted"
     default_labels = ["face"]
     score_clip = 100.0  # score_clipping_thresh of the MediaPipe graph
-
-    @classmethod
-    def matches(cls, outputs: Sequence[TensorSpec], metadata: Mapping[str, str]) -> bool | str:
-        """The two outputs' shapes fit (the anchor count is checked against the real input size
-        when the decoder is built)."""
-        return _split(tuple(outputs)) is not None
+    # MediaPipe's detectors take [-1, 1] pixels, letterboxed on black.
+    input_values = {"scale": 1 / 127.5, "mean": [1.0]}
+    pad_value = 0
+    layouts: tuple[tuple[tuple[int, ...], int], ...] = BLAZEFACE_LAYOUTS
+    """The anchor layouts this family's models use; binding picks the one whose anchor count is
+    the model's at its input size, so ``decoder: auto`` tells the face and person detectors
+    apart by it."""
 
     def _bind(self, outputs: tuple[TensorSpec, ...]) -> None:
         split = _split(outputs)
@@ -63,12 +64,12 @@ class BlazeFaceDecoder(Decoder):
             raise self._refuse()
         regs, scores, count, coords = split
         w, h = self.input_size
-        for strides, per_layer in BLAZEFACE_LAYOUTS:
+        for strides, per_layer in self.layouts:
             anchors = blazeface_anchors(w, h, strides, per_layer)
             if len(anchors) == count:
                 break
         else:
-            raise self._refuse(f"no BlazeFace anchor layout has {count} anchors at {w}x{h}")
+            raise self._refuse(f"no {self.name} anchor layout has {count} anchors at {w}x{h}")
         self.num_classes = 1
         self._anchors_px = anchors * np.array([w, h], dtype=np.float32)
         self._regs, self._scores, self._coords = regs.name, scores.name, coords
