@@ -10,6 +10,8 @@ transfer, and the status topic. Verification and the swap run on one worker thre
     agent.stop()
 """
 
+# Over 450 lines: one state machine (active transfer, busy request, last status) under one lock.
+
 from __future__ import annotations
 
 import hashlib
