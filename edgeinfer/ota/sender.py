@@ -52,6 +52,8 @@ class Channel:
     sent_at: dict[int, float] = field(default_factory=dict)
 
     def add(self, indices: Iterable[int], *, now: float, dedupe: bool, skip_sent: bool) -> int:
+        """Queue the chunks of ``indices`` not queued already: with ``skip_sent`` none sent
+        before, with ``dedupe`` none sent in the last ``RESEND_AFTER_S``. Returns how many."""
         added = 0
         for i in indices:
             if i in self.queued:
