@@ -83,7 +83,7 @@ def run_pipeline(cfg: Any, mqtt: Any, wait_selection: bool = False) -> tuple[flo
 def raw_loop(cfg: Any, choice: dict[str, Any]) -> float:
     """Frames/s of the picked backend alone, opened with its own API, over tensors preprocessed
     beforehand by the task (what the pipeline feeds it)."""
-    from backends import raw_litert, raw_openvino, raw_ort
+    from raw_runners import raw_litert, raw_openvino, raw_ort
 
     from edgeinfer.pipeline.build import load_pipeline_model
     from edgeinfer.sources import open_source

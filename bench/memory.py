@@ -41,7 +41,7 @@ sys.path.insert(0, sys.argv[4])
 mode, key, state = sys.argv[1], sys.argv[2], sys.argv[3]
 choice = json.loads(sys.argv[5])
 RUNS = 5  # steady state: edgeinfer's warm-up is one more run, so a single run would not compare
-import backends as b
+import backend_cases as b
 from edgeinfer.runtime.memory import rss_mb
 case = b.CASE[key]
 path = b.model_path(key)
@@ -121,10 +121,10 @@ def _child(mode: str, key: str, state: str, choice: dict[str, Any]) -> dict[str,
 
 
 def pick_memory(key: str, repeats: int) -> dict[str, Any]:
-    from backends import _spawn
+    from backends import spawn
 
     with tempfile.TemporaryDirectory(prefix="edgeinfer-memory-") as state:
-        probe = _spawn("--child", "probe", "--model", key, "--state", state)
+        probe = spawn("--child", "probe", "--model", key, "--state", state)
         (row,) = [c for c in probe["candidates"] if c["status"] == "picked"]
         choice = row["choice"]
         runs: dict[str, list[dict[str, Any]]] = {"edgeinfer": [], "raw": []}

@@ -14,8 +14,8 @@ which then keeps that frame whatever ``clips.fps`` says, and the encoder never d
 lagging (up to ``_PINNED`` such frames wait; past that the next frame encoded serves). An
 ``exit`` shows the last kept frame its track was seen in. With ``snapshot: best`` it is the
 track's best-scoring kept frame. Snapshots have a thread of their own (``snapshots``) and are
-written as soon as their frame is encoded; clips are written later by the writer thread
-(``media.MediaStore``: atomic, retention, free-space floor).
+written as soon as their frame is encoded; clips are written later by theirs (``clipwriter``),
+atomically into the media folder (``media.MediaStore``: retention, free-space floor).
 
 On Linux the threads lower their own priority (the encoder's and the snapshot writer's nice
 value by 5, the clip writer's by 10, relative to the thread that started them) so that media
@@ -23,13 +23,13 @@ work yields the CPU to inference on a 2- or 4-core board; encoding a VP8 clip ta
 milliseconds a frame.
 """
 
+# Over 450 lines: the emit thread's hand-off and the encoder thread share one lock, inbox and buffer.
+
 from __future__ import annotations
 
-import errno
 import functools
 import logging
 import os
-import queue
 import re
 import sys
 import threading
@@ -42,9 +42,10 @@ from types import TracebackType
 from typing import Any
 
 from ..config.analytics import ClipConfig, RecordConfig
-from ..errors import EdgeInferError, StateError, StorageError
+from ..errors import EdgeInferError, StateError
 from ..frames import Frame
-from .clips import ClipFormat, Entry, FrameBuffer, PendingClip, probe_format, write_clip
+from .clips import ClipFormat, Entry, FrameBuffer, PendingClip, probe_format
+from .clipwriter import ClipWriter
 from .draw import Boxed, Geometry, encode_jpeg
 from .media import MediaStore
 from .snapshots import SNAPSHOT_KEYS, SnapJob, SnapRequest, SnapshotWriter
@@ -62,8 +63,6 @@ _ENCODER_NICE = 5
 _WRITER_NICE = 10
 _SNAPSHOT_NICE = 5
 _SNAPSHOT_GRACE_S = 10.0
-_CLIP_TRIES = 4  # 0.2 s doubling: 1.4 s of waiting in all
-_CLIP_RETRY_S = 0.2
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -118,15 +117,16 @@ class Recorder:
         self._inbox: deque[_Item] = deque()
         self._pending_events: deque[_Event] = deque()
         self._wanted: list[SnapRequest] = []  # events of the frame about to be offered
-        self._jobs: queue.SimpleQueue[PendingClip | None] = queue.SimpleQueue()
         self._snaps = SnapshotWriter(pipeline, self._store, self._clip_cfg.quality, self._scene,
                                      self._release, self._count,
                                      functools.partial(_lower_priority, _SNAPSHOT_NICE))
+        self._clips = ClipWriter(pipeline, self._store, self._clip_cfg.fps,
+                                 config.retention.min_free_mb, self._scene, self._release_all,
+                                 self._count, functools.partial(_lower_priority, _WRITER_NICE))
         self._buf = FrameBuffer(self._pre, self._period, self._clip_cfg.buffer_mb * _MIB)
         self._open: PendingClip | None = None
         self._threads: list[threading.Thread] = []
         self._deferred: list[_Event] = []  # snapshots waiting for a frame to be encoded
-        self._hurry = threading.Event()  # closing took too long: clips end at their next frame
         self._state = "new"
         self._seq = 0
         self._due = float("-inf")  # next clock to keep, minus a small tolerance
@@ -161,15 +161,12 @@ class Recorder:
                                "no clips", self.pipeline)
             else:
                 logger.info("pipeline %s: event clips as %s", self.pipeline, self._format.name)
-        self._threads = [
-            threading.Thread(target=self._encode_loop, name=f"rec-enc-{self.pipeline}",
-                             daemon=True),
-            threading.Thread(target=self._write_loop, name=f"rec-write-{self.pipeline}",
-                             daemon=True),
-        ]
+        encoder = threading.Thread(target=self._encode_loop, name=f"rec-enc-{self.pipeline}",
+                                   daemon=True)
+        self._threads = [encoder, self._clips.thread]
         self._state = "running"
-        for t in self._threads:
-            t.start()
+        encoder.start()
+        self._clips.start(self._format)
         self._snaps.start()
 
     def offer(self, frame: Frame, clock: float, boxes: Sequence[Boxed]) -> None:
@@ -295,7 +292,7 @@ class Recorder:
         if any(t.is_alive() for t in self._threads):
             logger.warning("pipeline %s: event clips still being written after %.0f s; cutting "
                            "them short", self.pipeline, timeout)
-            self._hurry.set()
+            self._clips.hurry.set()
             for t in self._threads:
                 t.join()  # one frame's encoding at most, per clip left
         # The encoder queued its last snapshot before it ended; a snapshot retrying a file
@@ -385,7 +382,7 @@ class Recorder:
                                                 "snapshot was encoded")
         for request in wanted:
             self._snaps.missed(request, "the recorder stopped before the event's frame came")
-        self._jobs.put(None)
+        self._clips.finish()
 
     def _encode(self, item: _Item) -> None:
         frame = item.frame
@@ -417,7 +414,7 @@ class Recorder:
     def _add(self, entry: Entry) -> None:  # under the lock
         self._last_entry = time.monotonic()
         for clip in self._buf.add(entry):
-            self._jobs.put(clip)
+            self._clips.put(clip)
         deferred, self._deferred = self._deferred, []
         for ev in deferred:  # their frames were dropped while the encoder lagged
             if ev.snapshot is None:
@@ -454,68 +451,20 @@ class Recorder:
 
     def _finish_clips(self) -> None:
         for clip in self._buf.take_clips():
-            self._jobs.put(clip)
+            self._clips.put(clip)
 
     # -- writer threads ------------------------------------------------------------------------
-
-    def _write_loop(self) -> None:
-        _lower_priority(_WRITER_NICE)
-        while (job := self._jobs.get()) is not None:
-            try:
-                self._write_clip(job)
-            except Exception:  # a bad frame or geometry must not stop the writer for good
-                self._count("errors")
-                logger.warning("pipeline %s: cannot write event media", self.pipeline,
-                               exc_info=True)
-            finally:
-                with self._lock:
-                    self._buf.release_all(job.frames)
 
     def _release(self, entry: Entry) -> None:
         with self._lock:
             self._buf.release(entry)
 
+    def _release_all(self, entries: Sequence[Entry]) -> None:
+        with self._lock:
+            self._buf.release_all(entries)
+
     def _scene(self) -> Geometry:
         return self._geometry() if self._geometry is not None else ()
-
-    def _write_clip(self, clip: PendingClip) -> None:
-        if self._format is None:
-            return
-        if not clip.frames:
-            self._clip_missing(clip, "no frame of its span was kept (the encoder lagged)")
-            return
-        if not self._store.has_room():
-            self._clip_missing(clip, f"the disk had less than retention.min_free_mb "
-                                     f"({self.config.retention.min_free_mb:g} MiB) free")
-            return
-        for attempt in range(1, _CLIP_TRIES + 1):
-            try:
-                with self._store.atomic(clip.path) as temp:
-                    write_clip(temp, self._format, clip.frames, self._scene(), clip.track_id,
-                               self._clip_cfg.fps, self._hurry)
-            except (StorageError, OSError) as exc:
-                # OpenCV says only that it cannot open the file: no descriptor left (EMFILE
-                # under a flood of web clients) passes, so it is tried again, bounded.
-                if attempt == _CLIP_TRIES or self._hurry.is_set():
-                    self._count("errors")
-                    logger.warning("pipeline %s: %s (%d tries)", self.pipeline, exc, attempt)
-                    detail = (f"{exc.strerror} ({errno.errorcode.get(exc.errno or 0, '?')})"
-                              if isinstance(exc, OSError) else "OpenCV cannot open it")
-                    self._clip_missing(clip, f"cannot write clip {clip.path.name}: {detail} "
-                                             f"({attempt} tries)")
-                    return
-                self._store.retried()
-                time.sleep(_CLIP_RETRY_S * 2 ** (attempt - 1))
-            else:
-                self._count("clips_written")
-                return
-
-    def _clip_missing(self, clip: PendingClip, why: str) -> None:
-        with self._lock:
-            self._n["clips_missed"] += 1
-        for event in clip.events:  # values of keys the records have: they keep their size
-            event["clip"] = None
-            event["clip_missing"] = why
 
     def _count(self, key: str) -> None:
         with self._lock:

@@ -1,7 +1,5 @@
 """``edgeinfer run``: startup -> tick loop -> graceful shutdown. Signals only set flags.
 
-(Over 450 lines: one class whose parts share its state: lifecycle, reload, and the Host side.)
-
 Startup loads every pipeline's model, checks it against its task, opens sinks and sources and
 starts the stage threads. A pipeline that fails to start is reported and left out, unless it
 is ``required`` (then the daemon fails). The tick loop ends when every pipeline has finished
@@ -16,6 +14,8 @@ command thread runs. A stuck pipeline is rebuilt, within the budget of the stall
 The control plane (the MQTT link, the OTA agent, the web view, the metrics endpoint) gets the
 daemon as an `edgeinfer.host.Host`, never as a `Daemon`.
 """
+
+# Over 450 lines: one class whose parts share its state: lifecycle, reload, and the Host side.
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Parts of `MqttClient` kept apart: the TLS context a `TlsConfig` asks for, why a connection
-failed in words, when to say it again, and which publish a PUBACK belongs to. Reasons read::
+failed in words, when to say it again, which publish a PUBACK belongs to, a publish's MQTT 5
+properties and the guard around user callbacks. Reasons read::
 
     certificate verify failed: self-signed certificate in certificate chain
     certificate verify failed: Hostname mismatch, certificate is not valid for 'localhost'.
@@ -16,21 +17,25 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import paho.mqtt.client as paho
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from ..config.mqtt import TlsConfig
 from ..errors import ConfigError
 
 __all__ = ["AckBook", "ConnackDeadline", "FailureLog", "PahoErrors", "ProtocolChoice",
-           "os_reason", "ssl_context", "tls_reason"]
+           "call_safely", "os_reason", "publish_properties", "ssl_context", "tls_reason"]
 
 logger = logging.getLogger("edgeinfer.mqtt.client")
 
 # "[SSL: CERTIFICATE_VERIFY_FAILED] ... (_ssl.c:1006)": the words between are the reason.
 _SSL_NOISE = re.compile(r"^\[[A-Z]+: [A-Z0-9_]+\] | \(_ssl\.c:\d+\)$")
+PROPERTIES = {"response_topic": "ResponseTopic", "correlation_data": "CorrelationData",
+              "content_type": "ContentType", "message_expiry": "MessageExpiryInterval"}
 
 
 def ssl_context(tls: TlsConfig) -> ssl.SSLContext:
@@ -266,3 +271,28 @@ class ConnackDeadline:
             sock.shutdown(socket.SHUT_RDWR)
         except OSError:  # closed meanwhile
             pass
+
+
+def publish_properties(given: Mapping[str, Any]) -> Properties:
+    """The MQTT 5 properties of a publish from their names in `MqttClient.publish`.
+
+    Raises:
+        ValueError: a name not in ``PROPERTIES``.
+    """
+    props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+    for key, value in given.items():
+        name = PROPERTIES.get(key)
+        if name is None:
+            raise ValueError(f"unknown MQTT property {key!r}; valid: {', '.join(PROPERTIES)}")
+        if value is not None:
+            setattr(props, name, value)
+    return props
+
+
+def call_safely(fn: Callable[..., None], what: str, *args: Any) -> None:
+    """Call a user's callback in paho's network thread: an exception is logged, and must never
+    end that thread."""
+    try:
+        fn(*args)
+    except Exception:
+        logger.exception("MQTT %s callback failed", what)

@@ -17,7 +17,10 @@ version in use is `MqttClient.protocol`, logged at connect and announced in the 
 
 Callbacks (``on_ack``, subscriptions, ``on_connect``) run in paho's network thread, some with
 paho's locks held: they must be short (queue the work) and must not block on that thread.
+Received messages reach their subscriptions through ``subscriptions.Subscriptions``.
 """
+
+# Over 450 lines: one connection state machine; paho's callbacks share its lock, flags and backoff.
 
 from __future__ import annotations
 
@@ -28,7 +31,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, Self
 
 import paho.mqtt.client as paho
@@ -41,8 +43,9 @@ from ..errors import StateError
 from ..sources.base import Backoff
 from ..version import __version__
 from ._connection import (AckBook, ConnackDeadline, FailureLog, PahoErrors, ProtocolChoice,
-                          os_reason, ssl_context, tls_reason)
-from .topics import Topics, check_filter, matches, undotted
+                          call_safely, os_reason, publish_properties, ssl_context, tls_reason)
+from .subscriptions import Message, Subscriptions
+from .topics import Topics, check_filter
 
 __all__ = ["Message", "MqttClient"]
 
@@ -53,27 +56,6 @@ _UNSUPPORTED_PROTOCOL = (1, 132)
 _REPORT_EVERY_S = 300.0  # a condition that persists is logged again at most this often
 _CONNACK_MAX_S = 10.0  # a broker silent this long (at most keepalive_s) after CONNECT is retried
 _MAX_INFLIGHT = 100  # QoS 1 messages awaiting PUBACK; more wait in paho's queue
-_PROPERTIES = {"response_topic": "ResponseTopic", "correlation_data": "CorrelationData",
-               "content_type": "ContentType", "message_expiry": "MessageExpiryInterval"}
-
-
-@dataclass(frozen=True, slots=True)
-class Message:
-    """A message received on a subscription (MQTT 5 properties ``None`` under 3.1.1)."""
-
-    topic: str
-    payload: bytes
-    qos: int
-    retain: bool
-    response_topic: str | None = None
-    correlation_data: bytes | None = None
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class _Sub:
-    topic: str
-    qos: int
-    callback: Callable[[Message], None]
 
 
 def _noop() -> None:
@@ -141,8 +123,7 @@ class MqttClient:
         self._refused_connect = False
         self._socket_error: BaseException | None = None
         self._backoff = Backoff(config.reconnect, threading.Event())
-        self._subs: tuple[_Sub, ...] = ()
-        self._dotted_warned: set[str] = set()  # filters a '.'-mapping broker was seen for
+        self._subs = Subscriptions(self._where)
         self._acks = AckBook()
         self._on_connect: list[Callable[[], None]] = []
         self._on_disconnect: list[Callable[[], None]] = []
@@ -286,7 +267,7 @@ class MqttClient:
         client = self._paho
         if not self._connected or client is None:
             return False
-        props = self._properties(properties) if properties and self._v5 else None
+        props = publish_properties(properties) if properties and self._v5 else None
         info = client.publish(topic, payload, qos, retain, props)
         rc = info.rc
         if rc != MQTTErrorCode.MQTT_ERR_SUCCESS and not (rc == MQTTErrorCode.MQTT_ERR_NO_CONN and qos):
@@ -296,7 +277,7 @@ class MqttClient:
             if not early:
                 self._refuse("refused")
             elif on_ack is not None:
-                self._call(on_ack, "on_ack")
+                call_safely(on_ack, "on_ack")
         return True
 
     def subscribe(self, topic: str, qos: int, on_message: Callable[[Message], None]) -> Callable[[], None]:
@@ -308,18 +289,16 @@ class MqttClient:
             ValueError: an invalid filter.
         """
         check_filter(topic)
-        sub = _Sub(topic, qos, on_message)
         with self._lock:
-            self._subs += (sub,)
-            qos = max(s.qos for s in self._subs if s.topic == topic)
+            sub = self._subs.add(topic, qos, on_message)
+            qos = self._subs.qos(topic)
             connected, client = self._connected, self._paho
         if connected and client is not None:
             client.subscribe(topic, qos)
 
         def unsubscribe() -> None:
             with self._lock:
-                self._subs = tuple(s for s in self._subs if s is not sub)
-                still = any(s.topic == topic for s in self._subs)
+                still = self._subs.remove(sub)
                 connected, client = self._connected, self._paho
             if not still and connected and client is not None:
                 client.unsubscribe(topic)
@@ -351,9 +330,7 @@ class MqttClient:
         with self._lock:
             self._connected = True
             self.state, self.last_error = "connected", ""
-            subs: dict[str, int] = {}
-            for s in self._subs:
-                subs[s.topic] = max(subs.get(s.topic, 0), s.qos)
+            subs = self._subs.filters()
         for topic, qos in subs.items():
             client.subscribe(topic, qos)
         if self._announce:  # after the subscriptions: "online" means commands are taken
@@ -370,7 +347,7 @@ class MqttClient:
                        self.max_packet_bytes)
         self._connected_event.set()
         for fn in self._on_connect:
-            self._call(fn, "on_connect")
+            call_safely(fn, "on_connect")
 
     def _handle_connect_fail(self, _client: paho.Client, _u: Any) -> None:
         exc = sys.exc_info()[1]  # paho calls this inside its `except OSError` block
@@ -396,7 +373,7 @@ class MqttClient:
                 self.last_error = "connection lost" if reason.value == 128 else str(reason)
             logger.warning("lost MQTT broker %s (%s); reconnecting", self._where, self.last_error)
             for fn in self._on_disconnect:
-                self._call(fn, "on_disconnect")
+                call_safely(fn, "on_disconnect")
         elif isinstance(error, ssl.SSLError):
             self._report("tls_error", tls_reason(error))
         elif not self._refused_connect:
@@ -431,7 +408,7 @@ class MqttClient:
         if on_ack is None:
             return
         if ok:
-            self._call(on_ack, "on_ack")
+            call_safely(on_ack, "on_ack")
         else:
             self._refuse(reason)
 
@@ -444,38 +421,7 @@ class MqttClient:
                            "check the broker's ACL)", self._where, reason, self.refused)
 
     def _handle_message(self, _client: paho.Client, _u: Any, msg: paho.MQTTMessage) -> None:
-        topic = msg.topic
-        message: Message | None = None
-        for sub in self._subs:
-            if matches(sub.topic, topic):
-                if message is None:
-                    message = self._message(topic, msg)
-                self._call(sub.callback, "subscription", message)
-        if message is None and "." not in topic:
-            self._handle_dotted(msg)
-
-    def _handle_dotted(self, msg: paho.MQTTMessage) -> None:
-        """A message no filter matches as it came: RabbitMQ delivers ``a/cam.1/x`` as
-        ``a/cam/1/x``. Handed to the filters it was for, under the name it was published with,
-        and said once per filter: every other client sees the broker's spelling."""
-        for sub in self._subs:
-            topic = undotted(sub.topic, msg.topic) if "." in sub.topic else None
-            if topic is None:
-                continue
-            if sub.topic not in self._dotted_warned:
-                self._dotted_warned.add(sub.topic)
-                logger.warning("MQTT broker %s delivered %s for the subscription %s: it takes "
-                               "'.' for a topic level separator (RabbitMQ does), so other "
-                               "clients see such topics with '/'; use a device id, pipeline "
-                               "names and prefix without '.'", self._where, msg.topic, sub.topic)
-            self._call(sub.callback, "subscription", self._message(topic, msg))
-
-    @staticmethod
-    def _message(topic: str, msg: paho.MQTTMessage) -> Message:
-        props = msg.properties
-        return Message(topic, bytes(msg.payload), msg.qos, bool(msg.retain),
-                       getattr(props, "ResponseTopic", None),
-                       getattr(props, "CorrelationData", None))
+        self._subs.deliver(msg)
 
     def _paho_error(self, msg: str, args: tuple[Any, ...]) -> None:
         if args and isinstance(args[0], OSError):
@@ -501,16 +447,6 @@ class MqttClient:
         self._acks.claim(info.mid, _noop)  # so that its PUBACK is not kept as an early one
         return info
 
-    def _properties(self, given: Mapping[str, Any]) -> Properties:
-        props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
-        for key, value in given.items():
-            name = _PROPERTIES.get(key)
-            if name is None:
-                raise ValueError(f"unknown MQTT property {key!r}; valid: {', '.join(_PROPERTIES)}")
-            if value is not None:
-                setattr(props, name, value)
-        return props
-
     def _down_state(self) -> str:
         return "disconnected" if self._ever_connected else "connecting"
 
@@ -524,10 +460,3 @@ class MqttClient:
     def _report(self, state: str, error: str) -> None:
         self.state, self.last_error = state, error
         self._failures.report(state, error)
-
-    @staticmethod
-    def _call(fn: Callable[..., None], what: str, *args: Any) -> None:
-        try:
-            fn(*args)
-        except Exception:
-            logger.exception("MQTT %s callback failed", what)

@@ -10,6 +10,8 @@ transfer, and the status topic. Verification and the swap run on one worker thre
     agent.stop()
 """
 
+# Over 450 lines: one state machine (active transfer, busy request, last status) under one lock.
+
 from __future__ import annotations
 
 import hashlib
@@ -28,15 +30,8 @@ from ..host import Host
 from ..keys import load_trusted_keys
 from ..pipeline import Pipeline
 from ._crash import crash_point
-from .manifest import (
-    check_time,
-    check_transfer,
-    open_manifest,
-    parse_offer,
-    parse_time,
-    request_id,
-    transfer_id,
-)
+from .manifest import check_time, check_transfer, open_manifest, transfer_id
+from .offer import parse_offer
 from .protocol import (
     FINAL_STATES,
     ModelInfo,
@@ -49,13 +44,15 @@ from .protocol import (
 from .receiver import StagedTransfer
 from .replay import ReplayGuard
 from .rollback import open_rollback, parse_rollback
+from .signature import parse_time, request_id
 from .store import ModelStore
 from .updater import Updater
 
 if TYPE_CHECKING:
     from ..config import Config, PipelineConfig
     from ..mqtt.client import Message, MqttClient
-    from .manifest import Manifest, Offer
+    from .manifest import Manifest
+    from .offer import Offer
 
 __all__ = ["OtaAgent"]
 

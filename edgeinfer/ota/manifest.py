@@ -1,8 +1,11 @@
-"""The signed manifest, the offer that carries it, and the signed rollback request.
+"""The signed manifest: what a pushed model is, its field rules, building it, signing it into
+an offer and opening one (``docs/ota.md``).
 
-Signatures are Ed25519 over ``DOMAIN + text``, where ``text`` is the exact UTF-8 JSON text that
-travels in the offer (``docs/ota.md``): a device verifies those bytes before it trusts any field,
-then decodes them into a ``Manifest`` whose construction checks every field rule.
+A device verifies the manifest's exact text against its signature (``signature``) before it
+trusts any field, then decodes it into a ``Manifest`` whose construction checks every field
+rule. The offer that carries it travels as ``offer.Offer``. The names of ``signature`` and
+``offer`` are re-exported here, where the rollback request, signed commands and tests import
+them from.
 
 Format 2 binds what a signature allows: the manifest names its ``target`` (a device or a
 group), a per-pipeline ``sequence`` (with ``downgrade`` to go below the highest one installed),
@@ -18,14 +21,12 @@ Rejections raise ``OtaRejected`` with the protocol's reason codes: ``unsigned``,
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import math
 import os
 import re
 import time
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -36,6 +37,17 @@ from ..errors import OtaRejected, UnsafeModelError
 from . import protocol
 from ..keys import PrivateKey, PublicKey
 from ..runtime.modelfile import inspect_model
+from .offer import Offer, TransferInfo, golden_bytes, parse_offer
+from .signature import (
+    DOMAIN,
+    encode,
+    now_iso,
+    parse_time,
+    request_id,
+    sign_bytes,
+    signed_key_id,
+    verify_bytes,
+)
 
 __all__ = [
     "DOMAIN",
@@ -67,7 +79,6 @@ __all__ = [
 ]
 
 SCHEMA = "edgeinfer-ota/2"
-DOMAIN = b"edgeinfer-ota/2\n"
 DEFAULT_CHUNK = 256 * 1024
 DEFAULT_TTL_S = 3600.0
 MAX_TTL_S = 30 * 86400.0  # a manifest valid for longer is refused (a signer's slip, or a trap)
@@ -76,7 +87,7 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 PIPELINE_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # a pipeline name an update may target
 _TASK = re.compile(r"[a-z0-9_-]{1,32}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-_HEX16 = re.compile(r"[0-9a-f]{16}")
+_HEX16 = re.compile(r"[0-9a-f]{16}")  # a key id
 FUTURE_SKEW_S = 60.0  # how far ahead of our clock a signed "created" may be
 _LEVEL = re.compile(r"[^/+#\x00-\x20\x7f]{1,128}")  # one MQTT topic level
 
@@ -212,38 +223,10 @@ class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
             raise _bad("key_id", f"must be 16 lowercase hex digits, got {self.key_id[:80]!r}")
 
 
-class TransferInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """How the model file is cut into chunks: ``id`` (16 hex), ``chunk_size``, ``chunks``.
-    Not signed: a device takes it only when it equals the signed manifest's."""
-
-    id: str
-    chunk_size: int
-    chunks: int
-
-
-class Offer(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """The offer message: the manifest text as sent, its signature, the transfer, the golden
-    file (base64)."""
-
-    manifest: str
-    signature: str | None = None
-    transfer: TransferInfo
-    golden: str | None = None
-
-
 # -- helpers -----------------------------------------------------------------------------------
 def transfer_id(sha256: str) -> str:
     """The transfer id of a model: the first 16 hex digits of its sha256."""
     return sha256[:16]
-
-
-def request_id(text: str, signature: str | None) -> str:
-    """The id of one signed request (an offer's manifest, a rollback request): 16 hex digits of
-    the sha256 of its text and signature. Statuses answering it carry it; a copy with another
-    signature (a forgery) has another id, so it cannot speak for the real one."""
-    h = hashlib.sha256(text.encode("utf-8", "surrogatepass"))
-    h.update(b"\n" + (signature or "").encode("ascii", "replace"))
-    return h.hexdigest()[:16]
 
 
 def chunk_hashes(path: Path, chunk_size: int) -> list[str]:
@@ -268,26 +251,6 @@ def check_time(manifest: Manifest, now: float | None = None) -> None:
     if parse_time(manifest.created) - now > FUTURE_SKEW_S:
         raise OtaRejected("not_yet_valid", f"the manifest was created {manifest.created}, in "
                           "this device's future: check the clocks")
-
-
-def now_iso(ts: float | None = None) -> str:
-    """``ts`` (default now) as ``YYYY-MM-DDTHH:MM:SSZ``."""
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if ts is None else ts))
-
-
-def parse_time(value: str) -> float:
-    """An ISO-8601 time as a Unix timestamp (no zone: UTC); ``ValueError`` if it is not one."""
-    if not value or len(value) > 64:
-        raise ValueError(f"not an ISO-8601 time: {value[:80]!r}")
-    dt = datetime.fromisoformat(value)
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    return dt.timestamp()
-
-
-def encode(struct: Any) -> bytes:
-    """The JSON bytes of a message (``msgspec.json.encode``)."""
-    return msgspec.json.encode(struct)
 
 
 def _sanitise(name: str) -> str:
@@ -368,60 +331,6 @@ def build_manifest(
     )
 
 
-# -- signatures --------------------------------------------------------------------------------
-def sign_bytes(data: bytes, key: PrivateKey) -> str:
-    """The base64 Ed25519 signature of ``DOMAIN + data``."""
-    return base64.b64encode(key.sign(DOMAIN + data)).decode("ascii")
-
-
-def verify_bytes(
-    data: bytes,
-    signature: str | None,
-    key_id: str | None,
-    trusted: Mapping[str, PublicKey],
-    *,
-    allow_unsigned: bool,
-) -> None:
-    """Check the signature of ``data``; a signed payload is always checked.
-
-    Raises:
-        OtaRejected: ``unsigned`` (no signature and ``allow_unsigned`` off), ``unknown_key``
-            (signed by a key not in ``trusted``, or no key id), ``bad_signature`` (not base64,
-            or it does not verify).
-    """
-    if signature is None:
-        if allow_unsigned:
-            return
-        raise OtaRejected("unsigned", "the update is not signed and ota.allow_unsigned is off")
-    key = trusted.get(key_id) if key_id is not None else None
-    if key is None:
-        raise OtaRejected("unknown_key", f"signed by key {key_id!r}, which this device does not trust"
-                          if key_id is not None else "signed, but no key_id says by which key")
-    try:
-        raw = base64.b64decode(signature, validate=True)
-    except (binascii.Error, ValueError):
-        raise OtaRejected("bad_signature", "the signature is not valid base64") from None
-    if not key.verify(DOMAIN + data, raw):
-        raise OtaRejected("bad_signature", f"the signature does not verify with key {key_id}")
-
-
-def signed_key_id(text: str, what: str) -> str | None:
-    """The ``key_id`` of a JSON object text (a manifest, a rollback request), read before
-    anything in it is trusted; ``None`` when it names none. ``what`` names the text in errors.
-
-    Raises:
-        OtaRejected: ``bad_manifest``, the text is not a JSON object.
-    """
-    try:
-        obj = msgspec.json.decode(text.encode("utf-8", "surrogatepass"))
-    except msgspec.DecodeError as exc:
-        raise OtaRejected("bad_manifest", f"the {what} is not valid JSON: {exc}") from None
-    if not isinstance(obj, dict):
-        raise OtaRejected("bad_manifest", f"the {what} is not a JSON object")
-    kid = obj.get("key_id")
-    return kid if isinstance(kid, str) else None
-
-
 # -- offers ------------------------------------------------------------------------------------
 def make_offer(manifest: Manifest, key: PrivateKey | None,
                golden: bytes | None = None) -> bytes:
@@ -455,35 +364,6 @@ def make_offer(manifest: Manifest, key: PrivateKey | None,
         raise ValueError(f"the offer is {len(payload)} bytes, over the protocol's "
                          f"{protocol.MAX_OFFER_BYTES} (a smaller golden file?)")
     return payload
-
-
-def parse_offer(payload: bytes) -> Offer:
-    """Decode an offer message and check its transfer section's shape.
-
-    Raises:
-        OtaRejected: ``bad_transfer`` for an offer over ``MAX_OFFER_BYTES`` or a malformed
-            transfer section (``id`` not 16 hex, ``chunk_size`` out of range, ``chunks`` < 1);
-            ``bad_manifest`` for bad JSON, wrong types or unknown fields elsewhere.
-    """
-    if len(payload) > protocol.MAX_OFFER_BYTES:
-        raise OtaRejected("bad_transfer", f"the offer is {len(payload)} bytes, over "
-                                          f"{protocol.MAX_OFFER_BYTES}")
-    try:
-        offer = _json.decode(payload, type=Offer)
-    except msgspec.ValidationError as exc:
-        reason = "bad_transfer" if "$.transfer" in str(exc) else "bad_manifest"
-        raise OtaRejected(reason, f"malformed offer: {exc}") from None
-    except msgspec.DecodeError as exc:
-        raise OtaRejected("bad_manifest", f"the offer is not valid JSON: {exc}") from None
-    t = offer.transfer
-    if not _HEX16.fullmatch(t.id):
-        raise OtaRejected("bad_transfer", f"transfer id must be 16 lowercase hex digits, got {t.id[:40]!r}")
-    if not protocol.MIN_CHUNK <= t.chunk_size <= protocol.MAX_CHUNK:
-        raise OtaRejected("bad_transfer", f"chunk size {t.chunk_size} is outside "
-                                          f"{protocol.MIN_CHUNK}..{protocol.MAX_CHUNK}")
-    if t.chunks < 1:
-        raise OtaRejected("bad_transfer", f"chunk count must be >= 1, got {t.chunks}")
-    return offer
 
 
 def decode_manifest(text: bytes | str) -> Manifest:
@@ -553,17 +433,3 @@ def check_transfer(offer: Offer, manifest: Manifest) -> None:
             or hashlib.sha256(golden).hexdigest() != manifest.golden.sha256):
         raise OtaRejected("bad_manifest", "the golden file does not match the manifest's "
                                           "golden sha256/size")
-
-
-def golden_bytes(offer: Offer) -> bytes | None:
-    """The golden ``.npz`` bytes an offer carries, or None.
-
-    Raises:
-        OtaRejected: ``bad_manifest`` when it is not base64.
-    """
-    if offer.golden is None:
-        return None
-    try:
-        return base64.b64decode(offer.golden, validate=True)
-    except (binascii.Error, ValueError):
-        raise OtaRejected("bad_manifest", "the offer's golden file is not valid base64") from None

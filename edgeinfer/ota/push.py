@@ -12,92 +12,42 @@ callbacks, which run in the calling thread.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import logging
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from ..errors import ConfigError, OtaError, OtaRejected
-from .protocol import (
-    MAX_CHUNK,
-    MIN_CHUNK,
-    OtaStatus,
-    base_topic,
-    chunk_topic,
-    expand_ranges,
-    offer_topic,
-    rollback_topic,
-    status_topic,
+from .manifest import Golden, Target, build_manifest, make_offer, transfer_id
+from .protocol import MAX_CHUNK, MIN_CHUNK, OtaStatus, base_topic, rollback_topic, status_topic
+from .rollback import make_rollback
+from .sender import (
+    PAST_RECEIVING,
+    Channel,
+    ProgressFn,
+    PushOffer,
+    StatusFn,
+    Transfer,
+    device_channel,
 )
+from .signature import request_id
 
 if TYPE_CHECKING:
-    from ..mqtt.client import Message, MqttClient
     from ..keys import PrivateKey
+    from ..mqtt.client import Message, MqttClient
 
 __all__ = ["PAST_RECEIVING", "Pusher"]
 
 logger = logging.getLogger(__name__)
 
-ProgressFn = Callable[[int, int], None]
-StatusFn = Callable[[OtaStatus], None]
-
-PAST_RECEIVING = frozenset({"verifying", "applied", "committed", "rejected", "rolled_back"})
-MAX_UNACKED = 8  # chunks handed to paho and not yet acknowledged by the broker
-RESEND_AFTER_S = 2.0  # a chunk is not sent again sooner (the device reports a stall after 2 s)
-STUCK_ACKS_S = 15.0  # no PUBACK for this long while connected: count the unacked chunks as lost
 CONNECT_TIMEOUT_S = 30.0
-
-
-@dataclass(eq=False)
-class _Channel:
-    """One base topic the offer and chunks go to, and the devices listening there; the offer
-    (signed for this target) and its request id, which every status answering it carries."""
-
-    base: str
-    devices: frozenset[str]
-    group: bool = False
-    payload: bytes = b""
-    request: str = ""
-    pending: deque[int] = field(default_factory=deque)
-    queued: set[int] = field(default_factory=set)
-    sent_at: dict[int, float] = field(default_factory=dict)
-
-    def add(self, indices: Iterable[int], *, now: float, dedupe: bool, skip_sent: bool) -> int:
-        added = 0
-        for i in indices:
-            if i in self.queued:
-                continue
-            sent = self.sent_at.get(i)
-            if sent is not None and (skip_sent or (dedupe and now - sent < RESEND_AFTER_S)):
-                continue
-            self.pending.append(i)
-            self.queued.add(i)
-            added += 1
-        return added
-
-
-@dataclass(frozen=True)
-class _Offer:
-    sign: Callable[[_Channel], _Channel]  # the channel with its own signed offer
-    transfer: str
-    sha256: str
-    size: int
-    chunk_size: int
-    chunks: int
-    pipeline: str
-    path: Path
-    name: str
-    version: str
 
 
 class Pusher:
@@ -174,8 +124,6 @@ class Pusher:
             ModelNotFoundError: No model file.
             OtaError: The broker cannot be reached, or the group has no online member.
         """
-        from .manifest import Golden, Target, build_manifest, make_offer, request_id, transfer_id
-
         self._check_targets(devices, group, canary)
         if not version:
             raise ConfigError("--version is required: the manifest needs a version string")
@@ -205,7 +153,7 @@ class Pusher:
         except ValueError as exc:  # an offer over MAX_OFFER_BYTES (a large golden file)
             raise ConfigError(str(exc)) from exc
 
-        def sign(ch: _Channel) -> _Channel:
+        def sign(ch: Channel) -> Channel:
             """The channel with the offer signed for its target (device or group)."""
             name_ = next(iter(ch.devices)) if not ch.group else ch.base.rsplit("/", 1)[1]
             target = Target(group=name_) if ch.group else Target(device=name_)
@@ -215,9 +163,9 @@ class Pusher:
             ch.payload, ch.request = payload, request_id(offer["manifest"], offer["signature"])
             return ch
 
-        offer = _Offer(sign, transfer_id(manifest.sha256), manifest.sha256, manifest.size,
-                       chunk_size, len(manifest.chunks), pipeline, Path(model_path),
-                       manifest.name, manifest.version)
+        offer = PushOffer(sign, transfer_id(manifest.sha256), manifest.sha256, manifest.size,
+                          chunk_size, len(manifest.chunks), pipeline, Path(model_path),
+                          manifest.name, manifest.version)
         self.members, self.skipped, self.timed_out = [], [], []
         deadline = time.monotonic() + timeout_s
         self._connect(deadline)
@@ -226,26 +174,14 @@ class Pusher:
             if canary >= len(self.members):
                 raise ConfigError(f"--canary {canary} needs a group of more than {canary} online "
                                   f"devices; {group} has {len(self.members)}")
-        with self._session(), offer.path.open("rb") as file:
-            run = _Run(self, offer, file, deadline, on_progress, on_status)
-            if group is None:
-                assert devices is not None
-                return run.transfer([offer.sign(_channel(self.prefix, device=d))
-                                     for d in dict.fromkeys(devices)], wait=wait)
-            if canary:
-                first = self.members[:canary]
-                statuses = run.transfer([offer.sign(_channel(self.prefix, device=d))
-                                         for d in first], wait=True)
-                if any(s.state != "committed" for s in statuses.values()):
-                    self.skipped = self.members[canary:]
-                    return statuses
-                rest = self.members[canary:]
-            else:
-                statuses, rest = {}, self.members
-            base = base_topic(self.prefix, group=group)
-            statuses.update(run.transfer([offer.sign(_Channel(base, frozenset(rest), group=True))],
-                                         wait=wait))
-            return statuses
+        with self._session() as events, offer.path.open("rb") as file:
+            run = Transfer(self.client, offer, file, deadline, events,
+                           lambda devices, wildcard: self._watch_statuses(devices, wildcard, events),
+                           on_progress, on_status)
+            try:
+                return self._transfers(run, offer, devices, group, canary, wait)
+            finally:
+                self.timed_out = sorted(run.timed_out)
 
     def rollback(self, *, devices: list[str] | None, group: str | None, pipeline: str,
                  key: PrivateKey | None, wait: bool = True, timeout_s: float = 300.0,
@@ -261,9 +197,6 @@ class Pusher:
             ConfigError: Bad targets.
             OtaError: The broker cannot be reached, or the group has no online member.
         """
-        from .manifest import Target, request_id
-        from .rollback import make_rollback
-
         self._check_targets(devices, group, 0)
         self.members, self.skipped, self.timed_out = [], [], []
         deadline = time.monotonic() + timeout_s
@@ -300,6 +233,29 @@ class Pusher:
             return self._collect_rollback(requests, deadline, events, on_status)
 
     # -- helpers ------------------------------------------------------------------------------
+    def _transfers(self, run: Transfer, offer: PushOffer, devices: list[str] | None,
+                   group: str | None, canary: int, wait: bool) -> dict[str, OtaStatus]:
+        """Devices: one transfer, each on its own topics. A group: its first ``canary``
+        members on their own topics, then (once all of them committed) the rest on the
+        group's topics."""
+        if group is None:
+            assert devices is not None
+            return run.transfer([offer.sign(device_channel(self.prefix, device=d))
+                                 for d in dict.fromkeys(devices)], wait=wait)
+        statuses: dict[str, OtaStatus] = {}
+        rest = self.members
+        if canary:
+            statuses = run.transfer([offer.sign(device_channel(self.prefix, device=d))
+                                     for d in self.members[:canary]], wait=True)
+            if any(s.state != "committed" for s in statuses.values()):
+                self.skipped = self.members[canary:]
+                return statuses
+            rest = self.members[canary:]
+        base = base_topic(self.prefix, group=group)
+        statuses.update(run.transfer([offer.sign(Channel(base, frozenset(rest), group=True))],
+                                     wait=wait))
+        return statuses
+
     @staticmethod
     def _check_targets(devices: list[str] | None, group: str | None, canary: int) -> None:
         if (not devices) == (group is None):
@@ -421,200 +377,8 @@ class _Session:
         self._pusher._events = None
 
 
-def _channel(prefix: str, *, device: str) -> _Channel:
-    return _Channel(base_topic(prefix, device=device), frozenset({device}))
-
-
 def _read_golden(path: str | Path) -> bytes:
     try:
         return Path(path).read_bytes()
     except OSError as exc:
         raise ConfigError(f"--golden {path}: {exc.strerror or exc}") from exc
-
-
-class _Run:
-    """The transfer loop of one push: offers, chunks with flow control, resends, statuses.
-
-    Everything runs in the calling thread; MQTT callbacks only queue events.
-    """
-
-    def __init__(self, pusher: Pusher, offer: _Offer, file: IO[bytes],
-                 deadline: float, on_progress: ProgressFn | None,
-                 on_status: StatusFn | None) -> None:
-        self.pusher = pusher
-        self.client = pusher.client
-        self.offer = offer
-        self.file = file
-        self.deadline = deadline
-        self.on_progress = on_progress
-        self.on_status = on_status
-        assert pusher._events is not None
-        self.events = pusher._events
-        self.subscribed: set[str] = set()
-        self.wildcard = False
-        self.unacked = 0
-        self.last_ack = time.monotonic()
-        self.reported = -1
-        self.by_device: dict[str, _Channel] = {}
-
-    def transfer(self, channels: list[_Channel], *, wait: bool) -> dict[str, OtaStatus]:
-        """Offer on every channel and run until every device is done or the deadline."""
-        targets = {d for ch in channels for d in ch.devices}
-        self._subscribe(channels)
-        statuses: dict[str, OtaStatus] = {}
-        seen: set[str] = set()  # devices whose first answer to the offer arrived
-        resync: set[str] = set()  # devices not heard from since the broker came back
-        by_device = {d: ch for ch in channels for d in ch.devices}
-        self.by_device.update(by_device)
-        self._offer(channels)
-        self.reported = -1
-        want = (lambda s: s.final) if wait else (lambda s: s.state in PAST_RECEIVING)
-        while not (len(statuses) == len(targets) and all(want(s) for s in statuses.values())):
-            now = time.monotonic()
-            if now >= self.deadline:
-                break
-            self._check_acks()
-            self._pump(channels, statuses)
-            try:
-                event = self.events.get(timeout=min(0.2, self.deadline - now))
-            except queue.Empty:
-                continue
-            kind = event[0]
-            if kind == "ack":
-                self.unacked = max(0, self.unacked - 1)
-                self.last_ack = time.monotonic()
-            elif kind == "connect":
-                logger.info("reconnected to the MQTT broker; offering %s again",
-                            self.offer.transfer)
-                self._offer(channels)
-                resync = set(targets)
-                self.last_ack = time.monotonic()
-            elif kind == "status":
-                device, status = event[1], event[2]
-                if device not in targets or not self._ours(status, by_device[device]):
-                    continue
-                previous = statuses.get(device)
-                if previous is not None and previous.final:
-                    continue  # its outcome is known; a late echo does not change it
-                statuses[device] = status
-                if self.on_status is not None:
-                    self.on_status(status)
-                if status.state == "receiving":
-                    self._missing(by_device[device], status, first=device not in seen,
-                                  resync=device in resync, previous=previous)
-                    seen.add(device)
-                resync.discard(device)
-                self._progress(statuses, targets)
-        return self._finish(targets, statuses, wait)
-
-    # -- steps --------------------------------------------------------------------------------
-    def _subscribe(self, channels: list[_Channel]) -> None:
-        if any(ch.group for ch in channels) and not self.wildcard:
-            self.wildcard = True
-            self.pusher._watch_statuses((), True, self.events)
-        elif not self.wildcard:
-            new = {d for ch in channels for d in ch.devices} - self.subscribed
-            self.subscribed |= new
-            self.pusher._watch_statuses(sorted(new), False, self.events)
-
-    def _offer(self, channels: list[_Channel]) -> float:
-        """Publish the offer on every channel; returns when it began (answers come after)."""
-        began = time.monotonic()
-        for ch in channels:
-            if not self.client.publish(offer_topic(ch.base), ch.payload, qos=1):
-                logger.debug("offer on %s waits for the broker", ch.base)  # see "connect"
-        return began
-
-    @staticmethod
-    def _ours(status: OtaStatus, channel: _Channel) -> bool:
-        """Is this status an answer to this push's offer on the device's channel? Only a
-        status carrying the offer's request id is: a retained status of an earlier push, or
-        the refusal of someone else's (or a forged) offer, carries another id or none."""
-        return status.request is not None and status.request == channel.request
-
-    def _missing(self, ch: _Channel, status: OtaStatus, *, first: bool, resync: bool,
-                 previous: OtaStatus | None) -> None:
-        """Queue the chunks a ``receiving`` status lists as missing.
-
-        A device's first answer gets every chunk it lists (on a group topic: those not already
-        sent to the group). After a reconnect, the next status gets what it lists at once.
-        Otherwise a status counts once the first pass is out and the device reports no
-        progress since its previous status (its 2-s stall report: a progress report while
-        chunks are still on their way over a slow link would list those too), and gets what
-        was not sent in the last 2 s.
-        """
-        missing = expand_ranges(status.missing, self.offer.chunks)
-        now = time.monotonic()
-        if first:
-            ch.add(missing, now=now, dedupe=False, skip_sent=ch.group)
-            return
-        if not resync and (ch.pending or previous is None or previous.state != "receiving"
-                           or status.received > previous.received):
-            return
-        added = ch.add(missing, now=now, dedupe=True, skip_sent=False)
-        if added:
-            logger.info("%s misses %d chunks of %s; sending them again", status.device, added,
-                        self.offer.transfer)
-
-    def _pump(self, channels: list[_Channel], statuses: dict[str, OtaStatus]) -> None:
-        """Publish pending chunks, round robin over channels, keeping few unacknowledged."""
-        o = self.offer
-        while self.unacked < MAX_UNACKED:
-            busy = [ch for ch in channels if ch.pending and not all(
-                d in statuses and statuses[d].state in PAST_RECEIVING for d in ch.devices)]
-            if not busy:
-                return
-            for ch in busy:
-                if self.unacked >= MAX_UNACKED:
-                    return
-                index = ch.pending[0]
-                self.file.seek(index * o.chunk_size)
-                data = self.file.read(o.chunk_size)
-                if not self.client.publish(chunk_topic(ch.base, o.transfer, index), data, qos=1,
-                                           on_ack=functools.partial(self.events.put, ("ack",))):
-                    return  # not connected: the reconnect event resumes
-                ch.pending.popleft()
-                ch.queued.discard(index)
-                ch.sent_at[index] = time.monotonic()
-                self.unacked += 1
-
-    def _check_acks(self) -> None:
-        if (self.unacked and self.client.connected
-                and time.monotonic() - self.last_ack > STUCK_ACKS_S):
-            logger.debug("%d chunks unacknowledged for %.0f s; not waiting for them",
-                         self.unacked, STUCK_ACKS_S)
-            self.unacked = 0
-
-    def _progress(self, statuses: dict[str, OtaStatus], targets: set[str]) -> None:
-        """Report the bytes every target still receiving has confirmed (the least of them),
-        from the devices' ``receiving`` statuses: what the broker took may still be queued
-        for a slow device."""
-        if self.on_progress is None:
-            return
-        o = self.offer
-        confirmed = [o.size]
-        for d in targets:
-            s = statuses.get(d)
-            if s is None:
-                confirmed.append(0)
-            elif s.state == "receiving":
-                confirmed.append(min(o.size, s.received * o.chunk_size))
-        done = min(confirmed)
-        if done > self.reported:
-            self.reported = done
-            self.on_progress(done, o.size)
-
-    def _finish(self, targets: set[str], statuses: dict[str, OtaStatus],
-                wait: bool) -> dict[str, OtaStatus]:
-        o = self.offer
-        for d in sorted(targets - set(statuses)):
-            statuses[d] = OtaStatus(device=d, state="receiving", transfer=o.transfer,
-                                    request=self.by_device[d].request if d in self.by_device
-                                    else None,
-                                    pipeline=o.pipeline, name=o.name, version=o.version,
-                                    sha256=o.sha256, chunks=o.chunks,
-                                    message="no answer from the device")
-        late = sorted(d for d, s in statuses.items()
-                      if not (s.final if wait else s.state in PAST_RECEIVING))
-        self.pusher.timed_out = sorted(set(self.pusher.timed_out) | set(late))
-        return dict(sorted(statuses.items()))

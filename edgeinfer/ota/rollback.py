@@ -1,6 +1,6 @@
 """The signed rollback request: put a pipeline back on its previous model (``docs/ota.md``).
 
-Signed like a manifest (``manifest.sign_bytes`` over the exact request text), bound to its
+Signed like a manifest (``signature.sign_bytes`` over the exact request text), bound to its
 target, valid for 15 minutes, its nonce taken once (``replay.ReplayGuard``, across restarts).
 """
 
@@ -16,16 +16,14 @@ import msgspec
 
 from .. import _json
 from ..errors import OtaRejected
-from .manifest import (
-    FUTURE_SKEW_S,
-    PIPELINE_NAME,
-    Target,
-    signed_key_id,
+from .manifest import FUTURE_SKEW_S, PIPELINE_NAME, Target
+from .signature import (
     encode,
     now_iso,
     parse_time,
     request_id,
     sign_bytes,
+    signed_key_id,
     verify_bytes,
 )
 

@@ -15,6 +15,8 @@ moves and removed only at the commit, so after a crash at any point ``recover`` 
 back where they were before the update.
 """
 
+# Over 450 lines: one crash-safe state on disk; each link transition reads best beside its undo.
+
 from __future__ import annotations
 
 import hashlib

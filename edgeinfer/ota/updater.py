@@ -25,11 +25,12 @@ from ..host import Host
 from ..pipeline import Pipeline
 from ..tasks import make_task
 from ._crash import crash_point
+from .filecheck import check_file
 from .manifest import Target, build_manifest, encode, parse_time
 from .protocol import ModelInfo, OtaStatus
 from .replay import ReplayGuard
 from .store import ModelStore
-from .verify import check_file, trial_run
+from .verify import trial_run
 
 if TYPE_CHECKING:
     import numpy as np

@@ -1,7 +1,8 @@
 """``edgeinfer quantize``: INT8 models calibrated through the pipeline's own preprocessing, with
 an accuracy report against the float original.
 
-- ``run``: the quantization itself (static or dynamic, per target CPU) and the model card;
+- ``run``: the options and settings (static or dynamic, the layout per target CPU);
+- ``write``: quantizing with onnxruntime's tooling, and the model and its card written in place;
 - ``graph``: reading the ONNX graph (what to exclude: the first conv, the detection head);
 - ``accuracy``: calibration and held-out samples, and the quantized model's accuracy.
 """

@@ -11,36 +11,32 @@ activation ranges computed per run. The layout follows the CPU the model will ru
   kernels multiply u8 by s8.
 - ``aarch64``: activations and weights int8 (S8S8), what onnxruntime recommends on ARM.
 
-The output is written to a temporary file next to ``output`` and renamed into place only when
-the quantized model has loaded, run and been measured, so a failure leaves no partial file.
-Calibration/held-out inputs and the accuracy metrics live in ``edgeinfer._accuracy``. See
+This module checks the options and decides the settings; ``write`` quantizes with them and
+writes the model and its card (nothing partial is left on failure). Calibration/held-out inputs
+and the accuracy metrics live in ``accuracy``, reading the graph in ``graph``. See
 ``docs/quantize.md``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import os
 import platform
 import tempfile
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from ..version import __version__
 from ..pipeline.build import select, task_load_options
 from ..model.catalog import resolve_model
 from ..config import Config, load_config
 from ..config.pipeline import RawTask
 from ..config.schema import PipelineConfig
-from ..errors import BackendUnavailableError, ConfigError, ModelError, ModelFormatError
+from ..errors import BackendUnavailableError, ConfigError, ModelFormatError
 from ..model.model import Model
 from ..model.load import load_model
 from ..runtime.modelfile import ModelFileInfo, inspect_model
@@ -48,28 +44,22 @@ from ..runtime.backends.ort_log import onnxruntime_quiet
 from ..tasks import make_task
 from ..tasks.base import Task
 from ..tasks.vad import silero_load_options
-from .accuracy import MIN_SAMPLES, Feeds, collect, measure
+from .accuracy import MIN_SAMPLES, collect
 from .graph import (
     exclusions,
     first_conv,
     graph_op_types,
     head_nodes,
     name_nodes,
-    op_types,
     output_nodes,
     prepare,
 )
-
-if TYPE_CHECKING:
-    import onnx
-
+from .write import METHODS, ModelCard, Progress, task_tag, write_quantized
 
 __all__ = ["FLOAT_TYPES", "MIN_SAMPLES", "TARGETS", "ModelCard", "first_conv", "graph_op_types",
            "head_nodes", "is_recurrent", "output_nodes", "quantize_model"]
 
 logger = logging.getLogger("edgeinfer.quantize")  # its name before the package; users filter on it
-
-Progress = Callable[[int, int], None]
 
 TARGETS: dict[str, tuple[str, str]] = {"x86_64": ("QUInt8", "QInt8"), "aarch64": ("QInt8", "QInt8")}
 """Per target CPU, onnxruntime ``QuantType`` names of (activations, weights)."""
@@ -87,41 +77,7 @@ here, 1 thread): keeping it float (a DequantizeLinear/QuantizeLinear pair around
 INT8 model 5-7 % faster with the same detections."""
 
 _MACHINES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
-METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
 RECURRENT_OPS = frozenset({"LSTM", "GRU", "RNN", "Loop", "Scan"})
-
-CARD_FORMAT = "edgeinfer-model-card/1"
-
-
-
-@dataclass(frozen=True, slots=True)
-class ModelCard:
-    """What ``quantize_model`` wrote: the model, its card and the accuracy report.
-
-    Attributes:
-        path: The quantized model.
-        card_path: The model card JSON next to it (``<output stem>.card.json``).
-        data: The whole card (see ``docs/quantize.md`` for its fields).
-    """
-
-    path: Path
-    card_path: Path
-    data: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def report(self) -> dict[str, Any]:
-        """The accuracy report against the float model."""
-        report: dict[str, Any] = self.data.get("report") or {}
-        return report
-
-    @property
-    def warnings(self) -> list[str]:
-        """Warnings raised while quantizing (few samples, skipped files, ...)."""
-        return list(self.data.get("warnings") or [])
-
-    def to_dict(self) -> dict[str, Any]:
-        """The card as written to ``card_path``."""
-        return dict(self.data)
 
 
 def quantize_model(
@@ -244,8 +200,9 @@ def _quantize(model: str | os.PathLike[str], output: str | os.PathLike[str],
                                  exclude_first_conv, exclude_head, prep_note,
                                  REDUCE_RANGE[arch] if reduce_range is None else reduce_range)
             settings["float_outputs"] = [n for n in output_nodes(proto) if n not in excluded]
-            return _write(src, info, out, float_model, task, task_cfg, calib, held, data_card,
-                          settings, warnings, load_opts, progress, Path(work), proto)
+            return write_quantized(src, info, out, float_model, task, task_cfg, calib, held,
+                                   data_card, settings, warnings, load_opts, progress,
+                                   Path(work), proto)
 
 
 # --- checks -----------------------------------------------------------------------------------
@@ -334,10 +291,6 @@ def _task_config(config: Any, pipeline: str | None) -> tuple[Any, Any]:
                       f"config; got {type(config).__name__}")
 
 
-def _task_tag(task_cfg: Any) -> str:
-    return str(type(task_cfg).__struct_config__.tag)
-
-
 def _load_options(task_cfg: Any, source_cfg: Any, src: Path, info: ModelFileInfo,
                   npz_shapes: dict[str, list[int]] | None) -> dict[str, Any]:
     opts: dict[str, Any] = dict(task_load_options(
@@ -376,9 +329,9 @@ def _make_task(task_cfg: Any, model: Model, calibration: Any, held_out: Any) -> 
     except ConfigError as exc:
         npz_only = all(s is None or Path(s).suffix.lower() == ".npz"
                        for s in (calibration, held_out))
-        if _task_tag(task_cfg) == "raw" and npz_only:
+        if task_tag(task_cfg) == "raw" and npz_only:
             return _FeedsOnly(task_cfg, model)  # tensors need no preprocessing
-        hint = "" if _task_tag(task_cfg) != "raw" else (
+        hint = "" if task_tag(task_cfg) != "raw" else (
             " (give --config with a pipeline whose task sets preprocess.size, or an .npz)")
         raise ConfigError(f"{exc}{hint}") from exc
 
@@ -405,175 +358,6 @@ def _settings(mode: str, arch: str, method: str, per_channel: bool, excluded: li
         "exclude_first_conv": first, "exclude_head": head,
         "float_outputs": [], "preprocessing": prep, "reduce_range": reduce_range,
         "float_types": list(FLOAT_TYPES[arch]) if mode == "static" else [],
-    }
-
-
-# --- quantize, measure, write ----------------------------------------------------------------
-
-def _write(src: Path, info: ModelFileInfo, out: Path, float_model: Model, task: Task,
-           task_cfg: Any, calib: list[Feeds], held: list[Feeds], data_card: dict[str, Any],
-           settings: dict[str, Any], warnings: list[str], load_opts: dict[str, Any],
-           progress: Progress | None, work: Path, proto: onnx.ModelProto) -> ModelCard:
-    import onnx
-
-    card_path = out.with_suffix(".card.json")
-    fd, tmp_name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.stem}.", suffix=".partial.onnx")
-    # mkstemp makes it 0600: a model is no secret, and the service (systemd DynamicUser=) must
-    # read it. The mode a new file gets here (0644 under the usual umask 022).
-    os.fchmod(fd, 0o666 & ~_umask())
-    os.close(fd)
-    tmp = Path(tmp_name)
-    card_tmp = card_path.with_name(f".{card_path.name}.partial")
-    try:
-        named = work / "named.onnx"
-        onnx.save(proto, str(named))
-        t0 = time.monotonic()
-        if settings["mode"] == "static":
-            names = [s.name for s in float_model.inputs]
-            _quantize_static(named, tmp, proto, calib, names, settings, progress)
-        else:
-            _quantize_dynamic(named, tmp, proto, settings)
-        elapsed = time.monotonic() - t0
-        card = _card(src, info, tmp, out, float_model, task, task_cfg, held, data_card,
-                          settings, warnings, load_opts, elapsed)
-        card_tmp.write_text(_dumps(card), encoding="utf-8")
-        os.replace(tmp, out)
-        os.replace(card_tmp, card_path)
-    except BaseException:
-        for p in (tmp, card_tmp):
-            p.unlink(missing_ok=True)
-        raise
-    logger.info("quantized %s -> %s (%s)", src, out, card["output"]["quantization"])
-    return ModelCard(out, card_path, card)
-
-
-def _dumps(card: dict[str, Any]) -> str:
-    import json
-
-    return json.dumps(card, indent=2, default=str) + "\n"
-
-
-class _Reader:
-    """Hands onnxruntime's calibrator one feed dict at a time, reporting progress."""
-
-    def __init__(self, feeds: Sequence[Feeds], names: Sequence[str], progress: Progress | None
-                 ) -> None:
-        self._feeds, self._names, self._progress = feeds, names, progress
-        self._next = 0
-
-    def get_next(self) -> dict[str, np.ndarray] | None:
-        if self._next >= len(self._feeds):
-            return None
-        feeds = self._feeds[self._next]
-        self._next += 1
-        if self._progress is not None:
-            self._progress(self._next, len(self._feeds))
-        return {k: feeds[k] for k in self._names if k in feeds}
-
-    def rewind(self) -> None:
-        self._next = 0
-
-
-def _quantize_static(named: Path, tmp: Path, proto: onnx.ModelProto, calib: Sequence[Feeds],
-                     names: Sequence[str], settings: dict[str, Any], progress: Progress | None
-                     ) -> None:
-    from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat,
-                                          QuantType, quantize_static, registry)
-
-    allowed = set(registry.QDQRegistry) | set(registry.QLinearOpsRegistry)
-    ops = op_types(proto, allowed, [*settings["exclude_types"], *settings["float_types"]],
-                    named.name, "static")
-    # onnxruntime is imported here, not at the top, so its reader base class is mixed in here.
-    reader = type("CalibrationReader", (_Reader, CalibrationDataReader), {})(calib, names,
-                                                                              progress)
-    chatter = io.StringIO()  # the percentile/entropy calibrators print() their progress
-    try:
-        with contextlib.redirect_stdout(chatter):
-            quantize_static(
-                str(named), str(tmp), reader, quant_format=QuantFormat.QDQ,
-                op_types_to_quantize=ops, per_channel=settings["per_channel"],
-                reduce_range=settings["reduce_range"],
-                activation_type=getattr(QuantType, settings["activation_type"]),
-                weight_type=getattr(QuantType, settings["weight_type"]),
-                nodes_to_exclude=settings["exclude_nodes"] + settings["float_outputs"],
-                calibrate_method=getattr(CalibrationMethod, METHODS[settings["method"]]),
-            )
-    except (ModelError, ConfigError):
-        raise
-    except Exception as exc:  # onnxruntime's tooling raises whatever it meets
-        raise ModelError(f"static quantization failed: {type(exc).__name__}: {exc}") from exc
-    finally:
-        if chatter.getvalue():
-            logger.debug("onnxruntime calibration: %s", chatter.getvalue().strip())
-
-
-def _umask() -> int:
-    """The process's umask, read without changing it (``os.umask`` sets it, racing threads)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    return 0o022
-
-
-# ConvInteger, what dynamic quantization makes of a Conv, has CPU kernels for uint8 weights only:
-# with int8 weights the model would not load. Convolutions stay float in dynamic mode.
-_DYNAMIC_SKIP = frozenset({"Conv"})
-
-
-def _quantize_dynamic(named: Path, tmp: Path, proto: onnx.ModelProto,
-                      settings: dict[str, Any]) -> None:
-    from onnxruntime.quantization import QuantType, quantize_dynamic, registry
-
-    allowed = set(registry.IntegerOpsRegistry) - _DYNAMIC_SKIP
-    ops = op_types(proto, allowed, settings["exclude_types"], named.name, "dynamic",
-                    subgraphs=True)
-    try:
-        quantize_dynamic(str(named), str(tmp), op_types_to_quantize=ops,
-                         per_channel=settings["per_channel"],
-                         reduce_range=settings["reduce_range"],
-                         weight_type=getattr(QuantType, settings["weight_type"]),
-                         nodes_to_exclude=settings["exclude_nodes"] + settings["float_outputs"],
-                         extra_options={"EnableSubgraph": True})
-    except (ModelError, ConfigError):
-        raise
-    except Exception as exc:
-        raise ModelError(f"dynamic quantization failed: {type(exc).__name__}: {exc}") from exc
-
-
-def _card(src: Path, info: ModelFileInfo, tmp: Path, out: Path, float_model: Model, task: Task,
-          task_cfg: Any, held: list[Feeds], data_card: dict[str, Any], settings: dict[str, Any],
-          warnings: list[str], load_opts: dict[str, Any], elapsed: float) -> dict[str, Any]:
-    """Check, load, run and measure the quantized model, and describe it all."""
-    import msgspec
-    import onnx
-    import onnxruntime
-
-    q_info = inspect_model(tmp)
-    quantization = q_info.onnx.quantization if q_info.onnx else "unknown"
-    if quantization == "float":
-        raise ModelError(f"nothing in {src.name} was quantized (every quantizable node is "
-                         "excluded?)")
-    report = measure(tmp, float_model, task, held, load_opts)
-    return {
-        "format": CARD_FORMAT,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "input": {"path": str(src), "sha256": info.sha256, "size_bytes": info.size_bytes,
-                  "quantization": "float"},
-        "output": {"path": str(out), "sha256": q_info.sha256, "size_bytes": q_info.size_bytes,
-                   "quantization": quantization},
-        "size_ratio": round(q_info.size_bytes / max(info.size_bytes, 1), 4),
-        "settings": settings,
-        "task": {"type": _task_tag(task_cfg), "config": msgspec.to_builtins(task_cfg)},
-        **data_card,
-        "runtime": {"onnxruntime": onnxruntime.__version__, "onnx": onnx.__version__,
-                    "edgeinfer": __version__, "machine": platform.machine(),
-                    "quantize_s": round(elapsed, 2)},
-        "report": report,
-        "warnings": warnings,
     }
 
 

@@ -487,7 +487,7 @@ def test_a_clip_being_written_does_not_delay_a_snapshot(tmp_path: Path,
     """Snapshots waited in the writer's queue behind clips: with a 60 s clip being encoded,
     the newest events had no image for tens of seconds. The gate holds the first clip's
     writing (as a long VP8 clip on a small board does) while a second event comes."""
-    import edgeinfer.analytics.recorder as recorder
+    import edgeinfer.analytics.clipwriter as recorder  # the clip writer calls write_clip
 
     gate = threading.Event()
     real = recorder.write_clip
