@@ -24,6 +24,8 @@ import numpy as np
 from . import paths
 from . import runtime
 from .errors import ConfigError, EdgeInferError, ModelMemoryError, StateError
+from .runtime.backends import backend_options
+from .runtime.backends.onnx import DEFAULT_ARENA
 from .runtime.base import (
     PRECISIONS,
     DelegateSpec,
@@ -44,10 +46,6 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_MODEL_MB = 512.0
 ISOLATIONS = ("none", "process")
-ARENAS = ("bounded", "off", "default")
-# The arena that measured lowest in resident memory with no large slowdown (docs/benchmarks.md).
-DEFAULT_ARENA = "bounded"
-
 _load_lock = threading.Lock()  # loads are serialized so resident-memory deltas are this model's
 _measuring: weakref.WeakSet[Model] = weakref.WeakSet()  # models measuring in the background
 
@@ -428,8 +426,7 @@ def load_model(
     """
     if isolation not in ISOLATIONS:
         raise ConfigError(f"isolation must be one of {ISOLATIONS}, got {isolation!r}")
-    if arena not in ARENAS:
-        raise ConfigError(f"arena must be one of {ARENAS}, got {arena!r}")
+    options = backend_options(arena=arena, delegates=delegates)  # each backend checks its own
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise ConfigError(f"threads must be a positive integer, got {threads!r}")
     if memory_limit_mb is not None and memory_limit_mb <= 0:
@@ -471,12 +468,11 @@ def load_model(
         precision=precision,
         probe_budget_s=float(probe_budget_s),
         input_shapes={k: tuple(int(d) for d in v) for k, v in (input_shapes or {}).items()},
-        arena=arena,
         memory_limit_mb=memory_limit_mb,
         cache_dir=(Path(cache_dir) if cache_dir else paths.cache_dir())
         if optimized_model_cache else None,
         state_dir=Path(state_dir) if state_dir else paths.state_dir(),
-        delegates=tuple(_delegate(d) for d in delegates),
+        options=options,
         warmup=warmup,
         warmup_inputs=dict(warmup_inputs or {}),
         graph_inputs=dict(info.onnx.inputs) if info.onnx is not None else {},
@@ -547,14 +543,3 @@ def _admit(report: LoadReport, name: str, memory_limit_mb: float | None) -> floa
         )
     return cost
 
-
-def _delegate(d: DelegateSpec | Mapping[str, Any] | str) -> DelegateSpec:
-    if isinstance(d, DelegateSpec):
-        return d
-    if isinstance(d, str):
-        return DelegateSpec(d)
-    try:
-        return DelegateSpec(str(d["library"]), {str(k): str(v) for k, v in
-                                                  (d.get("options") or {}).items()})
-    except KeyError:
-        raise ConfigError(f"a delegate needs a 'library': {dict(d)!r}") from None

@@ -25,7 +25,8 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -41,7 +42,8 @@ from ...errors import (
     StateError,
 )
 from .. import memory
-from ..base import Choice, Fallback, LoadReport, Session, SessionSpec, warm_up
+from ..base import Choice, DelegateSpec, Fallback, LoadReport, Session, SessionSpec, warm_up
+from . import own_options
 from .delegates import KNOWN_DELEGATES, check_plugin, delegate_name, find_delegates
 from .litert_common import (
     check_header,
@@ -57,14 +59,60 @@ from .litert_common import (
 )
 from .litert_fp16 import CompiledSession
 
-__all__ = ["CPU_PROVIDER", "TFLiteSession", "available", "open_session", "precisions",
-           "runtime_version", "tflite_quantization"]
+__all__ = ["CPU_PROVIDER", "LiteRTOptions", "TFLiteSession", "available", "delegate_libraries",
+           "make_options", "open_session", "precisions", "runtime_version", "tflite_quantization"]
 
 logger = logging.getLogger("edgeinfer.runtime.tflite")  # its name before the move: users filter on it
 
 # The default op resolver applies XNNPACK; with BUILTIN_WITHOUT_DEFAULT_DELEGATES (never used here)
 # the plain kernels would run and the provider would be "litert-cpu".
 CPU_PROVIDER = "xnnpack"
+
+
+@dataclass(frozen=True, slots=True)
+class LiteRTOptions:
+    """LiteRT's own options (``SessionSpec.options["litert"]``).
+
+    Attributes:
+        delegates: external delegates to try, in order (none: with ``providers: auto``, the
+            well-known ones found on the device).
+    """
+
+    delegates: tuple[DelegateSpec, ...] = ()
+
+    def decision_key(self) -> dict[str, Any]:
+        # the configured delegates are candidates (or, none configured, the discovered ones)
+        return {"delegates": [d.library for d in self.delegates]}
+
+
+def make_options(*, delegates: Iterable[DelegateSpec | Mapping[str, Any] | str] = ()
+                 ) -> LiteRTOptions:
+    """The ``delegates`` keyword of ``load_model`` (library paths, ``{library, options}``
+    mappings or ``DelegateSpec``s) as LiteRT's options.
+
+    Raises:
+        ConfigError: a mapping without ``library``.
+    """
+    return LiteRTOptions(tuple(_delegate(d) for d in delegates))
+
+
+def _delegate(d: DelegateSpec | Mapping[str, Any] | str) -> DelegateSpec:
+    if isinstance(d, DelegateSpec):
+        return d
+    if isinstance(d, str):
+        return DelegateSpec(d)
+    try:
+        return DelegateSpec(str(d["library"]), {str(k): str(v) for k, v in
+                                                  (d.get("options") or {}).items()})
+    except KeyError:
+        raise ConfigError(f"a delegate needs a 'library': {dict(d)!r}") from None
+
+
+def delegate_libraries(spec: SessionSpec) -> list[str]:
+    """The delegate libraries worth measuring for ``spec``: the configured ones, else those
+    found on the device."""
+    configured = own_options(spec, "litert", LiteRTOptions).delegates
+    return [d.library for d in configured or find_delegates()]
 
 
 class TFLiteSession:
@@ -171,8 +219,10 @@ def _fallback(report: LoadReport, spec: SessionSpec, library: str, exc: Exceptio
 
 
 def _open_interpreter(mod: Any, spec: SessionSpec, threads: int, report: LoadReport) -> Any:
-    if spec.delegates:
-        candidates = spec.delegates
+    configured = own_options(spec, "litert", LiteRTOptions).delegates
+    candidates: tuple[DelegateSpec, ...]
+    if configured:
+        candidates = configured
     elif "auto" in spec.providers:
         candidates = find_delegates()
     else:
@@ -318,9 +368,10 @@ def _open_choice(mod: Any, spec: SessionSpec, choice: Choice, start: float,
 
 def _build_with_delegate(mod: Any, spec: SessionSpec, choice: Choice) -> Any:
     """The interpreter with exactly the delegate ``choice.device``, options from
-    ``spec.delegates`` or the well-known defaults; no fallback."""
+    LiteRT's options or the well-known defaults; no fallback."""
     library = choice.device
-    options = next((dict(d.options) for d in spec.delegates if d.library == library), None)
+    configured = own_options(spec, "litert", LiteRTOptions).delegates
+    options = next((dict(d.options) for d in configured if d.library == library), None)
     if options is None:
         options = next((dict(o) for f, _, _, o in KNOWN_DELEGATES
                         if delegate_name(library) == delegate_name(f)), {})
