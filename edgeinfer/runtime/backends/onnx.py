@@ -39,8 +39,9 @@ from ...errors import (
     StateError,
 )
 from . import own_options
-from ..base import Choice, Fallback, LoadReport, SessionSpec, format_shape, warm_up
+from ..base import Choice, Fallback, LoadReport, SessionSpec, format_shape
 from ..memory import MemoryMeter, process_budget
+from .common import BackendSession, finish_load, importable
 from .ort_log import onnxruntime_quiet
 from .ort_types import load_error, run_error, spec_of
 from ..providers import (
@@ -112,11 +113,7 @@ def import_ort() -> Any:
 
 def available() -> bool:
     """Whether onnxruntime (or onnxruntime-gpu) imports here."""
-    try:
-        import_ort()
-    except BackendUnavailableError:
-        return False
-    return True
+    return importable(import_ort)
 
 
 def version() -> str:
@@ -134,7 +131,7 @@ def precisions() -> tuple[str, ...]:
     return ("fp32", "int8")
 
 
-class OnnxSession:
+class OnnxSession(BackendSession):
     """A verified, warmed onnxruntime session (the ``Session`` protocol)."""
 
     def __init__(self, sess: Any, spec: SessionSpec, report: LoadReport) -> None:
@@ -143,10 +140,6 @@ class OnnxSession:
         self.inputs = tuple(spec_of(a, spec.input_shapes) for a in sess.get_inputs())
         self.outputs = tuple(spec_of(a, {}) for a in sess.get_outputs())
         self._output_names = [o.name for o in self.outputs]
-
-    @property
-    def provider(self) -> str:
-        return self.report.provider
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         sess = self._sess
@@ -220,13 +213,7 @@ def open_session(spec: SessionSpec) -> OnnxSession:
         break
     if spec.strict_providers and report.fallbacks:
         raise ProviderFallbackError(_fallback_message(report.fallbacks))
-    report.load_ms = (time.perf_counter() - t0) * 1000
-    report.rss_load_mb = meter.added_mb()
-    session = OnnxSession(sess, spec, report)
-    if spec.warmup:
-        warm_up(session, spec)
-    report.rss_first_run_mb = meter.added_mb()
-    return session
+    return finish_load(OnnxSession(sess, spec, report), spec, meter, t0)
 
 
 def _fallback_message(fallbacks: list[Fallback]) -> str:

@@ -33,7 +33,6 @@ import numpy as np
 
 from ..._stderr import native_logs_to_debug  # "INFO: Created TensorFlow Lite XNNPACK ..."
 from ...errors import (
-    BackendUnavailableError,
     ConfigError,
     InferenceError,
     ModelFormatError,
@@ -42,12 +41,14 @@ from ...errors import (
     StateError,
 )
 from .. import memory
-from ..base import Choice, DelegateSpec, Fallback, LoadReport, Session, SessionSpec, warm_up
+from ..base import Choice, DelegateSpec, Fallback, LoadReport, Session, SessionSpec
 from . import own_options
+from .common import BackendSession, finish_load, importable
 from .delegates import KNOWN_DELEGATES, check_plugin, delegate_name, find_delegates
 from .litert_common import (
     check_header,
     check_input_shape,
+    dequantize,
     error_text,
     import_interpreter,
     model_error,
@@ -115,7 +116,7 @@ def delegate_libraries(spec: SessionSpec) -> list[str]:
     return [d.library for d in configured or find_delegates()]
 
 
-class TFLiteSession:
+class TFLiteSession(BackendSession):
     """A LiteRT interpreter behind the ``Session`` protocol. One caller at a time.
 
     Attributes:
@@ -150,11 +151,6 @@ class TFLiteSession:
         ]
         self.quantization = quantization_of(interpreter, in_details, out_details)
 
-    @property
-    def provider(self) -> str:
-        """The delegate running the model (``"edgetpu"``, ``"armnn"``) or ``"xnnpack"``."""
-        return self.report.provider
-
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run once on feeds already checked by ``check_feeds(..., accept_float_for_quantized=True)``.
 
@@ -180,10 +176,7 @@ class TFLiteSession:
             out: dict[str, np.ndarray] = {}
             for name, index, quant in self._out:
                 y = interp.get_tensor(index)
-                if quant is not None:
-                    y = np.subtract(y, quant[1], dtype=np.float32)
-                    y *= np.float32(quant[0])
-                out[name] = y
+                out[name] = y if quant is None else dequantize(y, quant)
             return out
         except (ValueError, RuntimeError) as exc:
             raise InferenceError(f"LiteRT failed to run the model: {error_text(exc)}") from exc
@@ -274,13 +267,8 @@ def open_session(spec: SessionSpec) -> Session:
     threads = spec.threads if spec.threads > 0 else memory.default_threads()
     report = LoadReport(backend="tflite")
     interp = _open_interpreter(mod, spec, threads, report)
-    session = TFLiteSession(interp, report, threads, spec.dequantize_outputs)
-    report.load_ms = (time.perf_counter() - start) * 1000.0
-    report.rss_load_mb = meter.added_mb()
-    if spec.warmup:
-        warm_up(session, spec)
-    report.rss_first_run_mb = meter.added_mb()
-    return session
+    return finish_load(TFLiteSession(interp, report, threads, spec.dequantize_outputs), spec,
+                       meter, start)
 
 
 # --- one exact Choice (the measuring selector) ---------------------------------------------------
@@ -288,11 +276,7 @@ def open_session(spec: SessionSpec) -> Session:
 
 def available() -> bool:
     """Whether ai-edge-litert (or tflite-runtime) imports here."""
-    try:
-        import_interpreter()
-    except BackendUnavailableError:
-        return False
-    return True
+    return importable(import_interpreter)
 
 
 def version() -> str:
@@ -358,12 +342,7 @@ def _open_choice(mod: Any, spec: SessionSpec, choice: Choice, start: float,
     else:
         interp = _build_with_delegate(mod, spec, choice)
         session = TFLiteSession(interp, report, choice.threads, spec.dequantize_outputs)
-    report.load_ms = (time.perf_counter() - start) * 1000.0
-    report.rss_load_mb = meter.added_mb()
-    if spec.warmup:
-        warm_up(session, spec)
-    report.rss_first_run_mb = meter.added_mb()
-    return session
+    return finish_load(session, spec, meter, start)
 
 
 def _build_with_delegate(mod: Any, spec: SessionSpec, choice: Choice) -> Any:
