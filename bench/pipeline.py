@@ -109,7 +109,7 @@ def run_raw(config, frames: int) -> float:  # type: ignore[no-untyped-def]
         tensors = [task.preprocess(f)[0]["images"] for f in source]
     model.close()
     spec = SessionSpec(path=Path(model.path), format="onnx", sha256="", threads=THREADS,
-                       arena="default")
+                       options={"onnxruntime": backend.OnnxOptions("default")})
     so = backend.session_options(ort, spec, "CPUExecutionProvider")
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     for dim, value in (("batch", 1), ("height", SIZE[1]), ("width", SIZE[0])):

@@ -193,7 +193,8 @@ def _raw_session(path: Path, threads: int, edge_options: bool) -> Any:
         from edgeinfer.runtime.backends import onnx as backend
         from edgeinfer.runtime.base import SessionSpec
 
-        spec = SessionSpec(path=path, format="onnx", sha256="", threads=threads, arena="default")
+        spec = SessionSpec(path=path, format="onnx", sha256="", threads=threads,
+                           options={"onnxruntime": backend.OnnxOptions("default")})
         so = backend.session_options(ort, spec, "CPUExecutionProvider")
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     else:

@@ -48,7 +48,8 @@ if variant == "raw-default":
     s = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     s.run(None, {"images": x})
 elif variant == "raw-same-options":
-    spec = SessionSpec(path=path, format="onnx", sha256="", threads=threads, arena="default")
+    spec = SessionSpec(path=path, format="onnx", sha256="", threads=threads,
+                       options={"onnxruntime": backend.OnnxOptions("default")})
     so = backend.session_options(ort, spec, "CPUExecutionProvider")
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     s = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
@@ -98,7 +99,7 @@ def throughput(path: Path, rounds: int, runs: int) -> dict[str, float]:
     model = edgeinfer.load_model(path, threads=THREADS, input_shapes={"images": SHAPE},
                                  optimized_model_cache=False)
     spec = SessionSpec(path=path, format="onnx", sha256="", threads=THREADS,
-                       arena=model._spec.arena)
+                       options=model._spec.options)
     so = backend.session_options(ort, spec, "CPUExecutionProvider")
     so.add_free_dimension_override_by_name("batch", 1)
     so.add_free_dimension_override_by_name("height", 320)
@@ -173,7 +174,7 @@ def cold_start(path: Path, repeats: int = 5) -> dict[str, float]:
 
 def render(tp: dict[str, float], mem: dict[str, float], cold: dict[str, float],
            speed: dict[str, float], args: argparse.Namespace) -> str:
-    from edgeinfer.model import DEFAULT_ARENA
+    from edgeinfer.runtime.backends.onnx import DEFAULT_ARENA
 
     raw = mem["raw-same-options"][0]
     chosen = mem[f"edgeinfer:arena={DEFAULT_ARENA}"][0]

@@ -5,7 +5,7 @@
                          [--json]
 
 Everything runs as the daemon runs it, in one process: ``Pipeline.from_config`` and, when the
-config has ``http:``, ``WebServer`` on a free loopback port (the daemon's ``WebHost`` is a small
+config has ``http:``, ``WebServer`` on a free loopback port (the daemon's ``Host`` is a small
 class here), with the daemon's ``return_frames_to_the_os()``. Viewers are a separate process
 (``--viewers N URL``: one thread per viewer reading ``live.mjpg`` continuously over HTTP), as a
 browser would be.
@@ -118,7 +118,7 @@ class Viewers:
 # -- the daemon's side ------------------------------------------------------------------------
 
 class Host:
-    """What the daemon gives `WebServer` (``edgeinfer.web.app.WebHost``)."""
+    """What the daemon gives `WebServer` (the part of ``edgeinfer.host.Host`` it uses)."""
 
     def __init__(self, pipelines: list[Any]) -> None:
         from edgeinfer.control.handlers import CommandHandlers

@@ -107,14 +107,14 @@ def test_collector_reads_snapshots_only_when_scraped() -> None:
     assert value(text, "edgeinfer_outbox_dropped_total") == 6
     assert "process_cpu" not in text and "python_gc" not in text  # its own registry
     no_mqtt = prometheus_client.generate_latest(
-        build_registry(SimpleNamespace(pipelines=[], link=None))).decode()
+        build_registry(SimpleNamespace(pipelines=[], link=None, restarts={}))).decode()
     assert "edgeinfer_outbox" not in no_mqtt
 
 
 def test_server_stops_and_closes_its_port() -> None:
     port = free_port()
-    server = MetricsServer(SimpleNamespace(pipelines=[FakePipeline("a", 1)]),
-                           MetricsConfig(port=port))
+    server = MetricsServer(SimpleNamespace(pipelines=[FakePipeline("a", 1)], link=None,
+                                           restarts={}), MetricsConfig(port=port))
     server.start()
     try:
         assert 'edgeinfer_frames_processed_total{pipeline="a"} 1.0' in scrape(port)

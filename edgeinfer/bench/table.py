@@ -18,7 +18,6 @@ from typing import Any
 from .. import paths
 from ..model.catalog import for_path, resolve_model
 from ..errors import ConfigError
-from ..model.load import DEFAULT_ARENA
 from ..runtime import select
 from ..runtime.base import PRECISIONS, Choice, SessionSpec, TensorSpec
 from ..runtime.decision import DEFAULT_BUDGET_S, Decision, Row
@@ -135,7 +134,7 @@ def candidate_table(
     spec = SessionSpec(
         path=info.path.resolve(), format=info.format, sha256=info.sha256, threads=cap,
         providers=("auto",), probe=True, precision=precision, probe_budget_s=budget,
-        input_shapes=shapes, arena=DEFAULT_ARENA, cache_dir=paths.cache_dir(), state_dir=None,
+        input_shapes=shapes, cache_dir=paths.cache_dir(), state_dir=None,
         warmup=False, warmup_inputs=values, graph_inputs=graph_inputs,
         external_data=bool(info.onnx is not None and info.onnx.external_data))
     extra: list[Choice] = []

@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .._metrics_http import MetricsEndpoint, prometheus_client
 from ..health import STATES
+from ..host import Host
 
 if TYPE_CHECKING:
     from ..config import MetricsConfig
 
-__all__ = ["DaemonCollector", "MetricsServer", "build_registry"]
+__all__ = ["DaemonCollector", "MetricsHost", "MetricsServer", "build_registry"]
 
 logger = logging.getLogger(__name__)
 
@@ -34,15 +35,36 @@ _QUANTILES = (("p50", "0.5"), ("p99", "0.99"))
 _DROP_REASONS = ("queue", "task", "paused")
 
 
+class Outbox(Protocol):
+    """The MQTT outbox's counters (``depth``, ``dropped``)."""
+
+    def stats(self) -> dict[str, Any]: ...
+
+
+class OutboxLink(Protocol):
+    """The daemon's MQTT link as the metrics read it: its plumbing (``None`` until it runs)."""
+
+    @property
+    def plumbing(self) -> Outbox | None: ...
+
+
+class MetricsHost(Host, Protocol):
+    """`Host` and the one thing more the metrics read: the MQTT link whose outbox they count
+    (``None`` without an ``mqtt:`` section)."""
+
+    @property
+    def link(self) -> OutboxLink | None: ...
+
+
 class DaemonCollector:
     """Computes every edgeinfer metric from the daemon's state at scrape time.
 
     Args:
-        daemon: Anything with ``pipelines`` (objects with ``name`` and ``snapshot()``), and
-            optionally ``link`` (with ``plumbing.stats()``) and ``restarts`` (name -> count).
+        daemon: The daemon: its ``pipelines`` (each read by ``snapshot()``), ``restarts`` and
+            MQTT ``link``.
     """
 
-    def __init__(self, daemon: Any) -> None:
+    def __init__(self, daemon: MetricsHost) -> None:
         self.daemon = daemon
 
     def collect(self) -> Iterator[Any]:
@@ -84,7 +106,7 @@ class DaemonCollector:
         restarts = CounterMetricFamily("edgeinfer_pipeline_restarts",
                                        "Internal restarts of a stuck pipeline.",
                                        labels=["pipeline"])
-        restart_counts = dict(getattr(self.daemon, "restarts", None) or {})
+        restart_counts = dict(self.daemon.restarts)
         for pipeline in list(self.daemon.pipelines):
             try:
                 s = pipeline.snapshot()
@@ -125,8 +147,8 @@ class DaemonCollector:
     def _outbox(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        link = getattr(self.daemon, "link", None)
-        plumbing = getattr(link, "plumbing", None)
+        link = self.daemon.link
+        plumbing = link.plumbing if link is not None else None
         if plumbing is None:
             return
         try:
@@ -142,7 +164,7 @@ class DaemonCollector:
                                   value=stats.get("dropped", 0))
 
 
-def build_registry(daemon: Any) -> Any:
+def build_registry(daemon: MetricsHost) -> Any:
     """A fresh ``CollectorRegistry`` holding only a `DaemonCollector` of ``daemon``."""
     client = prometheus_client()
     registry = client.CollectorRegistry(auto_describe=False)
@@ -157,7 +179,7 @@ class MetricsServer(MetricsEndpoint):
         ConfigError: prometheus_client is missing, or the address cannot be bound.
     """
 
-    def __init__(self, daemon: Any, config: MetricsConfig) -> None:
+    def __init__(self, daemon: MetricsHost, config: MetricsConfig) -> None:
         super().__init__(build_registry(daemon), config.host, config.port)
         self.config = config
 

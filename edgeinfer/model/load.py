@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from .. import paths, runtime
 from ..errors import ConfigError, EdgeInferError, ModelMemoryError
+from ..runtime.backends import backend_options
+from ..runtime.backends.onnx import ARENAS, DEFAULT_ARENA
 from ..runtime.base import PRECISIONS, DelegateSpec, LoadReport, Session, SessionSpec
 from ..runtime.memory import default_threads, process_budget, trim_heap
 from ..runtime.modelfile import ModelFileInfo, inspect_model
@@ -35,9 +37,8 @@ logger = logging.getLogger("edgeinfer.model")  # the name before the move
 
 DEFAULT_MAX_MODEL_MB = 512.0
 ISOLATIONS = ("none", "process")
-ARENAS = ("bounded", "off", "default")
-# The arena that measured lowest in resident memory with no large slowdown (docs/benchmarks.md).
-DEFAULT_ARENA = "bounded"
+__all__ = ["ARENAS", "DEFAULT_ARENA", "DEFAULT_MAX_MODEL_MB", "ISOLATIONS", "check_options",
+           "example_defaults", "load_model", "open_model"]  # ARENAS, DEFAULT_ARENA: onnx's own
 
 _load_lock = threading.Lock()  # loads are serialized so resident-memory deltas are this model's
 _ids = itertools.count(1)
@@ -120,9 +121,9 @@ def load_model(
         ModelNotFoundError, ModelFormatError, UnsafeModelError, ModelTooLargeError,
         ModelLoadError, ModelMemoryError, ProviderError, ConfigError (bad arguments).
     """
-    check_options(isolation=isolation, arena=arena, threads=threads,
-                  memory_limit_mb=memory_limit_mb, probe=probe, precision=precision,
-                  probe_budget_s=probe_budget_s, gate=gate)
+    check_options(isolation=isolation, threads=threads, memory_limit_mb=memory_limit_mb,
+                  probe=probe, precision=precision, probe_budget_s=probe_budget_s, gate=gate)
+    options = backend_options(arena=arena, delegates=delegates)  # each backend checks its own
     limit = DEFAULT_MAX_MODEL_MB if max_model_mb is None else max_model_mb
     info = inspect_model(resolve_model(path), max_model_mb=limit)
     if input_shapes is None and warmup_inputs is None:
@@ -140,12 +141,11 @@ def load_model(
         precision=precision,
         probe_budget_s=float(probe_budget_s),
         input_shapes={k: tuple(int(d) for d in v) for k, v in (input_shapes or {}).items()},
-        arena=arena,
         memory_limit_mb=memory_limit_mb,
         cache_dir=(Path(cache_dir) if cache_dir else paths.cache_dir())
         if optimized_model_cache else None,
         state_dir=Path(state_dir) if state_dir else paths.state_dir(),
-        delegates=tuple(delegate_spec(d) for d in delegates),
+        options=options,
         warmup=warmup,
         warmup_inputs=dict(warmup_inputs or {}),
         graph_inputs=dict(info.onnx.inputs) if info.onnx is not None else {},
@@ -160,18 +160,17 @@ def load_model(
 # -- options ------------------------------------------------------------------------------------
 
 
-def check_options(*, isolation: str, arena: str, threads: int | None,
+def check_options(*, isolation: str, threads: int | None,
                   memory_limit_mb: float | None, probe: bool | str, precision: str,
                   probe_budget_s: float, gate: Gate | str | None) -> None:
-    """Refuse arguments ``load_model`` cannot honour, before anything is read or opened.
+    """Refuse arguments ``load_model`` cannot honour, before anything is read or opened (the
+    backends check their own: ``runtime.backends.backend_options``).
 
     Raises:
         ConfigError: names the argument, its allowed values and what was given.
     """
     if isolation not in ISOLATIONS:
         raise ConfigError(f"isolation must be one of {ISOLATIONS}, got {isolation!r}")
-    if arena not in ARENAS:
-        raise ConfigError(f"arena must be one of {ARENAS}, got {arena!r}")
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise ConfigError(f"threads must be a positive integer, got {threads!r}")
     if memory_limit_mb is not None and memory_limit_mb <= 0:
@@ -196,19 +195,6 @@ def example_defaults(path: str | os.PathLike[str], info: ModelFileInfo
         return None, None
     return ({n: list(d) for n, d in entry.input_shapes} or None,
             dict(entry.warmup_inputs) or None)
-
-
-def delegate_spec(d: DelegateSpec | Mapping[str, Any] | str) -> DelegateSpec:
-    """A TFLite delegate from a library path, a ``{library, options}`` mapping or itself."""
-    if isinstance(d, DelegateSpec):
-        return d
-    if isinstance(d, str):
-        return DelegateSpec(d)
-    try:
-        return DelegateSpec(str(d["library"]), {str(k): str(v) for k, v in
-                                                  (d.get("options") or {}).items()})
-    except KeyError:
-        raise ConfigError(f"a delegate needs a 'library': {dict(d)!r}") from None
 
 
 # -- loading ------------------------------------------------------------------------------------

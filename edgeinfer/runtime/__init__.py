@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
-from .backends import FORMATS, module
+from .backends import FORMATS, check_options, module
 from .base import Choice, LoadReport, Session, SessionSpec, TensorSpec
 
 if TYPE_CHECKING:
@@ -30,6 +30,7 @@ def measures(spec: SessionSpec) -> bool:
 
 def open_session(spec: SessionSpec, gate: Gate | None = None) -> Session:
     """Build, verify and warm a session in this process (see the module's docstring)."""
+    check_options(spec)
     if spec.choice is not None:
         from .select import open_choice
 

@@ -20,6 +20,11 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..errors import InferenceError, InvalidInputError, ModelLoadError, ModelMemoryError
+from .choice import PRECISIONS, Choice
+
+__all__ = ["PRECISIONS", "Choice", "DelegateSpec", "Dim", "Fallback", "LoadReport", "Session",
+           "SessionSpec", "TensorSpec", "check_feeds", "format_shape", "is_tensor", "numpy_dtype",
+           "warm_up", "warmup_feeds"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,83 +54,11 @@ class TensorSpec:
 
 @dataclass(frozen=True, slots=True)
 class DelegateSpec:
-    """A TFLite external delegate: a shared library and its options."""
+    """A TFLite external delegate: a shared library and its options (LiteRT's own option,
+    ``backends.tflite.LiteRTOptions``; named here, where ``load_model``'s keywords find it)."""
 
     library: str
     options: Mapping[str, str] = field(default_factory=dict)
-
-
-PRECISIONS = ("fp32", "fp16", "int8")
-"""The lowest arithmetic a backend may use for a model's float layers: ``fp32`` only, ``fp16``
-(also bf16 where the CPU has it), ``int8`` (also candidates that quantize float weights
-themselves). A model's own quantized layers always run as the file says."""
-
-
-@dataclass(frozen=True, slots=True)
-class Choice:
-    """One way to run a model, exactly: the unit ``providers: auto`` measures and caches.
-
-    Attributes:
-        backend: a name in the backends table (``runtime/backends/__init__.py``):
-            ``"onnxruntime"``, ``"openvino"``, ``"litert"``, ``"armnn"`` or one registered
-            (a cached choice naming no registered backend is refused by the selector).
-        device: onnxruntime: the execution provider (``"CPUExecutionProvider"``); OpenVINO: its
-            device (``"CPU"``); LiteRT: ``"xnnpack"`` or an external delegate's library path;
-            ARM NN: its backend (``"CpuAcc"``).
-        precision: arithmetic for float layers: ``"fp32"``, ``"bf16"``, ``"fp16"``, or ``"int8"``
-            (onnxruntime: weights quantized dynamically by edgeinfer).
-        threads: intra-op threads.
-        opt: onnxruntime graph optimization level (``"all"``, ``"extended"``, ``"basic"``);
-            empty for the other backends.
-        spin: onnxruntime intra-op thread spinning (faster at >1 thread, burns idle CPU).
-    """
-
-    backend: str
-    device: str
-    precision: str = "fp32"
-    threads: int = 1
-    opt: str = ""
-    spin: bool = False
-
-    @property
-    def provider(self) -> str:
-        """The short name results and stats carry: the onnxruntime execution provider's name,
-        ``"openvino-CPU"``, ``"xnnpack"`` or the delegate, ``"armnn-CpuAcc"``."""
-        if self.backend == "onnxruntime":
-            return self.device
-        if self.backend == "litert":
-            return self.device if self.device == "xnnpack" else Path(self.device).name
-        return f"{self.backend}-{self.device}"
-
-    def label(self) -> str:
-        """``onnxruntime CPU fp32 all spin 2t``: every field, for tables and logs."""
-        device = self.device.removesuffix("ExecutionProvider")
-        if self.backend == "litert" and self.device != "xnnpack":
-            device = Path(self.device).name
-        parts = [self.backend, device, self.precision]
-        if self.opt:
-            parts.append(self.opt)
-        if self.spin:
-            parts.append("spin")
-        parts.append(f"{self.threads}t")
-        return " ".join(parts)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Choice:
-        """The inverse of ``to_dict``; ``ValueError`` for anything else (a damaged cache)."""
-        try:
-            choice = cls(backend=str(data["backend"]), device=str(data["device"]),
-                         precision=str(data.get("precision", "fp32")),
-                         threads=int(data.get("threads", 1)), opt=str(data.get("opt", "")),
-                         spin=bool(data.get("spin", False)))
-        except (KeyError, TypeError) as exc:
-            raise ValueError(f"not a backend choice: {exc}") from None
-        if not choice.backend or choice.threads < 1:
-            raise ValueError(f"not a backend choice: {dict(data)!r}")
-        return choice
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,11 +75,9 @@ class SessionSpec:
         probe: measure the candidate backends at load and keep the fastest correct one
             (``runtime/select.py``; the decision is cached in ``state_dir``).
         input_shapes: fixed shapes for inputs with dynamic dimensions (also used for warm-up).
-        arena: ``"bounded"``, ``"off"`` or ``"default"`` (onnxruntime's growing arena).
-        memory_limit_mb: the per-model limit (``None``: none); the bounded arena is capped by it.
+        memory_limit_mb: the per-model limit (``None``: none).
         cache_dir: where the optimized-model cache lives; ``None`` turns it off.
         state_dir: TensorRT engine/timing caches and backend decisions.
-        delegates: TFLite external delegates to try, in order.
         dequantize_outputs: return float outputs for quantized TFLite output tensors.
         warmup: run one inference before the session is handed out.
         graph_inputs: input name -> dims as the model file declares them (symbolic names kept),
@@ -161,6 +92,10 @@ class SessionSpec:
             ``format`` picks by its own ranking (``providers``).
         precision: the lowest arithmetic the selector may choose (see ``PRECISIONS``).
         probe_budget_s: how long measuring the candidates may take on a first load.
+        options: each backend's own options by backend name: the struct its module defines
+            (``onnxruntime``: ``OnnxOptions`` with ``arena``; ``litert``: ``LiteRTOptions`` with
+            ``delegates``), built by ``backends.backend_options``; a backend not named here
+            runs with its defaults.
     """
 
     path: Path
@@ -171,11 +106,9 @@ class SessionSpec:
     strict_providers: bool = False
     probe: bool = False
     input_shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
-    arena: str = "bounded"
     memory_limit_mb: float | None = None
     cache_dir: Path | None = None
     state_dir: Path | None = None
-    delegates: tuple[DelegateSpec, ...] = ()
     dequantize_outputs: bool = True
     warmup: bool = True
     graph_inputs: Mapping[str, tuple[Dim, ...]] = field(default_factory=dict)
@@ -184,6 +117,7 @@ class SessionSpec:
     choice: Choice | None = None
     precision: str = "fp16"
     probe_budget_s: float = 15.0
+    options: Mapping[str, Any] = field(default_factory=dict)
 
     def replace(self, **changes: Any) -> SessionSpec:
         return dataclasses.replace(self, **changes)

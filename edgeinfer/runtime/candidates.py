@@ -16,8 +16,8 @@ from pathlib import Path
 
 from ..errors import EdgeInferError
 from .backends import BACKENDS, FORMATS, module
-from .backends.delegates import find_delegates
 from .backends.onnx import import_ort
+from .backends.tflite import delegate_libraries
 from .base import Choice, SessionSpec
 from .decision import Row, dist_version
 from .providers import CPU, detect_platform, rank_providers
@@ -115,7 +115,7 @@ def candidates(spec: SessionSpec, small: bool = False) -> tuple[list[Choice], li
         for p in _precisions("litert", spec.precision):
             for t in sorted(threads, reverse=True):
                 out.append(Choice("litert", "xnnpack", p, t))
-        for d in _delegate_libraries(spec):
+        for d in delegate_libraries(spec):
             out.append(Choice("litert", d, "fp32", cap))
     limited = _address_space_limited()
     for name, row in BACKENDS.items():
@@ -160,7 +160,7 @@ def admissible(spec: SessionSpec, choice: Choice) -> str:
     if choice.precision not in allowed:
         return f"precision {choice.precision} is not allowed by precision: {spec.precision}"
     if choice.backend == "litert" and choice.device != "xnnpack" \
-            and choice.device not in _delegate_libraries(spec):
+            and choice.device not in delegate_libraries(spec):
         return f"delegate {choice.device} is neither configured nor found on this device"
     if choice.backend == "onnxruntime" and not choice.device.endswith("ExecutionProvider"):
         return f"{choice.device} is not an onnxruntime execution provider"
@@ -189,12 +189,6 @@ def _float_onnx(path: str, sha256: str) -> bool:  # sha256: a changed file is lo
     except EdgeInferError:
         return False
     return info.onnx is not None and info.onnx.quantization == "float"
-
-
-def _delegate_libraries(spec: SessionSpec) -> list[str]:
-    if spec.delegates:
-        return [d.library for d in spec.delegates]
-    return [d.library for d in find_delegates()]
 
 
 def reference_choice(spec: SessionSpec) -> Choice:

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .backends import BACKENDS
+from ..errors import ConfigError
+from .backends import BACKENDS, decision_key
 from .base import Choice, SessionSpec
 from .providers import cpu_features, cpu_features_digest, detect_platform
 
@@ -158,17 +159,22 @@ def _versions() -> dict[str, str | None]:
 
 
 def cache_key(spec: SessionSpec, gate_key: str) -> str:
-    """The decision's key: model, backend versions, CPU and its features, the options."""
+    """The decision's key: model, backend versions, CPU and its features, the options (each
+    backend's own, as it says: LiteRT's delegates)."""
     platform = detect_platform()
-    parts = {
+    parts: dict[str, Any] = {
         "v": SELECTOR_VERSION, "sha256": spec.sha256, "format": spec.format,
         "versions": _versions(), "machine": platform.machine, "cpu": platform.cpu_model,
         "features": cpu_features_digest(), "threads": spec.threads,
         "providers": list(spec.providers), "precision": spec.precision,
-        "shapes": {k: list(v) for k, v in sorted(spec.input_shapes.items())},
-        "delegates": [d.library for d in spec.delegates], "gate": gate_key,
+        "shapes": {k: list(v) for k, v in sorted(spec.input_shapes.items())}, "gate": gate_key,
         "memory_limit_mb": spec.memory_limit_mb, "armnn": _armnn_version(),
     }
+    own = decision_key(spec)
+    if set(own) & set(parts):
+        raise ConfigError(f"a backend's options name decision key parts the selector's own "
+                          f"use: {sorted(set(own) & set(parts))}")
+    parts.update(own)
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 
 

@@ -10,7 +10,8 @@ the state directory under a key of the model's sha256, the backends' versions, t
 features and the options, so a later boot opens the winner directly.
 
 Measuring has a time budget (``probe_budget_s``): candidates are tried most promising first, each
-gets a slice, and the best three are timed again interleaved so a noisy moment does not decide.
+gets a slice, and the best three are timed again interleaved so a noisy moment does not decide
+(the stopwatch and the ranking are ``timing.py``'s).
 Models that run in a fraction of a millisecond are measured on onnxruntime alone: switching
 backend could save microseconds and compiling OpenVINO costs more than that gains.
 
@@ -21,11 +22,9 @@ reason, and a cached winner that no longer opens is measured again with a warnin
 from __future__ import annotations
 
 import logging
-import math
-import statistics
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -50,21 +49,21 @@ from .decision import (
 )
 from .gate import Gate, OutputsGate, compare_arrays
 from .memory import MemoryMeter, trim_heap
+from .timing import (
+    MIN_RUNS,
+    TIE,
+    Cancelled,
+    keep_best,
+    pick,
+    time_finalists,
+    time_runs,
+)
 
 logger = logging.getLogger(__name__)
 
-TIE = 1.03  # within 3 % of the fastest, the cheaper candidate wins
 SMALL_MS = 0.5  # below this per run, only onnxruntime candidates are measured
-MAX_RUNS = 2000  # a 10 us model gets 20 ms of samples, not 0.5 ms (noise decided before)
-MIN_RUNS = 3
 SAMPLE_S = 0.3  # per candidate's own timing for models under SMALL_MS (others: up to 1 s)
-FINALISTS = 3
-BLOCK = 6  # runs per finalist per interleaved round, the first untimed
 FINAL_SHARE = 0.25  # of the budget kept for timing the best few again, interleaved
-
-class Cancelled(Exception):
-    """Measuring was stopped (the model is being closed, the process is exiting)."""
-
 
 Opener = Callable[[SessionSpec], Session]
 
@@ -133,7 +132,7 @@ def measure(
         reference = [ref.run(f) for f in feeds]
         gate_ = _calibrated(spec, gate_, open_, feeds, reference)
         ref_row = Row(ref_choice, "ok", accuracy="reference")
-        _time(ref, feeds[0], ref_row, MIN_RUNS, t0 + min(SAMPLE_S, budget_s / 10), cancel)
+        time_runs(ref, feeds[0], ref_row, MIN_RUNS, t0 + min(SAMPLE_S, budget_s / 10), cancel)
         small = ref_row.p50_ms is not None and ref_row.p50_ms < SMALL_MS
         cands, rows = candidates(spec, small=small)
         if choices is not None:
@@ -154,10 +153,10 @@ def measure(
             rows.append(row)
             if session is not None:
                 owned[choice] = session
-                _keep_best(owned, rows, ref_choice)
-        _finalists(spec, rows, owned, open_, feeds,
-                   min(deadline, time.perf_counter() + 4 * SAMPLE_S) if small else deadline,
-                   cancel)
+                keep_best(owned, rows, ref_choice)
+        time_finalists(spec, rows, owned, open_, feeds,
+                       min(deadline, time.perf_counter() + 4 * SAMPLE_S) if small else deadline,
+                       cancel)
         if cancel is not None and cancel.is_set():
             raise Cancelled(f"measuring {spec.path.name} was cancelled")
         note = "runs in under 0.5 ms: only onnxruntime measured" if small and choices is None \
@@ -208,15 +207,6 @@ def _calibrated(spec: SessionSpec, gate: Gate, open_: Callable[[SessionSpec, Cho
         session.close()
     calibrated: Gate = calibrate(reference, outputs)
     return calibrated
-
-
-def _keep_best(owned: dict[Choice, Session], rows: Sequence[Row], ref_choice: Choice) -> None:
-    """Close the sessions that are not among the best ``FINALISTS`` so far (the reference's
-    stays: it is the fallback winner)."""
-    timed = {r.choice: r.p50_ms for r in rows if r.status == "ok" and r.p50_ms is not None}
-    best = sorted(timed, key=lambda c: timed[c] or math.inf)[:FINALISTS]
-    for choice in [c for c in owned if c not in best and c != ref_choice]:
-        owned.pop(choice).close()
 
 
 def _finish(decision: Decision, t0: float, budget_s: float) -> Decision:
@@ -271,7 +261,7 @@ def _try(spec: SessionSpec, choice: Choice, open_: Callable[[SessionSpec, Choice
     try:
         _check(session, choice, reference, feeds, row, gate, meter, spec)
         if row.status == "ok":
-            _time(session, feeds[0], row, MIN_RUNS, time.perf_counter() + slice_s, cancel)
+            time_runs(session, feeds[0], row, MIN_RUNS, time.perf_counter() + slice_s, cancel)
             return row, session
     except Cancelled:
         session.close()
@@ -305,92 +295,6 @@ def _check(session: Session, choice: Choice, reference: list[dict[str, np.ndarra
         row.reason = f"{row.mib:.0f} MiB > memory_limit_mb {spec.memory_limit_mb:g}"
     else:
         row.status = "ok"
-
-
-def _time(session: Session, feeds: Mapping[str, np.ndarray], row: Row, min_runs: int,
-          until: float, cancel: threading.Event | None = None) -> None:
-    session.run(feeds)  # one untimed run: caches, lazy allocations
-    n = 0
-    while n < min_runs or (time.perf_counter() < until and n < MAX_RUNS):
-        # A closing model waits for this thread: a short script's close() must not wait out
-        # the sample window (it took 0.3 s of every one-picture run).
-        if cancel is not None and cancel.is_set():
-            raise Cancelled(f"measuring {row.choice.label()} was cancelled")
-        t = time.perf_counter()
-        session.run(feeds)
-        row.samples.append((time.perf_counter() - t) * 1000)
-        n += 1
-    _stats(row)
-
-
-def _stats(row: Row) -> None:
-    s = sorted(row.samples)
-    row.runs = len(s)
-    row.p50_ms = statistics.median(s)
-    row.p99_ms = s[min(len(s) - 1, int(math.ceil(0.99 * len(s))) - 1)]
-
-
-def _finalists(spec: SessionSpec, rows: list[Row], owned: dict[Choice, Session],
-               open_: Callable[[SessionSpec, Choice], Session],
-               feeds: list[dict[str, np.ndarray]], deadline: float,
-               cancel: threading.Event | None = None) -> None:
-    """Time the best few again, interleaved, replacing their numbers and marking them
-    ``final`` (the pick is made among them): a noisy moment during one candidate's own slice
-    must not decide. Each round runs every finalist for a block of ``BLOCK`` runs (the first
-    untimed), as steady serving does: one run per switch let cache and thread-pool wake-ups
-    decide (OpenVINO 2t over 1t: 1-5 % in single-run rounds, 15-18 % in steady runs)."""
-    ok = sorted((r for r in rows if r.status == "ok" and r.p50_ms is not None),
-                key=lambda r: r.p50_ms or math.inf)[:FINALISTS]
-    if len(ok) < 2:
-        return
-    sessions: list[tuple[Row, Session]] = []
-    try:
-        for r in ok:
-            s = owned.get(r.choice)
-            if s is None:
-                s = open_(spec, r.choice)
-                owned[r.choice] = s
-            s.run(feeds[0])
-            sessions.append((r, s))
-        rounds: list[list[float]] = [[] for _ in sessions]
-        order = list(range(len(sessions)))
-        n = 0
-        last_round = 0.0  # a round that would end past the deadline is not started
-        while n < MAX_RUNS and (n < 5 * BLOCK or time.perf_counter() + last_round < deadline) \
-                and not (cancel is not None and cancel.is_set()):
-            started = time.perf_counter()
-            for i in order if (n // BLOCK) % 2 == 0 else order[::-1]:
-                session = sessions[i][1]
-                session.run(feeds[0])  # the switch's cost is not the candidate's
-                for _ in range(BLOCK - 1):
-                    t = time.perf_counter()
-                    session.run(feeds[0])
-                    rounds[i].append((time.perf_counter() - t) * 1000)
-            n += BLOCK
-            last_round = time.perf_counter() - started
-        for (r, _), samples in zip(sessions, rounds):
-            r.samples = samples
-            r.final = True
-            _stats(r)
-    except EdgeInferError as exc:
-        logger.warning("interleaved timing of %s stopped: %s", spec.path.name, exc)
-
-
-def _cost(c: Choice) -> tuple[int, int, int, int]:
-    return (c.threads, int(c.spin), int(c.precision != "fp32"), int(c.backend != "onnxruntime"))
-
-
-def pick(rows: Sequence[Row]) -> Row | None:
-    """The fastest correct row, among the finalists when they were timed (their numbers come
-    from the same interleaved rounds; another row's come from its own, noisier slice)."""
-    ok = [r for r in rows if r.status == "ok" and r.p50_ms is not None]
-    if any(r.final for r in ok):
-        ok = [r for r in ok if r.final]
-    if not ok:
-        return None
-    best = min(r.p50_ms or math.inf for r in ok)
-    near = [r for r in ok if (r.p50_ms or math.inf) <= best * TIE]
-    return min(near, key=lambda r: (_cost(r.choice), r.p50_ms or math.inf))
 
 
 def _short(exc: BaseException) -> str:
@@ -448,7 +352,7 @@ def _annotate(session: Session, decision: Decision) -> None:
         session.report.choice = decision.choice
 
 
-__all__ = ["Decision", "Gate", "OutputsGate", "Row", "backend_available",
+__all__ = ["TIE", "Cancelled", "Decision", "Gate", "OutputsGate", "Row", "backend_available",
            "cache_key", "candidates", "compare_arrays", "default_choice", "forget",
            "load_cached", "measure", "pick", "open_choice", "open_selected", "reference_choice",
            "store"]

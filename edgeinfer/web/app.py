@@ -21,7 +21,8 @@ from ..config.commands import VERBS
 from ..control.commands import CommandError, decode_request
 from ..errors import EdgeInferError
 from .auth import Auth, error
-from .base import Refused, WebHost, dumps
+from ..host import Host
+from .base import Refused, dumps
 from .events import EventRoutes
 from .guard import BodyTimeout, ConnectionGuard, GuardedHandler, within
 from .infer import MAX_AT_ONCE, ImageRefused, InferRequests, image_pipeline_problem
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
     from ..config.http import HttpConfig
     from ..pipeline import Pipeline
 
-__all__ = ["STATIC_DIR", "WebApp", "WebHost", "not_found"]
+__all__ = ["STATIC_DIR", "WebApp", "not_found"]
 
 logger = logging.getLogger(__name__)
 
@@ -57,12 +58,12 @@ class WebApp:
 
     Args:
         config: The ``http:`` section.
-        host: The daemon.
+        host: The daemon (`Host`).
         pool: Where blocking work runs.
         guard: The server's connection limits (`ConnectionGuard`; one of its own if none).
     """
 
-    def __init__(self, config: HttpConfig, host: WebHost, pool: ThreadPoolExecutor,
+    def __init__(self, config: HttpConfig, host: Host, pool: ThreadPoolExecutor,
                  guard: ConnectionGuard | None = None) -> None:
         self.config, self.host, self.pool = config, host, pool
         self.guard = guard or ConnectionGuard(config.max_connections or 1024,

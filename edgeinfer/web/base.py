@@ -1,29 +1,13 @@
-"""What the route modules of the web server share: the host they serve (`WebHost`), the
-`Refused` answer a handler raises, and the JSON encoding of their answers."""
+"""What the route modules of the web server share: the `Refused` answer a handler raises and
+the JSON encoding of their answers. The daemon they serve is a `Host` (``edgeinfer.host``), as
+for the rest of the control plane."""
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
-if TYPE_CHECKING:
-    from ..pipeline import Pipeline
-
-__all__ = ["Refused", "WebHost", "dumps"]
-
-
-class WebHost(Protocol):
-    """What the web server shows and acts on (the daemon)."""
-
-    @property
-    def pipelines(self) -> list[Pipeline]: ...
-
-    @property
-    def device_id(self) -> str: ...
-
-    def status(self) -> dict[str, Any]: ...
-
-    def command(self, verb: str, request: dict[str, Any]) -> dict[str, Any]: ...
+__all__ = ["Refused", "dumps"]
 
 
 class Refused(Exception):

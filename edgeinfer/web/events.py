@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from .base import Refused, WebHost, dumps
+from ..host import Host
+from .base import Refused, dumps
 
 if TYPE_CHECKING:
     from ..pipeline import Pipeline
@@ -32,11 +33,11 @@ class EventRoutes:
     """``/v1/events`` and below.
 
     Args:
-        host: The daemon (its pipelines).
+        host: The daemon (`Host`: its pipelines).
         pool: Where file checks run.
     """
 
-    def __init__(self, host: WebHost, pool: Executor) -> None:
+    def __init__(self, host: Host, pool: Executor) -> None:
         self.host, self.pool = host, pool
 
     def add_to(self, router: web.UrlDispatcher) -> None:

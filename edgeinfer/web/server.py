@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from ..errors import ConfigError, StateError
+from ..host import Host
 from .app import WebApp
-from .base import WebHost
 from .guard import ConnectionGuard, GuardedHandler, default_max_connections
 
 if TYPE_CHECKING:
@@ -38,10 +38,10 @@ class WebServer:
 
     Args:
         config: The ``http:`` section.
-        host: The daemon (`WebHost`).
+        host: The daemon (`Host`).
     """
 
-    def __init__(self, config: HttpConfig, host: WebHost) -> None:
+    def __init__(self, config: HttpConfig, host: Host) -> None:
         self.config = config
         self.host = host
         self._pool = ThreadPoolExecutor(_WORKERS, thread_name_prefix="edgeinfer-web")

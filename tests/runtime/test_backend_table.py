@@ -1,6 +1,7 @@
 """The backends table: a backend from a test module, registered through ``register_backend``,
-is measured and chosen by ``load_model`` with no file of ``edgeinfer/`` edited; and the decision
-cache key of the built-in backends is what it was before the table (cached decisions found)."""
+is measured and chosen by ``load_model`` with no file of ``edgeinfer/`` edited; its own option
+travels to it and into the decision key; and the decision cache key of the built-in backends is
+what it was before the table (cached decisions found)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ import numpy as np
 import pytest
 
 import edgeinfer
-from edgeinfer.errors import ConfigError
-from edgeinfer.runtime import backends, decision
-from edgeinfer.runtime.base import Choice, SessionSpec
+from edgeinfer.errors import ConfigError, ModelLoadError
+from edgeinfer.runtime import backends, decision, open_session
+from edgeinfer.runtime.backends.onnx import OnnxOptions
+from edgeinfer.runtime.backends.tflite import LiteRTOptions
+from edgeinfer.runtime.base import Choice, DelegateSpec, SessionSpec
 from edgeinfer.runtime.candidates import admissible
 from edgeinfer.runtime.providers import cpu_features_digest, detect_platform
 
@@ -30,7 +33,7 @@ NODES = 3000  # onnxruntime runs each node (milliseconds); the toy folds them in
 
 @pytest.fixture
 def toy() -> Iterator[str]:
-    backends.register_backend("toy", "toy_backend", formats=("onnx",))
+    backends.register_backend("toy", "toy_backend", formats=("onnx",), options=("toy_max_nodes",))
     try:
         yield "toy"
     finally:
@@ -111,3 +114,58 @@ def test_decision_key_is_the_one_cached_decisions_were_written_under(tmp_path: P
     }
     want = hashlib.sha256(json.dumps(legacy, sort_keys=True).encode()).hexdigest()[:32]
     assert decision.cache_key(spec, "outputs") == want
+
+
+def test_a_backend_option_reaches_its_backend_and_the_decision_key(toy: str, tmp_path: Path
+                                                                     ) -> None:
+    path = _chain(tmp_path / "chain.onnx")
+    options = backends.backend_options(arena="off", toy_max_nodes=100)
+    assert options == {"onnxruntime": OnnxOptions("off"), "litert": LiteRTOptions(),
+                       "toy": toy_backend.ToyOptions(100)}
+    spec = SessionSpec(path=path, format="onnx", sha256="cd" * 32, threads=1,
+                       choice=Choice(toy, "CPU"), options=options)
+    with pytest.raises(ModelLoadError, match=f"toy folds at most 100 nodes .* has {NODES}"):
+        open_session(spec)
+    roomy = spec.replace(options=backends.backend_options(toy_max_nodes=NODES))
+    session = open_session(roomy)
+    try:
+        assert session.provider == "toy-CPU"
+    finally:
+        session.close()
+    # the toy's option is part of the key (a decision measured under one limit is not reused
+    # under another); the built-in defaults add LiteRT's empty delegates only
+    keys = {decision.cache_key(s.replace(choice=None), "outputs") for s in (spec, roomy)}
+    assert len(keys) == 2
+    assert backends.decision_key(spec) == {"delegates": [], "toy_max_nodes": 100}
+
+
+def test_backend_options_refuse_what_their_backends_cannot_take(toy: str, tmp_path: Path
+                                                                ) -> None:
+    with pytest.raises(ConfigError, match="toy_max_nodes must be a positive integer, got 0"):
+        backends.backend_options(toy_max_nodes=0)
+    with pytest.raises(ConfigError, match="arena must be one of .*, got 'big'"):
+        backends.backend_options(arena="big")
+    with pytest.raises(ConfigError, match="a delegate needs a 'library'"):
+        backends.backend_options(delegates=[{"options": {}}])
+    with pytest.raises(ConfigError, match="unknown backend option aerna; valid: arena, delegates, "
+                                          "toy_max_nodes"):
+        backends.backend_options(aerna="off")
+    with pytest.raises(ConfigError, match="option 'arena' \\(onnxruntime's\\) is taken"):
+        backends.register_backend("other", "toy_backend", formats=("onnx",), options=("arena",))
+    spec = SessionSpec(path=tmp_path / "m.onnx", format="onnx", sha256="ab" * 32, threads=1)
+    with pytest.raises(ConfigError, match="options names onnx; the backends with options are "
+                                          "litert, onnxruntime, toy"):
+        open_session(spec.replace(options={"onnx": OnnxOptions("off")}))
+    with pytest.raises(ConfigError, match=r"options\['onnxruntime'\] must be a OnnxOptions"):
+        backends.own_options(spec.replace(options={"onnxruntime": "off"}), "onnxruntime",
+                             OnnxOptions)
+
+
+def test_load_model_keywords_become_the_backends_options(tmp_path: Path) -> None:
+    path = _chain(tmp_path / "chain.onnx")
+    with pytest.raises(ConfigError, match="arena must be one of"):
+        edgeinfer.load_model(path, arena="big")
+    with edgeinfer.load_model(path, providers="cpu", probe=False, arena="off",
+                              delegates=["libfoo.so"]) as m:
+        assert m._spec.options == {"onnxruntime": OnnxOptions("off"),
+                                   "litert": LiteRTOptions((DelegateSpec("libfoo.so"),))}

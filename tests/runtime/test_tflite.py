@@ -29,6 +29,7 @@ from edgeinfer.errors import (
     StateError,
 )
 from edgeinfer.runtime import open_session as open_any
+from edgeinfer.runtime.backends import backend_options
 from edgeinfer.runtime.base import DelegateSpec, SessionSpec, check_feeds
 from edgeinfer.runtime.backends.delegates import delegate_name, discover_delegates
 from edgeinfer.runtime.backends.tflite import (
@@ -50,6 +51,8 @@ def open_tflite() -> Any:
 
     def _open(path: Path, **kw: Any) -> TFLiteSession:
         kw.setdefault("threads", 1)
+        if "delegates" in kw:  # LiteRT's own option, carried in SessionSpec.options
+            kw["options"] = backend_options(delegates=kw.pop("delegates"))
         spec = SessionSpec(path=Path(path), format="tflite", sha256="0" * 64, **kw)
         session = open_session(spec)
         sessions.append(session)

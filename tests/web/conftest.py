@@ -31,7 +31,7 @@ TOKEN = "s3cret-token-for-tests-0123"
 
 
 class Host:
-    """The daemon's side of `edgeinfer.web.app.WebHost`, on `CommandHandlers`."""
+    """The daemon's side of `edgeinfer.host.Host` the web server uses, on `CommandHandlers`."""
 
     def __init__(self, pipelines: list[Pipeline]) -> None:
         self._pipelines = pipelines

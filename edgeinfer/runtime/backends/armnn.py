@@ -43,9 +43,10 @@ from ...errors import (
     ModelLoadError,
     StateError,
 )
-from ..base import Choice, LoadReport, SessionSpec, TensorSpec, format_shape, warm_up
+from ..base import Choice, LoadReport, SessionSpec, TensorSpec, format_shape
 from ..memory import MemoryMeter, default_threads
-from .litert_common import check_header, quantize
+from .common import BackendSession, finish_load, importable
+from .litert_common import check_header, dequantize, quantize
 
 logger = logging.getLogger("edgeinfer.runtime.armnn")  # its name before the move: users filter on it
 
@@ -93,11 +94,7 @@ def _runtime() -> Any:
 
 def available() -> bool:
     """Whether pyarmnn imports here (Debian's arm64 packages; see ``INSTALL``)."""
-    try:
-        _import()
-    except BackendUnavailableError:
-        return False
-    return True
+    return importable(_import)
 
 
 def version() -> str:
@@ -135,7 +132,7 @@ def precisions(device: str = DEFAULT_DEVICE) -> tuple[str, ...]:
     return ("fp32",)
 
 
-class ArmNNSession:
+class ArmNNSession(BackendSession):
     """A network loaded into ARM NN's runtime behind the ``Session`` protocol. One caller at a
     time; runs of all ARM NN sessions in the process take turns.
 
@@ -168,11 +165,6 @@ class ArmNNSession:
         quantized = any(s.quantization for s in (*self.inputs, *self.outputs))
         self.quantization = "int8" if quantized else "float"
 
-    @property
-    def provider(self) -> str:
-        """``armnn-CpuAcc``."""
-        return self.report.provider
-
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run once on feeds checked by ``check_feeds(..., accept_float_for_quantized=True)``.
 
@@ -201,12 +193,7 @@ class ArmNNSession:
         out: dict[str, np.ndarray] = {}
         for (name, shape, quant), (_, tensor) in zip(self._out, self._out_tensors):
             y = tensor.get_memory_area().reshape(shape)
-            if quant is not None:
-                y = np.subtract(y, quant[1], dtype=np.float32)
-                y *= np.float32(quant[0])
-            else:
-                y = y.copy()
-            out[name] = y
+            out[name] = y.copy() if quant is None else dequantize(y, quant)
         return out
 
     def close(self) -> None:
@@ -352,11 +339,5 @@ def open_session(spec: SessionSpec) -> ArmNNSession:
     for message in (*messages, note):
         if message:
             logger.info("%s: ARM NN: %s", spec.path.name, message)
-    session = ArmNNSession(network_id, bindings, report, choice.threads, acl,
-                           spec.dequantize_outputs)
-    report.load_ms = (time.perf_counter() - t0) * 1000
-    report.rss_load_mb = meter.added_mb()
-    if spec.warmup:
-        warm_up(session, spec)
-    report.rss_first_run_mb = meter.added_mb()
-    return session
+    return finish_load(ArmNNSession(network_id, bindings, report, choice.threads, acl,
+                                    spec.dequantize_outputs), spec, meter, t0)

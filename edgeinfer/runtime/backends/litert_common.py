@@ -23,8 +23,9 @@ from ...errors import (
 )
 from ..base import SessionSpec, TensorSpec
 
-__all__ = ["check_header", "check_input_shape", "error_text", "import_interpreter", "model_error",
-           "quantization_of", "quantize", "runtime_version", "tensor_spec", "tflite_quantization"]
+__all__ = ["check_header", "check_input_shape", "dequantize", "error_text", "import_interpreter",
+           "model_error", "quantization_of", "quantize", "runtime_version", "tensor_spec",
+           "tflite_quantization"]
 
 _QUANTIZED_KINDS = ("int8", "uint8")
 
@@ -96,6 +97,13 @@ def quantize(x: np.ndarray, quant: tuple[float, int], dtype: np.dtype[Any]) -> n
     np.rint(q, out=q)
     np.clip(q, info.min, info.max, out=q)
     out: np.ndarray = q.astype(dtype)
+    return out
+
+
+def dequantize(y: np.ndarray, quant: tuple[float, int]) -> np.ndarray:
+    """A quantized output as float32, ``(y - zero_point) * scale``, in one new array."""
+    out: np.ndarray = np.subtract(y, quant[1], dtype=np.float32)
+    out *= np.float32(quant[0])
     return out
 
 

@@ -23,8 +23,10 @@ import numpy as np
 from ..._stderr import native_logs_to_debug
 from ...errors import InferenceError, ModelLoadError, StateError
 from ..base import LoadReport, SessionSpec
+from .common import BackendSession
 from .litert_common import (
     check_input_shape,
+    dequantize,
     model_error,
     quantization_of,
     quantize,
@@ -74,7 +76,7 @@ def _create_environment() -> Any:
         runtime_path=here, compiler_plugin_path=here, dispatch_library_path=here))
 
 
-class CompiledSession:
+class CompiledSession(BackendSession):
     """A LiteRT ``CompiledModel`` on XNNPACK with FP16 inference forced (the ``Session``
     protocol). Inputs, outputs and their quantization are the interpreter's, so it takes and
     returns what :class:`TFLiteSession` does (``quantization`` too). One caller at a time."""
@@ -130,17 +132,8 @@ class CompiledSession:
         self._in_buffers = m.create_input_buffers(0)
         self._out_buffers = m.create_output_buffers(0)
 
-    @property
-    def provider(self) -> str:
-        return self.report.provider
-
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run once on feeds checked by ``check_feeds(..., accept_float_for_quantized=True)``.
-
-        Raises:
-            StateError: the session is closed.
-            InferenceError: LiteRT failed.
-        """
+        """Run once, as ``TFLiteSession.run`` does: the same feeds, outputs and errors."""
         m = self._model
         if m is None:
             raise StateError("the TFLite session is closed")
@@ -165,8 +158,7 @@ class CompiledSession:
             for s, buf, shape in zip(self.outputs, self._out_buffers, self._out_shapes):
                 y = buf.read(int(np.prod(shape)), np.dtype(s.dtype)).reshape(shape)
                 if self._dequantize and s.quantization is not None:
-                    y = np.subtract(y, s.quantization[1], dtype=np.float32)
-                    y *= np.float32(s.quantization[0])
+                    y = dequantize(y, s.quantization)
                 out[s.name] = y
             return out
         except (ValueError, RuntimeError) as exc:

@@ -4,9 +4,10 @@
   execution, spinning off (an idle Pi should idle) unless the measured ``Choice`` turns it on.
 - Graph optimization: ``ORT_ENABLE_ALL`` (the NCHWc layout transforms of the CPU provider are
   worth 1.3-1.5x on convolution models) unless a ``Choice`` names another level.
-- Memory: ``arena="bounded"`` uses one process-wide CPU arena capped at ``max_mem`` that grows
-  only as requested (``session.use_env_allocators``) with initializers kept out of it;
-  ``"off"`` disables the arena; ``"default"`` leaves onnxruntime's growing arena.
+- Memory (its own option, ``OnnxOptions.arena``): ``"bounded"`` uses one process-wide CPU
+  arena capped at ``max_mem`` that grows only as requested (``session.use_env_allocators``)
+  with initializers kept out of it; ``"off"`` disables the arena; ``"default"`` leaves
+  onnxruntime's growing arena.
 - Optimized-model cache: on the CPU provider, the graph optimized once is saved under a key
   (model sha256, onnxruntime version, provider, machine, CPU features, optimization level) and
   later loads use it with optimization off, cutting cold start. The layout transforms of
@@ -24,6 +25,7 @@ import os
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +33,15 @@ import numpy as np
 
 from ...errors import (
     BackendUnavailableError,
+    ConfigError,
     ModelLoadError,
     ProviderFallbackError,
     StateError,
 )
-from ..base import Choice, Fallback, LoadReport, SessionSpec, format_shape, warm_up
+from . import own_options
+from ..base import Choice, Fallback, LoadReport, SessionSpec, format_shape
 from ..memory import MemoryMeter, process_budget
+from .common import BackendSession, finish_load, importable
 from .ort_log import onnxruntime_quiet
 from .ort_types import load_error, run_error, spec_of
 from ..providers import (
@@ -61,6 +66,40 @@ _OPT_LEVELS = {"all": "ORT_ENABLE_ALL", "extended": "ORT_ENABLE_EXTENDED",
 _env_arena_lock = threading.Lock()
 _env_arena_registered = False
 
+ARENAS = ("bounded", "off", "default")
+# The arena that measured lowest in resident memory with no large slowdown (docs/benchmarks.md).
+DEFAULT_ARENA = "bounded"
+
+
+@dataclass(frozen=True, slots=True)
+class OnnxOptions:
+    """onnxruntime's own options (``SessionSpec.options["onnxruntime"]``).
+
+    Attributes:
+        arena: ``"bounded"`` (one process-wide CPU arena capped by the memory budget),
+            ``"off"`` or ``"default"`` (onnxruntime's own growing arena).
+    """
+
+    arena: str = DEFAULT_ARENA
+
+    def __post_init__(self) -> None:
+        if self.arena not in ARENAS:
+            raise ConfigError(f"arena must be one of {ARENAS}, got {self.arena!r}")
+
+    def decision_key(self) -> dict[str, Any]:
+        # The arena changes resident memory, not which candidates there are or which is the
+        # fastest correct one; cached decisions were keyed without it.
+        return {}
+
+
+def make_options(*, arena: str = DEFAULT_ARENA) -> OnnxOptions:
+    """The ``arena`` keyword of ``load_model`` as onnxruntime's options.
+
+    Raises:
+        ConfigError: an arena not in ``ARENAS``.
+    """
+    return OnnxOptions(arena)
+
 
 def import_ort() -> Any:
     try:
@@ -74,11 +113,7 @@ def import_ort() -> Any:
 
 def available() -> bool:
     """Whether onnxruntime (or onnxruntime-gpu) imports here."""
-    try:
-        import_ort()
-    except BackendUnavailableError:
-        return False
-    return True
+    return importable(import_ort)
 
 
 def version() -> str:
@@ -96,7 +131,7 @@ def precisions() -> tuple[str, ...]:
     return ("fp32", "int8")
 
 
-class OnnxSession:
+class OnnxSession(BackendSession):
     """A verified, warmed onnxruntime session (the ``Session`` protocol)."""
 
     def __init__(self, sess: Any, spec: SessionSpec, report: LoadReport) -> None:
@@ -105,10 +140,6 @@ class OnnxSession:
         self.inputs = tuple(spec_of(a, spec.input_shapes) for a in sess.get_inputs())
         self.outputs = tuple(spec_of(a, {}) for a in sess.get_outputs())
         self._output_names = [o.name for o in self.outputs]
-
-    @property
-    def provider(self) -> str:
-        return self.report.provider
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         sess = self._sess
@@ -182,13 +213,7 @@ def open_session(spec: SessionSpec) -> OnnxSession:
         break
     if spec.strict_providers and report.fallbacks:
         raise ProviderFallbackError(_fallback_message(report.fallbacks))
-    report.load_ms = (time.perf_counter() - t0) * 1000
-    report.rss_load_mb = meter.added_mb()
-    session = OnnxSession(sess, spec, report)
-    if spec.warmup:
-        warm_up(session, spec)
-    report.rss_first_run_mb = meter.added_mb()
-    return session
+    return finish_load(OnnxSession(sess, spec, report), spec, meter, t0)
 
 
 def _fallback_message(fallbacks: list[Fallback]) -> str:
@@ -216,9 +241,10 @@ def session_options(ort: Any, spec: SessionSpec, provider: str) -> Any:
     # Every failure reaches the caller as a typed error and every fallback is in the report, so
     # onnxruntime's own console log stays quiet unless debugging.
     so.log_severity_level = 1 if logger.isEnabledFor(logging.DEBUG) else 4
-    if spec.arena == "off":
+    arena = own_options(spec, "onnxruntime", OnnxOptions).arena
+    if arena == "off":
         so.enable_cpu_mem_arena = False
-    elif spec.arena == "bounded":
+    elif arena == "bounded":
         _register_env_arena(ort)
         so.add_session_config_entry("session.use_env_allocators", "1")
         so.add_session_config_entry("session.use_device_allocator_for_initializers", "1")

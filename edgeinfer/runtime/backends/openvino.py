@@ -35,9 +35,10 @@ from ...errors import (
     ModelMemoryError,
     StateError,
 )
-from ..base import Choice, Dim, LoadReport, SessionSpec, TensorSpec, format_shape, warm_up
+from ..base import Choice, Dim, LoadReport, SessionSpec, TensorSpec, format_shape
 from ..memory import MemoryMeter
-from .litert_common import import_interpreter, quantization_of, quantize
+from .common import BackendSession, finish_load, importable
+from .litert_common import dequantize, import_interpreter, quantization_of, quantize
 from .litert_common import tensor_spec as litert_spec
 
 logger = logging.getLogger("edgeinfer.runtime.openvino")  # its name before the move: users filter on it
@@ -75,11 +76,7 @@ def _core() -> Any:
 
 def available() -> bool:
     """Whether the ``openvino`` package imports here."""
-    try:
-        _import_ov()
-    except BackendUnavailableError:
-        return False
-    return True
+    return importable(_import_ov)
 
 
 def version() -> str:
@@ -104,7 +101,7 @@ def precisions(device: str = "CPU") -> tuple[str, ...]:
     return tuple(p for p, (_, cap) in _HINTS.items() if cap in caps)
 
 
-class OpenVinoSession:
+class OpenVinoSession(BackendSession):
     """A compiled OpenVINO model and one infer request (the ``Session`` protocol)."""
 
     def __init__(self, compiled: Any, report: LoadReport, inputs: tuple[TensorSpec, ...],
@@ -119,10 +116,6 @@ class OpenVinoSession:
                     for i, s in enumerate(inputs)]
         self._out = [(i, s.name, s.quantization if dequantize else None)
                      for i, s in enumerate(outputs)]
-
-    @property
-    def provider(self) -> str:
-        return self.report.provider
 
     @property
     def compiled(self) -> Any:
@@ -158,10 +151,7 @@ class OpenVinoSession:
         out: dict[str, np.ndarray] = {}
         for i, name, quant in self._out:
             y = result[i]
-            if quant is not None:
-                y = np.subtract(y, quant[1], dtype=np.float32)
-                y *= np.float32(quant[0])
-            out[name] = y
+            out[name] = y if quant is None else dequantize(y, quant)
         return out
 
     def close(self) -> None:
@@ -206,14 +196,9 @@ def open_session(spec: SessionSpec) -> OpenVinoSession:
         ) from exc
     if spec.cache_dir is not None:
         report.cache = "hit" if compiled.get_property("LOADED_FROM_CACHE") else "miss"
-    report.load_ms = (time.perf_counter() - t0) * 1000
-    report.rss_load_mb = meter.added_mb()
     session = OpenVinoSession(compiled, report, inputs, outputs, spec.dequantize_outputs)
     session.quantization = quantization
-    if spec.warmup:
-        warm_up(session, spec)
-    report.rss_first_run_mb = meter.added_mb()
-    return session
+    return finish_load(session, spec, meter, t0)
 
 
 def _config(spec: SessionSpec, choice: Choice) -> dict[str, Any]:

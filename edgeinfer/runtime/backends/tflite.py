@@ -25,14 +25,14 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..._stderr import native_logs_to_debug  # "INFO: Created TensorFlow Lite XNNPACK ..."
 from ...errors import (
-    BackendUnavailableError,
     ConfigError,
     InferenceError,
     ModelFormatError,
@@ -41,11 +41,14 @@ from ...errors import (
     StateError,
 )
 from .. import memory
-from ..base import Choice, Fallback, LoadReport, Session, SessionSpec, warm_up
+from ..base import Choice, DelegateSpec, Fallback, LoadReport, Session, SessionSpec
+from . import own_options
+from .common import BackendSession, finish_load, importable
 from .delegates import KNOWN_DELEGATES, check_plugin, delegate_name, find_delegates
 from .litert_common import (
     check_header,
     check_input_shape,
+    dequantize,
     error_text,
     import_interpreter,
     model_error,
@@ -57,8 +60,8 @@ from .litert_common import (
 )
 from .litert_fp16 import CompiledSession
 
-__all__ = ["CPU_PROVIDER", "TFLiteSession", "available", "open_session", "precisions",
-           "runtime_version", "tflite_quantization"]
+__all__ = ["CPU_PROVIDER", "LiteRTOptions", "TFLiteSession", "available", "delegate_libraries",
+           "make_options", "open_session", "precisions", "runtime_version", "tflite_quantization"]
 
 logger = logging.getLogger("edgeinfer.runtime.tflite")  # its name before the move: users filter on it
 
@@ -67,7 +70,53 @@ logger = logging.getLogger("edgeinfer.runtime.tflite")  # its name before the mo
 CPU_PROVIDER = "xnnpack"
 
 
-class TFLiteSession:
+@dataclass(frozen=True, slots=True)
+class LiteRTOptions:
+    """LiteRT's own options (``SessionSpec.options["litert"]``).
+
+    Attributes:
+        delegates: external delegates to try, in order (none: with ``providers: auto``, the
+            well-known ones found on the device).
+    """
+
+    delegates: tuple[DelegateSpec, ...] = ()
+
+    def decision_key(self) -> dict[str, Any]:
+        # the configured delegates are candidates (or, none configured, the discovered ones)
+        return {"delegates": [d.library for d in self.delegates]}
+
+
+def make_options(*, delegates: Iterable[DelegateSpec | Mapping[str, Any] | str] = ()
+                 ) -> LiteRTOptions:
+    """The ``delegates`` keyword of ``load_model`` (library paths, ``{library, options}``
+    mappings or ``DelegateSpec``s) as LiteRT's options.
+
+    Raises:
+        ConfigError: a mapping without ``library``.
+    """
+    return LiteRTOptions(tuple(_delegate(d) for d in delegates))
+
+
+def _delegate(d: DelegateSpec | Mapping[str, Any] | str) -> DelegateSpec:
+    if isinstance(d, DelegateSpec):
+        return d
+    if isinstance(d, str):
+        return DelegateSpec(d)
+    try:
+        return DelegateSpec(str(d["library"]), {str(k): str(v) for k, v in
+                                                  (d.get("options") or {}).items()})
+    except KeyError:
+        raise ConfigError(f"a delegate needs a 'library': {dict(d)!r}") from None
+
+
+def delegate_libraries(spec: SessionSpec) -> list[str]:
+    """The delegate libraries worth measuring for ``spec``: the configured ones, else those
+    found on the device."""
+    configured = own_options(spec, "litert", LiteRTOptions).delegates
+    return [d.library for d in configured or find_delegates()]
+
+
+class TFLiteSession(BackendSession):
     """A LiteRT interpreter behind the ``Session`` protocol. One caller at a time.
 
     Attributes:
@@ -102,11 +151,6 @@ class TFLiteSession:
         ]
         self.quantization = quantization_of(interpreter, in_details, out_details)
 
-    @property
-    def provider(self) -> str:
-        """The delegate running the model (``"edgetpu"``, ``"armnn"``) or ``"xnnpack"``."""
-        return self.report.provider
-
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run once on feeds already checked by ``check_feeds(..., accept_float_for_quantized=True)``.
 
@@ -132,10 +176,7 @@ class TFLiteSession:
             out: dict[str, np.ndarray] = {}
             for name, index, quant in self._out:
                 y = interp.get_tensor(index)
-                if quant is not None:
-                    y = np.subtract(y, quant[1], dtype=np.float32)
-                    y *= np.float32(quant[0])
-                out[name] = y
+                out[name] = y if quant is None else dequantize(y, quant)
             return out
         except (ValueError, RuntimeError) as exc:
             raise InferenceError(f"LiteRT failed to run the model: {error_text(exc)}") from exc
@@ -171,8 +212,10 @@ def _fallback(report: LoadReport, spec: SessionSpec, library: str, exc: Exceptio
 
 
 def _open_interpreter(mod: Any, spec: SessionSpec, threads: int, report: LoadReport) -> Any:
-    if spec.delegates:
-        candidates = spec.delegates
+    configured = own_options(spec, "litert", LiteRTOptions).delegates
+    candidates: tuple[DelegateSpec, ...]
+    if configured:
+        candidates = configured
     elif "auto" in spec.providers:
         candidates = find_delegates()
     else:
@@ -224,13 +267,8 @@ def open_session(spec: SessionSpec) -> Session:
     threads = spec.threads if spec.threads > 0 else memory.default_threads()
     report = LoadReport(backend="tflite")
     interp = _open_interpreter(mod, spec, threads, report)
-    session = TFLiteSession(interp, report, threads, spec.dequantize_outputs)
-    report.load_ms = (time.perf_counter() - start) * 1000.0
-    report.rss_load_mb = meter.added_mb()
-    if spec.warmup:
-        warm_up(session, spec)
-    report.rss_first_run_mb = meter.added_mb()
-    return session
+    return finish_load(TFLiteSession(interp, report, threads, spec.dequantize_outputs), spec,
+                       meter, start)
 
 
 # --- one exact Choice (the measuring selector) ---------------------------------------------------
@@ -238,11 +276,7 @@ def open_session(spec: SessionSpec) -> Session:
 
 def available() -> bool:
     """Whether ai-edge-litert (or tflite-runtime) imports here."""
-    try:
-        import_interpreter()
-    except BackendUnavailableError:
-        return False
-    return True
+    return importable(import_interpreter)
 
 
 def version() -> str:
@@ -308,19 +342,15 @@ def _open_choice(mod: Any, spec: SessionSpec, choice: Choice, start: float,
     else:
         interp = _build_with_delegate(mod, spec, choice)
         session = TFLiteSession(interp, report, choice.threads, spec.dequantize_outputs)
-    report.load_ms = (time.perf_counter() - start) * 1000.0
-    report.rss_load_mb = meter.added_mb()
-    if spec.warmup:
-        warm_up(session, spec)
-    report.rss_first_run_mb = meter.added_mb()
-    return session
+    return finish_load(session, spec, meter, start)
 
 
 def _build_with_delegate(mod: Any, spec: SessionSpec, choice: Choice) -> Any:
     """The interpreter with exactly the delegate ``choice.device``, options from
-    ``spec.delegates`` or the well-known defaults; no fallback."""
+    LiteRT's options or the well-known defaults; no fallback."""
     library = choice.device
-    options = next((dict(d.options) for d in spec.delegates if d.library == library), None)
+    configured = own_options(spec, "litert", LiteRTOptions).delegates
+    options = next((dict(d.options) for d in configured if d.library == library), None)
     if options is None:
         options = next((dict(o) for f, _, _, o in KNOWN_DELEGATES
                         if delegate_name(library) == delegate_name(f)), {})

@@ -1,0 +1,58 @@
+"""What every backend module writes alike: ``available()`` answered by its import function, the
+end of a load (its time and memory in the report, the warm-up, the memory after it), and the
+provider of a session, which is its load report's."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from ...errors import BackendUnavailableError
+from ..base import LoadReport, Session, SessionSpec, TensorSpec, warm_up
+from ..memory import MemoryMeter
+
+__all__ = ["BackendSession", "finish_load", "importable"]
+
+S = TypeVar("S", bound=Session)
+
+
+class BackendSession:
+    """The base of the backends' sessions (each implements ``run`` and ``close`` of the
+    ``Session`` protocol itself): what they hold, and the provider their report names."""
+
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    report: LoadReport
+
+    @property
+    def provider(self) -> str:
+        """What runs the model, as the load report names it: an onnxruntime execution provider,
+        ``openvino-CPU``, ``xnnpack`` or a LiteRT delegate (``edgetpu``), ``armnn-CpuAcc``."""
+        return self.report.provider
+
+
+def importable(import_library: Callable[[], object]) -> bool:
+    """Whether ``import_library()`` finds the backend's library here (it raises
+    ``BackendUnavailableError`` where the library is missing)."""
+    try:
+        import_library()
+    except BackendUnavailableError:
+        return False
+    return True
+
+
+def finish_load(session: S, spec: SessionSpec, meter: MemoryMeter, start: float) -> S:
+    """``session`` with its load time (since ``start``, a ``perf_counter``) and memory in its
+    report, warmed up when ``spec.warmup`` asks, and the memory after that first run.
+
+    Raises:
+        ModelLoadError, ModelMemoryError: see :func:`warm_up` (the session is then closed).
+    """
+    report = session.report
+    report.load_ms = (time.perf_counter() - start) * 1000.0
+    report.rss_load_mb = meter.added_mb()
+    if spec.warmup:
+        warm_up(session, spec)
+    report.rss_first_run_mb = meter.added_mb()
+    return session
