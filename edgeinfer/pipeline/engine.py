@@ -11,6 +11,9 @@ dropped and counted, so results stay fresh. A file source blocks instead and not
 Per-stage latency and throughput are kept for stats with no logging on the per-frame path.
 """
 
+# Over 450 lines: one Pipeline, whose three stage threads share its queues, counters, model-swap
+# lock and health; what is not a stage already lives beside it (build, emission, tuning).
+
 from __future__ import annotations
 
 import logging
