@@ -126,30 +126,36 @@ def mask_outline(protos: np.ndarray, coefficients: np.ndarray, box: np.ndarray,
     x0, y0, x1, y1 = region
     m, ph, pw = protos.shape
     rx, ry = pw / input_size[0], ph / input_size[1]
-    # Source pixel u (centre u + 0.5) -> input x = (u + 0.5) * scale + pad -> prototype index
-    # x * r - 0.5 (prototype pixel j covers [j, j + 1) / r of the input).
-    ax, bx = transform.scale_x * rx, ((x0 + 0.5) * transform.scale_x + transform.pad_x) * rx - 0.5
-    ay, by = transform.scale_y * ry, ((y0 + 0.5) * transform.scale_y + transform.pad_y) * ry - 0.5
+    # One sample per model-input pixel (4 per prototype pixel) at most: finer samples of a
+    # bilinear upsampling add cost, not shape.
+    step = max(1, math.floor(1 / max(transform.scale_x, transform.scale_y)))
+    nx, ny = -(-(x1 - x0) // step), -(-(y1 - y0) // step)
+    # Sample u (centre x0 + (u + 0.5) * step in the source) -> input x = source * scale + pad
+    # -> prototype index x * r - 0.5 (prototype pixel j covers [j, j + 1) / r of the input).
+    ax = step * transform.scale_x * rx
+    bx = ((x0 + 0.5 * step) * transform.scale_x + transform.pad_x) * rx - 0.5
+    ay = step * transform.scale_y * ry
+    by = ((y0 + 0.5 * step) * transform.scale_y + transform.pad_y) * ry - 0.5
     px0, py0 = max(0, math.floor(bx) - 1), max(0, math.floor(by) - 1)
-    px1 = min(pw, math.ceil(bx + ax * (x1 - x0 - 1)) + 2)
-    py1 = min(ph, math.ceil(by + ay * (y1 - y0 - 1)) + 2)
+    px1, py1 = min(pw, math.ceil(bx + ax * (nx - 1)) + 2), min(ph, math.ceil(by + ay * (ny - 1)) + 2)
     if px1 <= px0 or py1 <= py0:
         return (), 0.0
     patch = protos[:, py0:py1, px0:px1].reshape(m, -1)
     logits = (coefficients.astype(np.float32) @ patch).reshape(py1 - py0, px1 - px0)
     warp = np.array([[ax, 0.0, bx - px0], [0.0, ay, by - py0]], dtype=np.float64)
     # sigmoid > 0.5 is logit > 0: no sigmoid needed on the upsampled patch
-    inside = cv2.warpAffine(np.ascontiguousarray(logits, np.float32), warp, (x1 - x0, y1 - y0),
+    inside = cv2.warpAffine(np.ascontiguousarray(logits, np.float32), warp, (nx, ny),
                             flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
                             borderMode=cv2.BORDER_REPLICATE) > 0
     mask = inside.view(np.uint8)
-    area = float(np.count_nonzero(mask))
-    if area == 0:
+    count = np.count_nonzero(mask)
+    if count == 0:
         return (), 0.0
     contours, _ = cv2.findContours(mask, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
     edge = cv2.approxPolyDP(max(contours, key=cv2.contourArea), SIMPLIFY_PX, True)
-    points = (edge.reshape(-1, 2) + (x0, y0)).tolist()
-    return tuple((float(x), float(y)) for x, y in points), area
+    # A sample stands for a step x step cell of source pixels: its middle one.
+    points = (edge.reshape(-1, 2) * step + (x0 + (step - 1) / 2, y0 + (step - 1) / 2)).tolist()
+    return tuple((float(x), float(y)) for x, y in points), float(count * step * step)
 
 
 def _source_region(box: np.ndarray, transform: Transform) -> tuple[int, int, int, int] | None:

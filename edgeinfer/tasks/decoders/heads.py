@@ -30,6 +30,7 @@ class ExtrasDecoder(Decoder):
     output, and the hooks a task's decoder fills in."""
 
     task: ClassVar[str]
+    _units: BoxUnits  # set by _bind; the extra values may come in the boxes' units
 
     def _meta(self) -> ModelMeta:
         meta = read_meta(self.metadata)
