@@ -4,9 +4,11 @@ letterbox undone), with the class names of the model's metadata, NMS where the l
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
+import cv2
 import numpy as np
 import pytest
 
@@ -15,6 +17,8 @@ from edgeinfer.config.pipeline import DetectTask as DetectConfig
 from edgeinfer.config.pipeline import PoseTask as PoseConfig
 from edgeinfer.errors import ConfigError
 from edgeinfer.frames import DETECTIONS, Detection, Frame, TaskResult
+from edgeinfer.pipeline import Pipeline
+from edgeinfer.pipeline.tuning import annotate
 from edgeinfer.tasks import make_task
 from edgeinfer.tasks.pose import PoseTask
 from edgeinfer.testing.export_layouts import (
@@ -152,3 +156,37 @@ def test_pose_results_serialize_and_draw(tmp_path: Path) -> None:
     assert [kind for kind, _ in shapes] == ["points", "points"]
     assert all(len(pts) == sum(s >= 0.5 for *_, s in d.keypoints or ())
                for (_, pts), d in zip(shapes, found))
+
+
+def test_pose_pipeline_from_yaml_tracks_by_box_zones_and_draws_keypoints(tmp_path: Path) -> None:
+    dets, points, _ = _planted((640, 640))
+    meta = ultralytics_metadata("pose", ["person"], kpt_shape="[17, 3]")
+    model = pose_model(tmp_path / "yolo11n-pose.onnx", dets, points, metadata=meta)
+    frames = tmp_path / "frames"
+    frames.mkdir()
+    for i in range(4):
+        cv2.imwrite(str(frames / f"{i}.png"), np.full((FRAME[1], FRAME[0], 3), 60, np.uint8))
+    config = tmp_path / "pose.yaml"
+    config.write_text(f"""\
+pipelines:
+  - name: people
+    model: {{path: {model}, providers: [cpu]}}
+    source: {{type: images, uri: {frames}}}
+    task: {{type: pose}}
+    zones: [{{name: left, points: [[0, 0], [0.5, 0], [0.5, 1], [0, 1]]}}]
+    sinks: [{{type: jsonl, path: {tmp_path / 'out.jsonl'}}}]
+""")
+    results = list(Pipeline.from_config(str(config)))
+
+    last = results[-1].task.detections or ()
+    assert [d.label for d in last] == ["person", "person"]
+    assert all(d.track_id is not None and d.keypoints is not None for d in last)
+    events = [e for r in results for e in r.events]
+    assert [(e["type"], e["zone"]) for e in events if e["type"] == "enter"] == [("enter", "left")]
+    line = json.loads((tmp_path / "out.jsonl").read_text().splitlines()[-1])
+    assert len(line["detections"][0]["keypoints"]) == 17
+    image = cv2.imdecode(np.frombuffer(annotate(results[-1].frame, results[-1].task), np.uint8),
+                         cv2.IMREAD_COLOR)
+    x, y, _ = last[0].keypoints[-1]  # scores 0.99: drawn
+    b, g, r = image[int(y), int(x)].astype(int)
+    assert b > 200 and g > 200 and r < 60, (b, g, r)  # POINT_COLOR (cyan), not the grey frame
