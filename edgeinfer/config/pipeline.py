@@ -235,11 +235,7 @@ class PreprocessConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True,
     mean: Annotated[list[Offset], PerChannel] | None = None
     std: Annotated[list[Scale], PerChannel] | None = None
     pad_value: Annotated[int, Meta(ge=0, le=255)] = 114
-    crop_fraction: Annotated[float, Meta(gt=0.0, le=1.0)] | None = None
-
-    def __post_init__(self) -> None:
-        if self.crop_fraction is not None and self.resize != "center_crop":
-            raise ValueError("crop_fraction applies to resize: center_crop only")
+    crop_fraction: Annotated[float, Meta(ge=0.05, le=1.0)] | None = None
 
 
 class TaskOptions(_Part, frozen=True):

@@ -122,6 +122,9 @@ class Preprocessor:
             raise ConfigError(f"input {spec.name!r} {format_shape(spec.shape)} has "
                               f"{self.channels} channels; images have 1 or 3")
         self.resize = config.resize
+        if config.crop_fraction is not None and config.resize != "center_crop":
+            raise ConfigError(f"preprocess.crop_fraction applies to resize: center_crop only "
+                              f"(resize is {config.resize}); remove it or set resize: center_crop")
         self.crop_fraction = config.crop_fraction or 1.0
         self.anchor: Anchor = anchor
         self.size = _size(config, spec, w, h)

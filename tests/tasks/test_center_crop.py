@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import cv2
-import msgspec
 import numpy as np
 import onnx
 import pytest
@@ -16,6 +15,7 @@ from onnx import TensorProto, helper
 import edgeinfer
 from edgeinfer.config.pipeline import ClassifyTask as ClassifyConfig
 from edgeinfer.config.pipeline import PreprocessConfig
+from edgeinfer.errors import ConfigError
 from edgeinfer.frames import Frame
 from edgeinfer.runtime.base import TensorSpec
 from edgeinfer.tasks import make_task
@@ -48,8 +48,8 @@ def test_center_crop_matches_resize_then_crop(fraction: float | None,
 
 
 def test_crop_fraction_needs_center_crop() -> None:
-    with pytest.raises(msgspec.ValidationError, match="center_crop"):
-        msgspec.convert({"crop_fraction": 0.875}, PreprocessConfig)
+    with pytest.raises(ConfigError, match="crop_fraction applies to resize: center_crop"):
+        Preprocessor(PreprocessConfig(crop_fraction=0.875), SPEC)
 
 
 def _classifier(path: Path, metadata: dict[str, str]) -> Path:
