@@ -65,6 +65,9 @@ Box = tuple[float, float, float, float]
 Keypoint = tuple[float, float, float]
 Mark = tuple[Box | None, str]
 """Something to draw on a frame for a result: a box with its text, or (``None``) a caption."""
+Shape = tuple[Literal["points", "outline"], tuple[tuple[float, float], ...]]
+"""Something else to draw for a result, in source pixels: ``points`` (keypoints, as dots) or an
+``outline`` (a closed polygon, a mask's edge)."""
 
 T = TypeVar("T")
 
@@ -75,8 +78,9 @@ class Detection:
     ``track_id`` is the object's id across frames on a tracked pipeline (``None``: not tracked,
     or a detection no confirmed track holds). ``keypoints`` (pose) are ``(x, y, score)`` in
     source-image pixels; ``mask`` (segmentation) is the object's outline as a polygon of
-    ``(x, y)`` source-image pixels. Both are ``None`` for a plain detector and are serialized
-    only when set."""
+    ``(x, y)`` source-image pixels, and ``area`` the mask's area in source pixels (holes and
+    the pieces beside the outlined one counted). They are ``None`` for a plain detector and
+    are serialized only when set."""
 
     label: str
     class_id: int
@@ -85,6 +89,7 @@ class Detection:
     track_id: int | None = None
     keypoints: tuple[Keypoint, ...] | None = None
     mask: tuple[tuple[float, float], ...] | None = None
+    area: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = {"label": self.label, "class_id": self.class_id, "score": round(self.score, 4),
@@ -95,6 +100,8 @@ class Detection:
             d["keypoints"] = [[round(x, 1), round(y, 1), round(s, 4)] for x, y, s in self.keypoints]
         if self.mask is not None:
             d["mask"] = [[round(x, 1), round(y, 1)] for x, y in self.mask]
+        if self.area is not None:
+            d["area"] = round(self.area, 1)
         return d
 
     @classmethod
@@ -104,11 +111,13 @@ class Detection:
         track = d.get("track_id")
         points = d.get("keypoints")
         mask = d.get("mask")
+        area = d.get("area")
         return cls(str(d["label"]), int(d.get("class_id", -1)), float(d["score"]),
                    (x1, y1, x2, y2), int(track) if track is not None else None,
                    tuple((float(x), float(y), float(s)) for x, y, s in points)
                    if points is not None else None,
-                   tuple((float(x), float(y)) for x, y in mask) if mask is not None else None)
+                   tuple((float(x), float(y)) for x, y in mask) if mask is not None else None,
+                   float(area) if area is not None else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +205,10 @@ class PartKind(ABC, Generic[T]):
         """What to draw on the frame for ``value`` (the web view's annotated snapshot)."""
         return ()
 
+    def shapes(self, value: T) -> tuple[Shape, ...]:
+        """What else to draw for ``value`` besides its marks and boxes: keypoints, outlines."""
+        return ()
+
 
 class DetectionsPart(PartKind[tuple[Detection, ...]]):
     """Detected objects (detect, and pose and segmentation with keypoints or masks)."""
@@ -219,6 +232,17 @@ class DetectionsPart(PartKind[tuple[Detection, ...]]):
 
     def marks(self, value: tuple[Detection, ...]) -> tuple[Mark, ...]:
         return tuple((d.box, f"{d.label} {d.score:.2f}") for d in value)
+
+    def shapes(self, value: tuple[Detection, ...]) -> tuple[Shape, ...]:
+        """Each mask's outline and each pose's keypoints that score 0.5 or more (Ultralytics'
+        own drawing threshold: below it a keypoint is hidden or outside the frame)."""
+        out: list[Shape] = []
+        for d in value:
+            if d.mask is not None:
+                out.append(("outline", d.mask))
+            if d.keypoints is not None:
+                out.append(("points", tuple((x, y) for x, y, s in d.keypoints if s >= 0.5)))
+        return tuple(out)
 
 
 class TopPart(PartKind[tuple[Classification, ...]]):

@@ -15,15 +15,17 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..errors import InvalidInputError
+from ..frames import Shape
 
-__all__ = ["BOX_COLOR", "Geometry", "HIGHLIGHT_COLOR", "LINE_COLOR", "TrackBox", "ZONE_COLOR", "Boxed",
-           "decode_jpeg", "draw_scene", "encode_jpeg"]
+__all__ = ["BOX_COLOR", "Geometry", "HIGHLIGHT_COLOR", "LINE_COLOR", "POINT_COLOR", "TrackBox",
+           "ZONE_COLOR", "Boxed", "decode_jpeg", "draw_scene", "draw_shapes", "encode_jpeg"]
 
 # BGR. Pure primaries survive JPEG and video compression well enough to be checked in tests.
 BOX_COLOR = (0, 255, 0)
 HIGHLIGHT_COLOR = (0, 0, 255)
 ZONE_COLOR = (0, 255, 255)
 LINE_COLOR = (255, 0, 255)
+POINT_COLOR = (255, 255, 0)  # keypoints and mask outlines
 _ZONE_ALPHA = 0.2
 _FONT = 0  # cv2.FONT_HERSHEY_SIMPLEX
 
@@ -95,6 +97,23 @@ def draw_scene(image: np.ndarray, boxes: Sequence[Boxed], geometry: Geometry = (
     for b in boxes:
         if b.track_id is not None and b.track_id == highlight:
             _draw_box(image, b, scale, HIGHLIGHT_COLOR, thick * 2)
+
+
+def draw_shapes(image: np.ndarray, shapes: Sequence[Shape], scale: float = 1.0) -> None:
+    """Draw a result's ``shapes`` (``PartKind.shapes``: keypoints as dots, mask outlines as
+    closed polygons) on ``image`` in place; ``scale`` as in `draw_scene`."""
+    import cv2
+
+    thick = max(2, round(2 * max(image.shape[:2]) / 1000))
+    for kind, points in shapes:
+        if not points:
+            continue
+        pts = np.round(np.asarray(points, dtype=np.float64) * scale).astype(np.int32)
+        if kind == "outline":
+            cv2.polylines(image, [pts], True, POINT_COLOR, thick, cv2.LINE_AA)
+            continue
+        for x, y in pts.tolist():
+            cv2.circle(image, (x, y), thick + 1, POINT_COLOR, cv2.FILLED, cv2.LINE_AA)
 
 
 def _draw_zone(image: np.ndarray, name: str, pts: np.ndarray, thick: int) -> None:

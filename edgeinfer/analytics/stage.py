@@ -115,7 +115,8 @@ class SceneAnalytics:
         update = self.tracker.update(boxes, scores, classes)
         ids = update.ids.tolist()
         tracked = tuple(
-            Detection(d.label, d.class_id, d.score, d.box, i, d.keypoints, d.mask) if i >= 0 else d
+            Detection(d.label, d.class_id, d.score, d.box, i, d.keypoints, d.mask, d.area)
+            if i >= 0 else d
             for d, i in zip(dets, ids, strict=True))
         clock = frame.start if frame.start is not None else frame.ts
         events = _NO_EVENTS

@@ -33,8 +33,8 @@ from ._types import (
 
 __all__ = [
     "TASK_CONFIGS", "AudioSource", "CameraSource", "ClassifyTask", "DetectTask", "EmitConfig",
-    "ImagesSource", "JsonlSink", "MqttSink", "MqttSource", "Picamera2Source",
-    "PreprocessConfig", "RawTask", "ReconnectConfig", "SerialSource", "SinkConfig",
+    "ImagesSource", "JsonlSink", "MqttSink", "MqttSource", "Picamera2Source", "PoseTask",
+    "PreprocessConfig", "RawTask", "ReconnectConfig", "SegmentTask", "SerialSource", "SinkConfig",
     "SourceConfig", "StdoutSink", "SyntheticSource", "TaskConfig", "TaskOptions",
     "VadTask", "VideoSource", "register_task_config",
 ]
@@ -213,16 +213,21 @@ class PreprocessConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True,
     """Turning a frame into the model's input. ``None`` fields are read from the model.
 
     Attributes:
-        resize: ``letterbox`` (keep aspect, pad), ``stretch``, or ``none``.
+        resize: ``letterbox`` (keep aspect, pad), ``stretch``, ``center_crop`` (scale the
+            shorter side to the size over ``crop_fraction``, then take the centre: the
+            preprocessing of Ultralytics and torchvision classifiers), or ``none``.
         size: ``[width, height]``; default the model input's.
         color: Channel order the model wants.
         layout: ``nchw`` or ``nhwc``; default from the model input's shape.
         scale: Multiply pixel values (0..255) by this first, e.g. ``1/255`` -> ``0.00392``.
         mean, std: Then subtract ``mean`` and divide by ``std`` per channel.
         pad_value: Letterbox padding, in pixel values.
+        crop_fraction: ``center_crop`` only: the share of the scaled shorter side kept
+            (``None``: 1, Ultralytics' classifiers; torchvision's resize 256 -> crop 224 is
+            0.875).
     """
 
-    resize: Literal["letterbox", "stretch", "none"] = "letterbox"
+    resize: Literal["letterbox", "stretch", "center_crop", "none"] = "letterbox"
     size: Annotated[list[Size], Meta(min_length=2, max_length=2)] | None = None
     color: Literal["rgb", "bgr"] = "rgb"
     layout: Literal["nchw", "nhwc"] | None = None
@@ -230,6 +235,7 @@ class PreprocessConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True,
     mean: Annotated[list[Offset], PerChannel] | None = None
     std: Annotated[list[Scale], PerChannel] | None = None
     pad_value: Annotated[int, Meta(ge=0, le=255)] = 114
+    crop_fraction: Annotated[float, Meta(ge=0.05, le=1.0)] | None = None
 
 
 class TaskOptions(_Part, frozen=True):
@@ -294,6 +300,27 @@ class DetectTask(TaskOptions, tag="detect", frozen=True):
     preprocess: PreprocessConfig = msgspec.field(default_factory=PreprocessConfig)
 
 
+class PoseTask(DetectTask, tag="pose", frozen=True):
+    """Pose estimation: detections with keypoints (``x, y, score`` in source pixels).
+
+    Attributes:
+        decoder: ``auto``, ``yolov8`` (Ultralytics' ``1 x (4+C+K*D) x N``) or ``yolo-end2end``
+            (``1 x K x (6+K*D)``: YOLO26, YOLOv10, ``nms=True`` exports); the keypoint layout
+            ``K x D`` comes from the metadata's ``kpt_shape`` (else COCO's 17 x 3).
+        The rest: as ``detect``.
+    """
+
+
+class SegmentTask(DetectTask, tag="segment", frozen=True):
+    """Instance segmentation: detections with their mask as an outline polygon and its area.
+
+    Attributes:
+        decoder: ``auto``, ``yolov8`` (Ultralytics' ``1 x (4+C+M) x N`` beside mask prototypes
+            ``1 x M x H x W``) or ``yolo-end2end`` (``1 x K x (6+M)`` beside the prototypes).
+        The rest: as ``detect``.
+    """
+
+
 class VadTask(TaskOptions, tag="vad", frozen=True):
     """Voice activity on audio windows with a stateful model (Silero), state carried across.
 
@@ -314,7 +341,7 @@ class RawTask(TaskOptions, tag="raw", frozen=True):
     preprocess: PreprocessConfig | None = None
 
 
-TaskConfig = ClassifyTask | DetectTask | VadTask | RawTask
+TaskConfig = ClassifyTask | DetectTask | PoseTask | SegmentTask | VadTask | RawTask
 """The built-in task configs; `TASK_CONFIGS` holds these and the registered ones."""
 
 
@@ -366,8 +393,8 @@ class PendingTask(TaskOptions, tag="<registered task>", frozen=True):
     scene: ClassVar[bool] = True  # the real task's own flag is checked when it is put in
 
 
-TASK_CONFIGS: OpenUnion[TaskOptions] = OpenUnion(TaskOptions, ClassifyTask, DetectTask, VadTask,
-                                                 RawTask)
+TASK_CONFIGS: OpenUnion[TaskOptions] = OpenUnion(TaskOptions, ClassifyTask, DetectTask, PoseTask,
+                                                 SegmentTask, VadTask, RawTask)
 """The task config structs by ``type:``: the built-in ones and those registered since."""
 
 BUILT_IN_TASKS = frozenset(TASK_CONFIGS.members)

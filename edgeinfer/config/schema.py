@@ -221,9 +221,10 @@ class PipelineConfig(ConfigStruct, frozen=True):
         scene = self.track is not None or self.zones or self.lines or self.record is not None
         if scene and not type(self.task).scene:
             tag = type(self.task).__struct_config__.tag
-            able = " or ".join(t for t, s in TASK_CONFIGS.members.items() if s.scene)
-            raise ValueError(f"track, zones, lines and record need a {able} task (this one is "
-                             f"{tag!r})")
+            first, *more = able = [t for t, s in TASK_CONFIGS.members.items() if s.scene]
+            also = f"; the tasks giving detections: {', '.join(able)}" if more else ""
+            raise ValueError(f"track, zones, lines and record need a {first} task (this one is "
+                             f"{tag!r}){also}")
         if self.record is not None and not (self.zones or self.lines):
             raise ValueError("record: needs zones or lines (their events get the media)")
         seen: set[str] = set()

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import numpy as np
 
-from ..analytics.draw import draw_scene, encode_jpeg
+from ..analytics.draw import draw_scene, draw_shapes, encode_jpeg
 from ..config._types import Fps
 from ..errors import ConfigError
 from ..frames import Frame, TaskResult
@@ -102,9 +102,11 @@ def _validated(struct: Any, changes: dict[str, Any]) -> Any:
 
 
 def annotate(frame: Frame, part: TaskResult, quality: int = 85, geometry: Any = ()) -> bytes:
-    """JPEG of ``frame`` with ``part``'s boxes and labels drawn (the frame itself untouched);
-    on a tracked pipeline with track ids, and the zones and lines of ``geometry``."""
+    """JPEG of ``frame`` with ``part``'s boxes and labels drawn (the frame itself untouched),
+    and its shapes (keypoints, mask outlines); on a tracked pipeline with track ids, and the
+    zones and lines of ``geometry``."""
     image = frame.data.copy()
+    draw_shapes(image, part.kind.shapes(part.value))  # under the boxes and their labels
     if geometry or any(d.track_id is not None for d in part.detections or ()):
         draw_scene(image, part.detections or (), geometry)
         return encode_jpeg(image, quality)

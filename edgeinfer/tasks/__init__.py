@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 TASKS: dict[str, str | type[Task]] = {
     "classify": "edgeinfer.tasks.classify:ClassifyTask",
     "detect": "edgeinfer.tasks.detect:DetectTask",
+    "pose": "edgeinfer.tasks.pose:PoseTask",
+    "segment": "edgeinfer.tasks.segment:SegmentTask",
     "vad": "edgeinfer.tasks.vad:VadTask",
     "raw": "edgeinfer.tasks.raw:RawTask",
 }

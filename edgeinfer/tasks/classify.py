@@ -5,15 +5,19 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import msgspec
 import numpy as np
 
 from ..config.pipeline import ClassifyTask as ClassifyConfig
+from ..config.pipeline import PreprocessConfig
 from ..errors import ConfigError, InvalidInputError
 from ..frames import TOP, Classification, Frame, TaskResult
 from ..runtime.base import format_shape
 from ..runtime.gate import Gate
 from .base import Entity, Task, label_of, load_labels
+from .decoders.meta import read_meta
 from .gates import ClassifyGate
+from .labels import file_metadata
 from .metrics import OutputPair, cosine, fmt_metric
 from .preprocess import Preprocessor, Transform
 
@@ -40,6 +44,10 @@ class ClassifyTask(Task):
     The model has one image input and one output whose last dimension is the class count (the
     others 1, e.g. ``[1, 1000]``). ``softmax: auto`` applies softmax unless the scores already
     are probabilities (all in [0, 1], summing to about 1).
+
+    An Ultralytics classifier (metadata ``task: classify``) gets its class names from the
+    metadata unless ``labels`` are given, and Ultralytics' preprocessing (``resize:
+    center_crop``) unless ``preprocess`` is configured.
 
     Raises:
         ConfigError: the model has more than one input or output, the output is not one score
@@ -69,12 +77,18 @@ class ClassifyTask(Task):
             raise ConfigError(f"classify expects one output [1, classes]; {model.name} has "
                               f"{out.name} {format_shape(out.shape)}")
         self.num_classes = classes if isinstance(classes, int) and classes > 0 else None
-        self.labels = load_labels(config.labels)
+        meta = read_meta(file_metadata(model.path, model.format, model.metadata))
+        ultralytics = meta.task == "classify"
+        self.labels = load_labels(config.labels) if config.labels is not None or not ultralytics \
+            else meta.names
         if self.labels is not None and self.num_classes is not None \
                 and len(self.labels) != self.num_classes:
             raise ConfigError(f"labels has {len(self.labels)} entries; output {out.name} "
                               f"{format_shape(out.shape)} scores {self.num_classes} classes")
-        self.preprocessor = Preprocessor(config.preprocess, model.inputs[0])
+        pre = config.preprocess
+        if ultralytics and pre == PreprocessConfig():
+            pre = msgspec.structs.replace(pre, resize="center_crop")
+        self.preprocessor = Preprocessor(pre, model.inputs[0])
         self._input, self._output = model.inputs[0].name, out.name
 
     def preprocess(self, frame: Frame) -> tuple[dict[str, np.ndarray], Transform]:

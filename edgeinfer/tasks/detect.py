@@ -4,7 +4,7 @@ source-image pixels."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import msgspec
@@ -13,11 +13,19 @@ import numpy as np
 from ..config.pipeline import DetectTask as DetectConfig
 from ..config.pipeline import PreprocessConfig
 from ..errors import ConfigError
-from ..frames import DETECTIONS, Detection, Frame, TaskResult
+from ..frames import DETECTIONS, Detection, Frame, Keypoint, TaskResult
 from ..runtime.base import TensorSpec, format_shape
 from ..runtime.gate import Gate
 from .base import Entity, Task, label_of
-from .decoders import Decoded, Decoder, decoder_class, make_decoder, pick_decoder
+from .decoders import (
+    DECODERS,
+    Decoded,
+    Decoder,
+    Registry,
+    decoder_class,
+    make_decoder,
+    pick_decoder,
+)
 from .decoders.sanity import OutputCheck
 from .gates import DetectGate
 from .labels import file_metadata, find_labels, looks_like_coco80
@@ -28,9 +36,13 @@ from .preprocess import Preprocessor, Transform
 if TYPE_CHECKING:
     from ..model.model import Model
 
-__all__ = ["DetectTask"]
+__all__ = ["DetectTask", "Extras"]
 
 logger = logging.getLogger(__name__)
+
+Extras = tuple[tuple[Keypoint, ...] | None, tuple[tuple[float, float], ...] | None, float | None]
+"""What a detection carries besides its box: keypoints, mask outline, mask area (see
+``Detection``)."""
 
 _DEFAULT_PAD = PreprocessConfig().pad_value
 
@@ -57,6 +69,9 @@ class DetectTask(Task):
     Config = DetectConfig
     part = DETECTIONS
     gate_key: ClassVar[str] = "detect"
+    decoders: ClassVar[Registry] = DECODERS
+    """The decoders ``decoder:`` names (and ``auto`` picks from): a task whose heads carry more
+    than boxes (pose, segment) subclasses this one with its own."""
 
     @classmethod
     def ha_entities(cls, pipeline: str, result_topic: str) -> list[Entity]:
@@ -96,13 +111,14 @@ class DetectTask(Task):
         size = _input_size(config, model, image)
         hints = _decoder_hints(metadata, self.labels, size)
         name, why = (config.decoder, "configured") if config.decoder != "auto" \
-            else pick_decoder(model.outputs, hints)
+            else pick_decoder(model.outputs, hints, self.decoders)
         self.decoder_choice = (name, why)
         logger.info("%s: decoder %s (%s); labels from %s", model.name, name, why, labels_from)
-        family = decoder_class(name)
+        family = decoder_class(name, self.decoders)
         self.preprocessor = Preprocessor(_preprocess_config(config, family), image,
                                          anchor=family.letterbox)
-        self.decoder: Decoder = make_decoder(name, model.outputs, self.preprocessor.size, hints)
+        self.decoder: Decoder = make_decoder(name, model.outputs, self.preprocessor.size, hints,
+                                             self.decoders)
         # Inputs besides the image (RT-DETR's orig_target_sizes): the decoder says what to feed.
         self._fixed = self.decoder.fill_inputs([s for s in model.inputs if s is not image])
         if self.labels is None:
@@ -128,12 +144,31 @@ class DetectTask(Task):
                ) -> tuple[Detection, ...]:
         """Decode, filter, suppress and map back through ``transform``."""
         d = self.select(outputs, self._check)
+        return self.detections(d, outputs, transform)
+
+    def detections(self, d: Decoded, outputs: Mapping[str, np.ndarray], transform: Transform
+                   ) -> tuple[Detection, ...]:
+        """The kept candidates ``d`` as detections in source pixels, with their ``extras``."""
         boxes = transform.boxes_to_source(d.boxes)
         labels = self.labels
+        extras = self.extras(d, outputs, transform)
+        if extras is None:
+            return tuple(
+                Detection(label_of(labels, c), c, s, (b[0], b[1], b[2], b[3]))
+                for b, s, c in zip(boxes.tolist(), d.scores.tolist(), d.class_ids.tolist())
+            )
         return tuple(
-            Detection(label_of(labels, c), c, s, (b[0], b[1], b[2], b[3]))
-            for b, s, c in zip(boxes.tolist(), d.scores.tolist(), d.class_ids.tolist())
+            Detection(label_of(labels, c), c, s, (b[0], b[1], b[2], b[3]), None, *e)
+            for b, s, c, e in zip(boxes.tolist(), d.scores.tolist(), d.class_ids.tolist(),
+                                  extras, strict=True)
         )
+
+    def extras(self, d: Decoded, outputs: Mapping[str, np.ndarray], transform: Transform
+               ) -> Iterable[Extras] | None:
+        """What each kept candidate of ``d`` carries besides its box, in source pixels
+        (keypoints, a mask), one per candidate in order; ``None``: nothing (a plain detector).
+        Pose and segment tasks fill it in from ``d`` and ``outputs``."""
+        return None
 
     def select(self, outputs: Mapping[str, np.ndarray],
                check: Callable[[Decoded], None] | None = None) -> Decoded:
@@ -163,14 +198,14 @@ class DetectTask(Task):
 
     def accuracy_gate(self) -> Gate:
         """The same detections on the sample photographs (``tasks.gates.DetectGate``)."""
-        return DetectGate(DetectTask(self.config, self.model))
+        return DetectGate(type(self)(self.config, self.model))
 
     def accuracy_metrics(self, pairs: Sequence[OutputPair]) -> dict[str, Any]:
         """mAP@0.5 of the compared model's detections (decoded at ``PRED_THRESHOLD``, as COCO
         evaluation does, and at this task's threshold), the reference model's detections at
         this task's threshold taken as the truth."""
         cfg: DetectConfig = self.config
-        low = DetectTask(msgspec.structs.replace(cfg, score_threshold=PRED_THRESHOLD), self.model)
+        low = type(self)(msgspec.structs.replace(cfg, score_threshold=PRED_THRESHOLD), self.model)
         truth: list[Dets] = []
         same: list[Dets] = []
         lowered: list[Dets] = []
@@ -209,7 +244,8 @@ class DetectTask(Task):
 
 def _take(d: Decoded, idx: Any) -> Decoded:
     return Decoded(d.boxes[idx], d.scores[idx], d.class_ids[idx],
-                   None if d.keypoints is None else d.keypoints[idx])
+                   None if d.keypoints is None else d.keypoints[idx],
+                   None if d.coefficients is None else d.coefficients[idx])
 
 
 def _image_input(model: Model) -> TensorSpec:

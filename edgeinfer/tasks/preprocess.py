@@ -1,6 +1,6 @@
 """Image preprocessing: a frame (H x W x 3 uint8 BGR) -> the model's input tensor.
 
-Resize (letterbox, stretch or none), channel order, layout, scale/mean/std and dtype, with
+Resize (letterbox, stretch, center crop or none), channel order, layout, scale/mean/std and dtype, with
 defaults read from the model's input. It knows nothing of tasks, so quantization calibration can
 feed a model exactly what a pipeline feeds it.
 
@@ -103,8 +103,9 @@ class Preprocessor:
             or ``mean``/``std`` do not match its channels.
     """
 
-    __slots__ = ("alpha", "anchor", "beta", "channels", "color", "dtype", "layout", "pad_value",
-                 "resize", "size", "_canvas", "_plan", "_rgb", "_src", "_uniform", "_view")
+    __slots__ = ("alpha", "anchor", "beta", "channels", "color", "crop_fraction", "dtype",
+                 "layout", "pad_value", "resize", "size", "_canvas", "_out", "_plan", "_rgb",
+                 "_src", "_uniform", "_view")
 
     def __init__(self, config: PreprocessConfig, spec: TensorSpec, anchor: Anchor = "center"
                  ) -> None:
@@ -121,6 +122,10 @@ class Preprocessor:
             raise ConfigError(f"input {spec.name!r} {format_shape(spec.shape)} has "
                               f"{self.channels} channels; images have 1 or 3")
         self.resize = config.resize
+        if config.crop_fraction is not None and config.resize != "center_crop":
+            raise ConfigError(f"preprocess.crop_fraction applies to resize: center_crop only "
+                              f"(resize is {config.resize}); remove it or set resize: center_crop")
+        self.crop_fraction = config.crop_fraction or 1.0
         self.anchor: Anchor = anchor
         self.size = _size(config, spec, w, h)
         self.color = config.color
@@ -134,6 +139,7 @@ class Preprocessor:
         self._plan: Transform | None = None
         self._canvas: np.ndarray | None = None
         self._view: np.ndarray | None = None
+        self._out: np.ndarray | None = None
         self._rgb: np.ndarray | None = None
 
     def __call__(self, image: np.ndarray) -> tuple[np.ndarray, Transform]:
@@ -164,6 +170,9 @@ class Preprocessor:
             nw, nh, px, py = w, h, 0, 0
         elif self.resize == "stretch":
             nw, nh, px, py = tw, th, 0, 0
+        elif self.resize == "center_crop":
+            self._prepare_crop(w, h)
+            return
         else:
             s = min(tw / w, th / h)
             nw, nh = max(1, round(w * s)), max(1, round(h * s))
@@ -175,6 +184,20 @@ class Preprocessor:
         else:
             self._canvas = np.full((th, tw, 3), self.pad_value, dtype=np.uint8)
             self._view = self._canvas[py:py + nh, px:px + nw]
+        self._out = self._canvas
+        self._rgb = None
+        self._src = (w, h)
+
+    def _prepare_crop(self, w: int, h: int) -> None:
+        """Scale so that the size over ``crop_fraction`` fits the shorter side, keep the
+        centre (torchvision's ``Resize(int(size / fraction))`` + ``CenterCrop(size)``)."""
+        tw, th = self.size
+        s = max(tw / w, th / h) / self.crop_fraction
+        nw, nh = max(tw, int(w * s)), max(th, int(h * s))
+        ox, oy = round((nw - tw) / 2), round((nh - th) / 2)
+        self._plan = Transform(nw / w, nh / h, float(-ox), float(-oy), w, h)
+        self._canvas = self._view = np.empty((nh, nw, 3), np.uint8)
+        self._out = self._canvas[oy:oy + th, ox:ox + tw]
         self._rgb = None
         self._src = (w, h)
 
@@ -184,8 +207,8 @@ class Preprocessor:
         # Into a view of the padded canvas: no separate pad step, the border is written once.
         cv2.resize(image, (self._view.shape[1], self._view.shape[0]), dst=self._view,
                    interpolation=cv2.INTER_LINEAR)
-        assert self._canvas is not None
-        return self._canvas
+        assert self._out is not None
+        return self._out
 
     # -- values ---------------------------------------------------------------------------------
     def _convert(self, img: np.ndarray) -> np.ndarray:

@@ -20,8 +20,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-__all__ = ["FRAME", "Planted", "const_model", "od_api_model", "rfdetr_model", "rtdetr_model",
-           "ssd_model", "ssd_outputs", "to_input", "yolonas_model", "yolox_model"]
+__all__ = ["FRAME", "Planted", "const_model", "od_api_model", "pose_model", "rfdetr_model",
+           "rtdetr_model", "segment_model", "ssd_model", "ssd_outputs", "to_input",
+           "ultralytics_metadata", "yolonas_model", "yolox_model"]
 
 FRAME = (1280, 720)
 """``(width, height)`` of the source frame the tests feed."""
@@ -183,6 +184,69 @@ def rfdetr_model(path: Path, dets: Sequence[Planted], *, size: tuple[int, int] =
     return const_model(path, {"dets": boxes, "labels": logits}, size=size)
 
 
+def ultralytics_metadata(task: str, names: Sequence[str], size: tuple[int, int] = (640, 640),
+                         **extra: str) -> dict[str, str]:
+    """The ``metadata_props`` an Ultralytics ONNX export writes (Python literals as strings)."""
+    return {"author": "Ultralytics", "task": task, "stride": "32", "batch": "1",
+            "imgsz": repr([size[1], size[0]]), "names": repr(dict(enumerate(names))), **extra}
+
+
+def pose_model(path: Path, dets: Sequence[Planted], keypoints: Sequence[np.ndarray], *,
+               size: tuple[int, int] = (640, 640), classes: int = 1, end2end: bool = False,
+               metadata: Mapping[str, str] | None = None) -> Path:
+    """An Ultralytics pose export: ``output0 [1, 4+C+K*D, N]`` (each planted box in one grid row,
+    and a copy shifted by 4 px scoring 0.8 of it that NMS must remove), or with ``end2end``
+    ``[1, 300, 6+K*D]``. ``keypoints[i]`` is planted box i's ``(K, D)`` x, y[, visibility]
+    in model-input pixels."""
+    values = int(np.asarray(keypoints[0]).size) if keypoints else 51
+    if end2end:
+        rows = np.zeros((1, 300, 6 + values), np.float32)
+        for i, (d, k) in enumerate(zip(dets, keypoints, strict=True)):
+            rows[0, i] = [*d.box, d.score, d.class_id, *np.asarray(k, np.float32).ravel()]
+        return const_model(path, {"output0": rows}, size=size, metadata=metadata)
+    head = _grid_rows(size, 4 + classes + values)
+    for i, (d, k) in enumerate(zip(dets, keypoints, strict=True)):
+        for row, shift, share in ((i * 97, 0.0, 1.0), (i * 97 + 1, 4.0, 0.8)):
+            head[0, :4, row] = _cxcywh(d.box, shift)
+            head[0, 4 + d.class_id, row] = d.score * share
+            head[0, 4 + classes:, row] = np.asarray(k, np.float32).ravel()
+    return const_model(path, {"output0": head}, size=size, metadata=metadata)
+
+
+def segment_model(path: Path, dets: Sequence[Planted], *, size: tuple[int, int] = (640, 640),
+                  classes: int = 80, protos: int = 32, end2end: bool = False,
+                  metadata: Mapping[str, str] | None = None) -> Path:
+    """An Ultralytics segmentation export: ``output0 [1, 4+C+M, N]`` (as ``pose_model`` places
+    boxes) or with ``end2end`` ``[1, 300, 6+M]``, and ``output1 [1, M, H/4, W/4]`` prototypes.
+    Planted box i's mask is the ellipse inscribed in its box: prototype i holds that ellipse's
+    signed distance (in prototype pixels, clipped to +-4, as smooth as a real prototype near
+    an edge) and the box's coefficients pick it alone."""
+    w, h = size
+    gx = (np.arange(w // 4) + 0.5) * 4
+    gy = (np.arange(h // 4) + 0.5) * 4
+    planes = np.full((1, protos, h // 4, w // 4), -4.0, np.float32)
+    coefficients = np.zeros((len(dets), protos), np.float32)
+    for i, d in enumerate(dets):
+        x1, y1, x2, y2 = d.box
+        a, b = (x2 - x1) / 2, (y2 - y1) / 2
+        r = np.hypot((gx[None, :] - (x1 + a)) / a, (gy[:, None] - (y1 + b)) / b)
+        planes[0, i] = np.clip((1 - r) * min(a, b) / 4, -4, 4)
+        coefficients[i, i] = 1.0
+    if end2end:
+        rows = np.zeros((1, 300, 6 + protos), np.float32)
+        for i, d in enumerate(dets):
+            rows[0, i] = [*d.box, d.score, d.class_id, *coefficients[i]]
+        return const_model(path, {"output0": rows, "output1": planes}, size=size,
+                           metadata=metadata)
+    head = _grid_rows(size, 4 + classes + protos)
+    for i, d in enumerate(dets):
+        for row, shift, share in ((i * 97, 0.0, 1.0), (i * 97 + 1, 4.0, 0.8)):
+            head[0, :4, row] = _cxcywh(d.box, shift)
+            head[0, 4 + d.class_id, row] = d.score * share
+            head[0, 4 + classes:, row] = coefficients[i]
+    return const_model(path, {"output0": head, "output1": planes}, size=size, metadata=metadata)
+
+
 # --- graph pieces ---------------------------------------------------------------------------------
 
 
@@ -200,6 +264,22 @@ def ssd_outputs(dets: Sequence[Planted], size: tuple[int, int], rows: int = 10
         classes[0, i], scores[0, i] = d.class_id, d.score
     return {"boxes": boxes, "classes": classes, "scores": scores,
             "count": np.array([len(dets)], np.float32)}
+
+
+def _grid_rows(size: tuple[int, int], rows: int) -> np.ndarray:
+    """A YOLO head's ``[1, rows, cells]`` at ``size`` (strides 8, 16, 32), every cell a small
+    box scoring 0.001."""
+    w, h = size
+    cells = sum((w // s) * (h // s) for s in (8, 16, 32))
+    head = np.zeros((1, rows, cells), np.float32)
+    head[0, :4] = np.array([[w / 2], [h / 2], [8.0], [8.0]], np.float32)
+    head[0, 4] = 0.001
+    return head
+
+
+def _cxcywh(box: Box, shift: float) -> list[float]:
+    x1, y1, x2, y2 = box
+    return [(x1 + x2) / 2 + shift, (y1 + y2) / 2 + shift, x2 - x1, y2 - y1]
 
 
 def _image_term() -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:

@@ -598,8 +598,9 @@ def test_unknown_source_type_lists_the_valid_ones(tmp_path: Path) -> None:
     ("part", "problem"),
     [
         (
-            "task: {type: segment}",
-            "task.type: unknown type 'segment'; valid: classify, detect, raw, vad",
+            "task: {type: segmentation}",
+            "task.type: unknown type 'segmentation'; valid: classify, detect, pose, raw, segment,"
+            " vad",
         ),
         (
             "sinks: [{type: stdout}, {type: file}]",

@@ -98,7 +98,7 @@ def test_a_bad_toy_option_names_its_path_and_line(toy: type, images: Path,
         load_config(config)
     config = write_config(tmp_path, images, "{type: tody}")
     with pytest.raises(ConfigError, match=r"\$\.pipelines\[0\]\.task\.type: unknown type 'tody'"
-                                          r"; valid: classify, detect, raw, toy, vad"):
+                                          r"; valid: classify, detect, pose, raw, segment, toy, vad"):
         load_config(config)
 
 

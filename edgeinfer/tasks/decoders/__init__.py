@@ -10,7 +10,7 @@ bound to them and has a ``matches(outputs, metadata)`` test used to pick one for
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 
 from ..._importer import import_from_string
 from ...errors import ConfigError
@@ -20,11 +20,15 @@ from .blazeface import BlazeFaceDecoder, blazeface_anchors
 from .ssd import SsdDecoder
 from .yolo import YoloV5Decoder, YoloV8Decoder
 
-__all__ = ["DECODERS", "BlazeFaceDecoder", "Decoded", "Decoder", "SsdDecoder", "YoloV5Decoder",
-           "YoloV8Decoder", "blazeface_anchors", "decoder_class", "make_decoder",
+__all__ = ["DECODERS", "BlazeFaceDecoder", "Decoded", "Decoder", "Registry", "SsdDecoder",
+           "YoloV5Decoder", "YoloV8Decoder", "blazeface_anchors", "decoder_class", "make_decoder",
            "pick_decoder", "register_decoder"]
 
 logger = logging.getLogger(__name__)
+
+Registry = Mapping[str, str | type[Decoder]]
+"""Decoders by name: ``DECODERS`` for ``detect``; a task with heads of its own (pose,
+segmentation) keeps its own registry of the same shape and passes it to the functions below."""
 
 DECODERS: dict[str, str | type[Decoder]] = {
     "yolov8": "edgeinfer.tasks.decoders.yolo:YoloV8Decoder",
@@ -42,52 +46,56 @@ DECODERS: dict[str, str | type[Decoder]] = {
 }
 
 
-def register_decoder(name: str, decoder: str | type[Decoder]) -> None:
+def register_decoder(name: str, decoder: str | type[Decoder],
+                     registry: MutableMapping[str, str | type[Decoder]] = DECODERS) -> None:
     """Make ``decoder: <name>`` (and ``decoder: auto``) know a decoder.
 
     Args:
         name: The config value.
         decoder: A ``Decoder`` subclass, or ``"module:Class"`` to import when first used.
+        registry: The task's registry (default: ``detect``'s).
 
     Raises:
         ValueError: ``name`` is taken (or ``auto``).
     """
-    if name in DECODERS or name == "auto":
+    if name in registry or name == "auto":
         raise ValueError(f"decoder {name!r} is already registered")
-    DECODERS[name] = decoder
+    registry[name] = decoder
 
 
-def decoder_class(name: str) -> type[Decoder]:
-    """The decoder registered as ``name``.
+def decoder_class(name: str, registry: Registry = DECODERS) -> type[Decoder]:
+    """The decoder registered as ``name`` (in ``registry``).
 
     Raises:
         ConfigError: no such decoder (the valid names are listed).
     """
     try:
-        entry = DECODERS[name]
+        entry = registry[name]
     except KeyError:
-        valid = ", ".join(["auto", *sorted(DECODERS)])
+        valid = ", ".join(["auto", *sorted(registry)])
         raise ConfigError(f"unknown decoder {name!r}; valid: {valid}") from None
     cls: type[Decoder] = import_from_string(entry) if isinstance(entry, str) else entry
     return cls
 
 
 def make_decoder(name: str, outputs: Sequence[TensorSpec], input_size: tuple[int, int],
-                 metadata: Mapping[str, str] | None = None) -> Decoder:
-    """The decoder ``name`` bound to a model's outputs.
+                 metadata: Mapping[str, str] | None = None, registry: Registry = DECODERS
+                 ) -> Decoder:
+    """The decoder ``name`` (of ``registry``) bound to a model's outputs.
 
     Raises:
         ConfigError: unknown decoder, or outputs it cannot read (the shapes are named).
     """
-    decoder = decoder_class(name)(outputs, input_size, metadata)
+    decoder = decoder_class(name, registry)(outputs, input_size, metadata)
     if decoder.doubt is not None:
         logger.warning("decoder %s: %s; the first frames' values are checked", name,
                        decoder.doubt)
     return decoder
 
 
-def pick_decoder(outputs: Sequence[TensorSpec], metadata: Mapping[str, str]) -> tuple[str, str]:
-    """``decoder: auto``: the one registered decoder whose ``matches`` accepts ``outputs``.
+def pick_decoder(outputs: Sequence[TensorSpec], metadata: Mapping[str, str],
+                 registry: Registry = DECODERS) -> tuple[str, str]:
+    """``decoder: auto``: the one decoder of ``registry`` whose ``matches`` accepts ``outputs``.
 
     Returns:
         The decoder's name and why it was picked (for the log and ``edgeinfer info``).
@@ -97,9 +105,9 @@ def pick_decoder(outputs: Sequence[TensorSpec], metadata: Mapping[str, str]) -> 
     """
     fits: list[str] = []
     reasons: list[str] = []
-    for name in DECODERS:
+    for name in registry:
         try:
-            verdict = decoder_class(name).matches(outputs, metadata)
+            verdict = decoder_class(name, registry).matches(outputs, metadata)
         except ImportError as exc:  # a plug-in whose package is missing cannot be the one
             reasons.append(f"decoder {name} cannot be imported: {exc}")
             continue

@@ -34,13 +34,17 @@ class Decoded:
         boxes: ``(N, 4)`` x1, y1, x2, y2.
         scores: ``(N,)``.
         class_ids: ``(N,)`` integers.
-        keypoints: ``(N, K, 2)`` x, y where the model has them (BlazeFace), else ``None``.
+        keypoints: ``(N, K, 2)`` x, y (BlazeFace) or ``(N, K, 3)`` x, y, score (pose) in
+            model-input pixels, where the model has them, else ``None``.
+        coefficients: ``(N, M)`` per-detection values a task reads besides the box (a
+            segmentation head's mask coefficients), else ``None``.
     """
 
     boxes: np.ndarray
     scores: np.ndarray
     class_ids: np.ndarray
     keypoints: np.ndarray | None = None
+    coefficients: np.ndarray | None = None
 
 
 class Decoder(ABC):
