@@ -124,3 +124,8 @@ class ConfigStruct(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, fro
 
     A subclass repeats ``frozen=True``: msgspec inherits it, but mypy's dataclass_transform
     reads it per class (without it: "Non-frozen dataclass cannot inherit from a frozen one")."""
+
+
+class TaggedPart(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True,
+                 tag_field="type"):
+    """Shared options of every tagged part (source, task, sink): picked by its ``type:``."""

@@ -1,4 +1,5 @@
-"""Typed config of a pipeline's parts: sources, tasks, sinks, emission. Field names are a contract.
+"""Typed config of a pipeline's parts: tasks, sinks, emission (sources: ``config.sources``,
+re-exported here). Field names are a contract.
 
 Each part is a tagged union on its ``type:`` key (msgspec picks the struct by tag, and an unknown
 tag is an error that lists the valid ones). These structs import nothing but msgspec: the modules
@@ -18,17 +19,24 @@ import msgspec
 from msgspec import Meta
 
 from ._types import (
-    Arg,
     FilePath,
-    Fps,
     Fraction,
     Interval,
     Milliseconds,
-    Readings,
-    Samples,
-    Seconds,
     Size,
-    TopicFilter,
+    TaggedPart,
+)
+from .sources import (
+    AudioSource,
+    CameraSource,
+    ImagesSource,
+    MqttSource,
+    Picamera2Source,
+    ReconnectConfig,
+    SerialSource,
+    SourceConfig,
+    SyntheticSource,
+    VideoSource,
 )
 
 __all__ = [
@@ -45,165 +53,6 @@ BUILTIN_LABELS = ("coco", "coco91")
 Scale = Annotated[float, Meta(ge=1e-6, le=1e6)]
 Offset = Annotated[float, Meta(ge=-1e6, le=1e6)]
 PerChannel = Meta(min_length=1, max_length=4)
-
-
-class _Part(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True,
-            tag_field="type"):
-    """Shared options of every tagged part."""
-
-
-class ReconnectConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
-    """Exponential backoff of a live source that lost its device or stream.
-
-    Attributes:
-        initial_s: First wait after a failure.
-        max_s: Longest wait; the wait doubles up to it, with up to 20 % jitter.
-        max_attempts: Give up after this many failures in a row (``None``: never; a device
-            unplugged for an hour comes back when plugged in).
-    """
-
-    initial_s: Seconds = 0.5
-    max_s: Seconds = 30.0
-    max_attempts: Annotated[int, Meta(ge=1, le=1_000_000)] | None = None
-
-
-# --- sources -----------------------------------------------------------------------------------
-
-
-class CameraSource(_Part, tag="camera", frozen=True):
-    """OpenCV capture: a V4L2 device (``/dev/video0`` or an index), ``rtsp://``, ``http(s)://``
-    MJPEG, or a GStreamer pipeline (``backend: gstreamer``, ``uri`` ending in ``appsink``).
-
-    Attributes:
-        uri: Device path, device index, stream URL or GStreamer pipeline.
-        width, height, fps: Requested capture mode (the device may pick the nearest).
-        max_fps: Cap on frames handed to the pipeline (frames over it are skipped and counted).
-        backend: ``auto``, ``v4l2``, ``ffmpeg`` or ``gstreamer``.
-        fourcc: Pixel format to ask a V4L2 device for, e.g. ``MJPG``.
-        open_timeout_s: How long opening or reading a stream may take before it counts as lost.
-    """
-
-    uri: Arg | Annotated[int, Meta(ge=0, le=255)] = 0
-    width: Size | None = None
-    height: Size | None = None
-    fps: Fps | None = None
-    max_fps: Fps | None = None
-    backend: Literal["auto", "v4l2", "ffmpeg", "gstreamer"] = "auto"
-    fourcc: Annotated[str, Meta(min_length=4, max_length=4)] | None = None
-    open_timeout_s: Seconds = 10.0
-    reconnect: ReconnectConfig = msgspec.field(default_factory=ReconnectConfig)
-
-
-class Picamera2Source(_Part, tag="picamera2", frozen=True):
-    """The Raspberry Pi CSI camera through picamera2/libcamera (the ``picamera`` extra)."""
-
-    width: Size = 640
-    height: Size = 480
-    fps: Fps | None = None
-    max_fps: Fps | None = None
-    camera: Annotated[int, Meta(ge=0, le=63)] = 0
-    reconnect: ReconnectConfig = msgspec.field(default_factory=ReconnectConfig)
-
-
-class VideoSource(_Part, tag="video", frozen=True):
-    """A video file, read to the end (nothing skipped), optionally looping.
-
-    Attributes:
-        uri: The file.
-        fps: Pace reading to this rate (``None``: as fast as the pipeline takes frames).
-        loop: Start again at the end.
-    """
-
-    uri: FilePath
-    fps: Fps | None = None
-    loop: bool = False
-
-
-class ImagesSource(_Part, tag="images", frozen=True):
-    """Image files: a folder (sorted) or a glob pattern."""
-
-    uri: FilePath
-    fps: Fps | None = None
-    loop: bool = False
-
-
-class SyntheticSource(_Part, tag="synthetic", frozen=True):
-    """A generated moving test pattern, for smoke tests on a device with no camera.
-
-    Attributes:
-        frames: Stop after this many (``None``: run until stopped).
-    """
-
-    width: Size = 640
-    height: Size = 480
-    fps: Fps = 15.0
-    frames: Annotated[int, Meta(ge=1, le=1_000_000_000)] | None = None
-
-
-class AudioSource(_Part, tag="audio", frozen=True):
-    """Raw PCM from a command's stdout (e.g. ``arecord -f S16_LE -r 16000 -c 1 -t raw``) or a
-    WAV file, cut into windows.
-
-    Attributes:
-        command: The command (a list, or a string split like a shell would). Live: restarted
-            with backoff when it exits.
-        path: A WAV file instead of a command.
-        sample_rate, channels, sample_format: What the command writes (a WAV file's header is
-            checked against them).
-        window: Samples per window (per channel; channels are averaged to mono).
-        hop: Samples between window starts (``None``: ``window``, no overlap).
-        realtime: Replay a WAV ``path`` at its sample rate, as a microphone would deliver it
-            (default: as fast as the pipeline takes windows).
-    """
-
-    command: Arg | list[Arg] | None = None
-    path: FilePath | None = None
-    sample_rate: Annotated[int, Meta(ge=1000, le=384000)] = 16000
-    channels: Annotated[int, Meta(ge=1, le=32)] = 1
-    sample_format: Literal["s16le", "s32le", "f32le", "u8"] = "s16le"
-    window: Samples = 512
-    hop: Samples | None = None
-    reconnect: ReconnectConfig = msgspec.field(default_factory=ReconnectConfig)
-    realtime: bool = False
-
-    def __post_init__(self) -> None:
-        if (self.command is None) == (self.path is None):
-            raise ValueError("give exactly one of `command` or `path`")
-
-
-class SerialSource(_Part, tag="serial", frozen=True):
-    """A line-based sensor on a tty (the ``serial`` extra): CSV or JSON per line, windowed.
-
-    Attributes:
-        port: The tty, e.g. ``/dev/ttyUSB0``.
-        format: ``csv`` (numbers separated by commas) or ``json`` (an object per line).
-        fields: Column names (CSV) or keys to read (JSON), in order.
-        window, hop: Readings per window and between window starts.
-    """
-
-    port: FilePath
-    baudrate: Annotated[int, Meta(ge=50, le=12_000_000)] = 115200
-    format: Literal["csv", "json"] = "csv"
-    fields: list[str] = []
-    window: Readings = 1
-    hop: Readings | None = None
-    reconnect: ReconnectConfig = msgspec.field(default_factory=ReconnectConfig)
-
-
-class MqttSource(_Part, tag="mqtt", frozen=True):
-    """Sensor readings arriving as JSON on an MQTT topic, windowed (the broker is ``mqtt:``)."""
-
-    topic: TopicFilter
-    fields: list[str] = []
-    window: Readings = 1
-    hop: Readings | None = None
-    qos: Literal[0, 1] = 1
-
-
-SourceConfig = (
-    CameraSource | Picamera2Source | VideoSource | ImagesSource | SyntheticSource | AudioSource
-    | SerialSource | MqttSource
-)
 
 
 # --- tasks -------------------------------------------------------------------------------------
@@ -238,7 +87,7 @@ class PreprocessConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True,
     crop_fraction: Annotated[float, Meta(ge=0.05, le=1.0)] | None = None
 
 
-class TaskOptions(_Part, frozen=True):
+class TaskOptions(TaggedPart, frozen=True):
     """The base of every task's config struct, a plug-in task's too: unknown keys refused,
     keyword-only, immutable, picked by its ``type:`` tag (``class ToyTask(TaskOptions,
     tag="toy", frozen=True)``).
@@ -419,19 +268,19 @@ def register_task_config(struct: type[TaskOptions]) -> None:
 # --- sinks and emission ------------------------------------------------------------------------
 
 
-class StdoutSink(_Part, tag="stdout", frozen=True):
+class StdoutSink(TaggedPart, tag="stdout", frozen=True):
     """Results on standard output: readable lines, or one JSON object per line."""
 
     format: Literal["text", "json"] = "text"
 
 
-class JsonlSink(_Part, tag="jsonl", frozen=True):
+class JsonlSink(TaggedPart, tag="jsonl", frozen=True):
     """Results appended to a JSON Lines file, flushed after each line."""
 
     path: FilePath
 
 
-class MqttSink(_Part, tag="mqtt", frozen=True):
+class MqttSink(TaggedPart, tag="mqtt", frozen=True):
     """Results published to ``<prefix>/<device>/<pipeline>/result`` (configured under ``mqtt:``)."""
 
     qos: Literal[0, 1] = 1

@@ -247,7 +247,7 @@ def _open(spec: SessionSpec, isolation: str, memory_limit_mb: float | None,
                 logger.warning("the cached choice %s for %s no longer opens (%s); measuring "
                                "again", cached.choice.label(), spec.path.name, exc)
             else:
-                select._annotate(session, cached)
+                select.annotate_decision(session, cached)
                 return session
         return runtime.open_session(spec.replace(probe=False))
     if isolation == "process":

@@ -246,7 +246,7 @@ class Model:
         if current.report.choice == decision.choice:
             if session is not None:
                 session.close()
-            select._annotate(current, decision)
+            select.annotate_decision(current, decision)
             return
         if session is None:
             try:
@@ -261,7 +261,7 @@ class Model:
                            decision.choice.label(), current.provider)
             session.close()
             return
-        select._annotate(session, decision)
+        select.annotate_decision(session, decision)
         session.report.fallbacks[:0] = current.report.fallbacks
         with self._swap_lock:
             if self._session is None:  # closed meanwhile

@@ -111,7 +111,7 @@ class OtaAgent:
         """Before the pipelines start: an update applied but not committed when the daemon
         stopped is undone (its status becomes ``rolled_back``, ``interrupted``)."""
         requests: dict[str, str | None] = {}
-        for folder in self.store._pipeline_dirs():
+        for folder in self.store.pipeline_dirs():
             pending = self.store.pending(folder.name)
             if pending is not None:
                 update = pending.get("update")

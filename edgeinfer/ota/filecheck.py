@@ -16,7 +16,7 @@ from ..errors import (
     OtaRejected,
     UnsafeModelError,
 )
-from ..runtime.modelfile import detect_format, file_sha256, inspect_model
+from ..runtime.modelfile import detect_format, file_sha256, inspect_model, scan_onnx
 
 __all__ = ["check_file"]
 
@@ -101,13 +101,11 @@ def _check_structure(path: Path, found: str, max_model_mb: float) -> None:
 def _external_data(path: Path) -> set[str]:
     """The external-data locations an ONNX file names (empty when it cannot be read: the full
     inspection that follows reports that with its own message)."""
-    from ..runtime.modelfile import _scan_onnx
-
     try:
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             view = memoryview(mm)
             try:
-                return set(_scan_onnx(view, path).external_data)
+                return set(scan_onnx(view, path).external_data)
             finally:
                 view.release()
     except (OSError, ValueError, ModelFormatError):

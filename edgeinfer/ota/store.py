@@ -379,7 +379,7 @@ class ModelStore:
             logger.info("store: removing leftover %s", tmp)
             remove_path(tmp)
         rolled: dict[str, StoreEntry | None] = {}
-        for folder in self._pipeline_dirs():
+        for folder in self.pipeline_dirs():
             if (folder / _PENDING).exists():
                 logger.warning("store: pipeline %s had an uncommitted update; rolling it back",
                                folder.name)
@@ -391,14 +391,15 @@ class ModelStore:
                     _switch_link(link, None)
         return rolled
 
-    def _pipeline_dirs(self) -> Iterator[Path]:
+    def pipeline_dirs(self) -> Iterator[Path]:
+        """The store's per-pipeline folders (real folders with a pipeline's name, no links)."""
         for folder in sorted(self.pipelines.iterdir()):
             if folder.is_dir() and not folder.is_symlink() and _PIPELINE.fullmatch(folder.name):
                 yield folder
 
     def _referenced(self) -> set[Path]:
         refs: set[Path] = set()
-        for folder in self._pipeline_dirs():
+        for folder in self.pipeline_dirs():
             for which in _LINKS:
                 if (target := self._target(folder / which)) is not None:
                     refs.add(target)

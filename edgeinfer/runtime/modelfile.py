@@ -164,7 +164,7 @@ def inspect_model(path: Path, *, max_model_mb: float | None = None,
             if fmt == "onnx":
                 view = memoryview(mm)
                 try:
-                    graph = _scan_onnx(view, path)
+                    graph = scan_onnx(view, path)
                 finally:
                     view.release()  # else a raised error's frames keep the mmap exported
     info = ModelFileInfo(path=path, format=fmt, sha256=sha, size_bytes=size, onnx=graph)
@@ -254,7 +254,7 @@ def _str(buf: memoryview, span: tuple[int, int]) -> str:
     return bytes(buf[span[0] : span[1]]).decode("utf-8", "replace")
 
 
-def _scan_onnx(buf: memoryview, path: Path) -> OnnxGraphInfo:
+def scan_onnx(buf: memoryview, path: Path) -> OnnxGraphInfo:
     info = OnnxGraphInfo()
     init_types: dict[str, int] = {}
     q_zero_points: list[str] = []
@@ -419,4 +419,5 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-__all__ = ["ModelFileInfo", "OnnxGraphInfo", "detect_format", "file_sha256", "inspect_model"]
+__all__ = ["ModelFileInfo", "OnnxGraphInfo", "detect_format", "file_sha256", "inspect_model",
+           "scan_onnx"]

@@ -322,7 +322,7 @@ def open_selected(spec: SessionSpec, gate: Gate | None = None,
             fallbacks.append(Fallback(cached.choice.provider, f"cached choice failed: {exc}"))
             forget(spec, gate_.key)
         else:
-            _annotate(session, cached)
+            annotate_decision(session, cached)
             return session
     decision, measured = measure(spec, gate_, budget_s=budget_s)
     decision.key = cache_key(spec, gate_.key)
@@ -333,13 +333,15 @@ def open_selected(spec: SessionSpec, gate: Gate | None = None,
         session = measured
         if spec.warmup:
             warm_up(session, spec)
-    _annotate(session, decision)
+    annotate_decision(session, decision)
     session.report.fallbacks.extend(fallbacks)
     logger.info("%s: picked %s", spec.path.name, decision.summary())
     return session
 
 
-def _annotate(session: Session, decision: Decision) -> None:
+def annotate_decision(session: Session, decision: Decision) -> None:
+    """Write ``decision`` into ``session``'s load report (selection, summary, and a fallback
+    for each provider asked for by name that cannot run here)."""
     report = session.report
     report.selection = decision.to_dict()
     report.selection["summary"] = decision.summary()
@@ -352,7 +354,8 @@ def _annotate(session: Session, decision: Decision) -> None:
         session.report.choice = decision.choice
 
 
-__all__ = ["TIE", "Cancelled", "Decision", "Gate", "OutputsGate", "Row", "backend_available",
+__all__ = ["TIE", "Cancelled", "Decision", "Gate", "OutputsGate", "Row", "annotate_decision",
+           "backend_available",
            "cache_key", "candidates", "compare_arrays", "default_choice", "forget",
            "load_cached", "measure", "pick", "open_choice", "open_selected", "reference_choice",
            "store"]
