@@ -70,13 +70,14 @@ class DetectTask(Task):
         name, why = (config.decoder, "configured") if config.decoder != "auto" \
             else pick_decoder(model.outputs, hints)
         self.decoder_choice = (name, why)
-        logger.info("%s: decoder %s (%s); labels from %s", model.name, name, why, labels_from)
         self.preprocessor = Preprocessor(_preprocess_config(config, name), model.inputs[0])
         self.decoder: Decoder = make_decoder(name, model.outputs, self.preprocessor.size, hints)
         if self.labels is None:
             self.labels = self.decoder.default_labels
+            labels_from = f"decoder {name}" if self.labels is not None else "none (class ids)"
         else:
             _check_labels(self.labels, labels_from, self.decoder, model.name)
+        logger.info("%s: decoder %s (%s); labels from %s", model.name, name, why, labels_from)
         self._allowed = _class_ids(config.classes, self.labels, self.decoder.num_classes)
         self._check = OutputCheck(self.decoder, self.labels)
 
