@@ -113,7 +113,6 @@ class DetectTask(Task):
         name, why = (config.decoder, "configured") if config.decoder != "auto" \
             else pick_decoder(model.outputs, hints, self.decoders)
         self.decoder_choice = (name, why)
-        logger.info("%s: decoder %s (%s); labels from %s", model.name, name, why, labels_from)
         family = decoder_class(name, self.decoders)
         self.preprocessor = Preprocessor(_preprocess_config(config, family), image,
                                          anchor=family.letterbox)
@@ -123,8 +122,10 @@ class DetectTask(Task):
         self._fixed = self.decoder.fill_inputs([s for s in model.inputs if s is not image])
         if self.labels is None:
             self.labels = self.decoder.default_labels
+            labels_from = f"decoder {name}" if self.labels is not None else "none (class ids)"
         else:
             _check_labels(self.labels, labels_from, self.decoder, model.name)
+        logger.info("%s: decoder %s (%s); labels from %s", model.name, name, why, labels_from)
         self._allowed = _class_ids(config.classes, self.labels, self.decoder.num_classes)
         self._check = OutputCheck(self.decoder, self.labels)
 

@@ -133,7 +133,7 @@ def _several(fits: list[str], have: str) -> ConfigError:
 
 
 def _meta_note(metadata: Mapping[str, str]) -> str:
-    facts = [f"{k} {metadata[k]}" for k in ("task", "imgsz") if k in metadata]
+    facts = [f"task {metadata['task']}"] if "task" in metadata else []
     if "names" in metadata:
         facts.append("class names")
     return f" (metadata: {', '.join(facts)})" if facts else ""
