@@ -17,6 +17,7 @@ import yaml
 from edgeinfer.config import parse_config
 from edgeinfer.config.loader import load_struct
 from edgeinfer.config.collect import CollectConfig
+from edgeinfer.tasks import config_problems
 
 ROOT = Path(__file__).resolve().parents[2]
 DEVICE_KEYS = {"device_id", "runtime", "pipelines", "logging", "mqtt", "metrics", "ota", "http"}
@@ -62,11 +63,12 @@ def test_a_docs_config_block_validates(where: str, block: str, tmp_path: Path,
             text += _pipeline("{type: synthetic, frames: 1}")
         if "ota" in keys and "mqtt" not in keys:
             text += "mqtt: {host: 127.0.0.1}\n"
-        parse_config(text, source=where, base_dir=tmp_path)
+        assert not config_problems(parse_config(text, source=where, base_dir=tmp_path)), where
         return
     assert keys <= PIPELINE_KEYS, f"{where}: keys of no config part: {sorted(keys)}"
     item = {"name": "doc", "model": {"path": "model.onnx"}, **data}
-    parse_config(yaml.safe_dump({"pipelines": [item]}), source=where, base_dir=tmp_path)
+    config = parse_config(yaml.safe_dump({"pipelines": [item]}), source=where, base_dir=tmp_path)
+    assert not config_problems(config), where  # e.g. a decoder name no decoder has
 
 
 def _pipeline(source: str) -> str:
