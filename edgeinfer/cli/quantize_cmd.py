@@ -8,6 +8,7 @@ import sys
 import time
 from typing import Any
 
+from ..errors import ModelError
 from .model_cmds import model_inputs
 
 __all__ = ["add_quantize_arguments", "cmd_quantize", "format_card"]
@@ -75,6 +76,9 @@ def add_quantize_arguments(p: argparse.ArgumentParser) -> None:
                    help="keep the first convolution in float")
     p.add_argument("--exclude-head", action="store_true",
                    help="keep the detection head (the nodes after the last convolutions) in float")
+    p.add_argument("--quantize-head", action="store_true",
+                   help="quantize the decode head too (a Concat/Sigmoid/Softmax after the last "
+                   "convolutions stays float by default: quantized, scores drift)")
     p.add_argument("--samples", type=int, default=100, metavar="N",
                    help="calibration samples to use at most (default: %(default)s)")
     p.add_argument("--held-out", metavar="DIR|VIDEO|NPZ",
@@ -98,7 +102,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
             pipeline=args.pipeline, mode=args.mode, target=args.target, method=args.method,
             per_channel=args.per_channel, exclude_nodes=_names(args.exclude_nodes),
             exclude_types=_names(args.exclude_types), exclude_first_conv=args.exclude_first_conv,
-            exclude_head=args.exclude_head, samples=args.samples, held_out=args.held_out,
+            exclude_head=args.exclude_head, quantize_head=args.quantize_head,
+            samples=args.samples, held_out=args.held_out,
             force=args.force, progress=bar, input_shapes=shapes,
         )
     finally:
@@ -108,6 +113,11 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(card.to_dict(), indent=2, default=str) + "\n")
     else:
         sys.stdout.write(format_card(card.to_dict()))
+    if card.passed is False:  # written for inspection; a script must not ship it as good
+        sys.stderr.write(f"edgeinfer: error: {args.output} fails the accuracy check against "
+                         f"the float model: {'; '.join(card.report['failures'])} (see its card "
+                         f"{card.card_path})\n")
+        return ModelError.exit_code
     return 0
 
 
@@ -150,6 +160,23 @@ def format_card(card: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _drift_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
+    drift = r.get("score_drift")
+    rows: list[tuple[str, str]] = []
+    if drift:
+        rows.append(("recall", f"{_fmt(r['recall_at_threshold'])} of the float boxes found at "
+                               f"score >= {r['score_threshold']}"))
+        rows.append(("score drift", f"|INT8 - float| mean {_fmt(drift['mean_abs'])}, 95 % "
+                                    f"{_fmt(drift['p95_abs'])}, max {_fmt(drift['max_abs'])}; "
+                                    f"KS {_fmt(drift['ks'])}; top score "
+                                    f"{_fmt(drift['quantiles']['float'][-1])} float, "
+                                    f"{_fmt(drift['quantiles']['compared'][-1])} INT8"))
+    if "verdict" in r:
+        rows.append(("verdict", "pass" if r["verdict"] == "pass"
+                     else "FAIL: " + "; ".join(r["failures"])))
+    return rows
+
+
 def _report_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
     if not r.get("samples"):
         return [("accuracy", r.get("note", "not measured"))]
@@ -161,6 +188,7 @@ def _report_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
                                 f"{r['pred_threshold']})"))
         rows.append(("", f"{_fmt(r['map50_same_threshold'])} with INT8 boxes at the same "
                          f"threshold ({r['int8_boxes']} boxes)"))
+        rows += _drift_rows(r)
     elif r["kind"] == "classify":
         rows.append(("top-1 agree", f"{_fmt(r['top1_agreement'])} over {r['samples']} inputs"))
         rows.append(("cosine", f"mean {_fmt(r['cosine_mean'])}, min {_fmt(r['cosine_min'])}"))

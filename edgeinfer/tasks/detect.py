@@ -17,7 +17,7 @@ from ..runtime.gate import Gate
 from .base import Task, label_of, load_labels
 from .decoders import Decoded, Decoder, make_decoder
 from .gates import DetectGate
-from .metrics import PRED_THRESHOLD, Dets, OutputPair, mean_ap
+from .metrics import PRED_THRESHOLD, Dets, OutputPair, mean_ap, score_checks
 from .nms import nms, weighted_nms
 from .preprocess import Preprocessor, Transform
 
@@ -113,7 +113,9 @@ class DetectTask(Task):
     def accuracy_metrics(self, pairs: Sequence[OutputPair]) -> dict[str, Any]:
         """mAP@0.5 of the compared model's detections (decoded at ``PRED_THRESHOLD``, as COCO
         evaluation does, and at this task's threshold), the reference model's detections at
-        this task's threshold taken as the truth."""
+        this task's threshold taken as the truth; and, since mAP only ranks, the recall at this
+        task's threshold and the score drift, with the ``failures`` they make
+        (``metrics.score_checks``)."""
         cfg: DetectConfig = self.config
         low = DetectTask(msgspec.structs.replace(cfg, score_threshold=PRED_THRESHOLD), self.model)
         truth: list[Dets] = []
@@ -136,6 +138,7 @@ class DetectTask(Task):
             "pred_threshold": PRED_THRESHOLD,
             "float_boxes": int(sum(len(t[0]) for t in truth)),
             "int8_boxes": int(sum(len(t[0]) for t in same)),
+            **score_checks(truth, same, lowered, float(cfg.score_threshold)),
         }
 
 
