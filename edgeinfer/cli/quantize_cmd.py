@@ -147,10 +147,15 @@ def format_card(card: dict[str, Any]) -> str:
                                     f"({card['calibration']['kind']}: "
                                     f"{card['calibration']['source']})"))
     excluded = len(s["exclude_nodes"])
-    if excluded or s["exclude_types"]:
-        kept = f"{excluded} nodes" + (f", types {', '.join(s['exclude_types'])}"
-                                      if s["exclude_types"] else "")
+    head = len(s.get("float_head") or ())
+    if excluded or s["exclude_types"] or head:
+        kept = ", ".join(part for part in (
+            f"{excluded} nodes" if excluded else "",
+            f"types {', '.join(s['exclude_types'])}" if s["exclude_types"] else "",
+            f"the decode head ({head} nodes)" if head else "") if part)
         rows.append(("kept float", kept))
+    if s.get("opset_upgrade"):
+        rows.append(("opset", s["opset_upgrade"]))
     held = card.get("held_out")
     if held:
         rows.append(("held out", f"{held['count']} samples, {held['from']}"))

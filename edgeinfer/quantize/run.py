@@ -57,8 +57,8 @@ from .graph import (
 )
 from .write import METHODS, ModelCard, Progress, task_tag, write_quantized
 
-__all__ = ["FLOAT_TYPES", "MIN_SAMPLES", "TARGETS", "ModelCard", "first_conv", "graph_op_types",
-           "head_nodes", "is_recurrent", "output_nodes", "quantize_model"]
+__all__ = ["FLOAT_TYPES", "MIN_SAMPLES", "TARGETS", "ModelCard", "decode_head", "first_conv",
+           "graph_op_types", "head_nodes", "is_recurrent", "output_nodes", "quantize_model"]
 
 logger = logging.getLogger("edgeinfer.quantize")  # its name before the package; users filter on it
 
