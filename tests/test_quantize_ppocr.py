@@ -49,7 +49,7 @@ def test_classifier_loads_and_agrees(ppocr_cls_path: Path, tmp_path: Path) -> No
     truth = [1 if i % 2 == 0 else 0 for i in range(len(held))]  # every 2nd line upside down
     assert sum(int(r.argmax()) == t for r, t in zip(ref, truth)) >= 10  # the data is fair
     assert all(int(a.argmax()) == int(b.argmax()) for a, b in zip(ref, q))
-    assert max(float(np.abs(a - b).max()) for a, b in zip(ref, q)) < 0.15
+    assert max(float(np.abs(a - b).max()) for a, b in zip(ref, q)) < 0.05  # measured: 0.004
 
 
 def _regions(prob: np.ndarray) -> list[np.ndarray]:
@@ -69,12 +69,13 @@ def test_detector_finds_the_same_text(ppocr_det_path: Path, tmp_path: Path) -> N
     held = det_inputs(6, (320, 320), seed=4)
     out, card = _quantize(ppocr_det_path, tmp_path, det_inputs(12, (320, 320), seed=3), held)
     assert card["settings"]["float_head"]  # the DB head's Sigmoid and what leads to it
-    found = total = 0
+    best = []
     for a, b in zip(_answers(ppocr_det_path, held), _answers(out, held)):
-        ref, got = _regions(a), _regions(b)
-        total += len(ref)
-        found += sum(max((_iou(r, g) for g in got), default=0.0) >= 0.5 for r in ref)
-    assert total >= 18 and found / total >= 0.9
+        got = _regions(b)
+        best += [max((_iou(r, g) for g in got), default=0.0) for r in _regions(a)]
+    # measured: all 32 float text regions found, median IoU 0.91
+    assert len(best) >= 18 and np.mean(np.asarray(best) >= 0.5) >= 0.9
+    assert np.median(best) >= 0.8
 
 
 @pytest.mark.slow
@@ -87,7 +88,8 @@ def test_recognizer_reads_the_same_text(ppocr_rec_path: Path, tmp_path: Path) ->
     ref = ["".join(ctc_text(p, chars).split()) for p in _answers(ppocr_rec_path, held)]
     got = ["".join(ctc_text(p, chars).split()) for p in _answers(out, held)]
     wrong = sum(_edits(a, b) for a, b in zip(ref, got)) / sum(len(a) for a in ref)
-    assert wrong <= 0.1 and sum(a == b for a, b in zip(ref, got)) >= len(ref) // 2
+    # measured: 7 of 8 lines read the same, 1 character of 64 differs ("Room101": "Ro0m101")
+    assert wrong <= 0.05 and sum(a == b for a, b in zip(ref, got)) >= 6
 
 
 def _edits(a: str, b: str) -> int:
