@@ -45,6 +45,7 @@ SIZE = 320
 VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     "exclude-head": {"exclude_head": True},
+    "quantized-head": {"quantize_head": True},
     "minmax": {"method": "minmax"},
 }
 CONFIG = """\

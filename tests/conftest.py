@@ -69,6 +69,24 @@ def silero_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def ppocr_cls_path() -> Path:
+    """PP-OCR text direction classifier (Paddle export, opset 11), x 1x3x48x192."""
+    return _example("ppocr-cls")
+
+
+@pytest.fixture(scope="session")
+def ppocr_det_path() -> Path:
+    """PP-OCRv4 text detector (Paddle export, opset 12), x 1x3xHxW."""
+    return _example("ppocr-det")
+
+
+@pytest.fixture(scope="session")
+def ppocr_rec_path() -> Path:
+    """PP-OCRv4 text recognizer (Paddle export, opset 12), x 1x3x48xW."""
+    return _example("ppocr-rec")
+
+
+@pytest.fixture(scope="session")
 def mqtt_broker():  # type: ignore[no-untyped-def]
     """(host, port) of a real mosquitto on loopback: ``EDGEINFER_TEST_BROKER`` when set (the
     arm64 emulation run points it at a broker on the host), else one started for the session."""

@@ -8,6 +8,7 @@ import sys
 import time
 from typing import Any
 
+from ..errors import ModelError
 from .model_cmds import model_inputs
 
 __all__ = ["add_quantize_arguments", "cmd_quantize", "format_card"]
@@ -75,6 +76,9 @@ def add_quantize_arguments(p: argparse.ArgumentParser) -> None:
                    help="keep the first convolution in float")
     p.add_argument("--exclude-head", action="store_true",
                    help="keep the detection head (the nodes after the last convolutions) in float")
+    p.add_argument("--quantize-head", action="store_true",
+                   help="quantize the decode head too (a Concat/Sigmoid/Softmax after the last "
+                   "convolutions stays float by default: quantized, scores drift)")
     p.add_argument("--samples", type=int, default=100, metavar="N",
                    help="calibration samples to use at most (default: %(default)s)")
     p.add_argument("--held-out", metavar="DIR|VIDEO|NPZ",
@@ -98,7 +102,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
             pipeline=args.pipeline, mode=args.mode, target=args.target, method=args.method,
             per_channel=args.per_channel, exclude_nodes=_names(args.exclude_nodes),
             exclude_types=_names(args.exclude_types), exclude_first_conv=args.exclude_first_conv,
-            exclude_head=args.exclude_head, samples=args.samples, held_out=args.held_out,
+            exclude_head=args.exclude_head, quantize_head=args.quantize_head,
+            samples=args.samples, held_out=args.held_out,
             force=args.force, progress=bar, input_shapes=shapes,
         )
     finally:
@@ -108,6 +113,11 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(card.to_dict(), indent=2, default=str) + "\n")
     else:
         sys.stdout.write(format_card(card.to_dict()))
+    if card.passed is False:  # written for inspection; a script must not ship it as good
+        sys.stderr.write(f"edgeinfer: error: {args.output} fails the accuracy check against "
+                         f"the float model: {'; '.join(card.report['failures'])} (see its card "
+                         f"{card.card_path})\n")
+        return ModelError.exit_code
     return 0
 
 
@@ -129,10 +139,15 @@ def format_card(card: dict[str, Any]) -> str:
                                     f"({card['calibration']['kind']}: "
                                     f"{card['calibration']['source']})"))
     excluded = len(s["exclude_nodes"])
-    if excluded or s["exclude_types"]:
-        kept = f"{excluded} nodes" + (f", types {', '.join(s['exclude_types'])}"
-                                      if s["exclude_types"] else "")
+    head = len(s.get("float_head") or ())
+    if excluded or s["exclude_types"] or head:
+        kept = ", ".join(part for part in (
+            f"{excluded} nodes" if excluded else "",
+            f"types {', '.join(s['exclude_types'])}" if s["exclude_types"] else "",
+            f"the decode head ({head} nodes)" if head else "") if part)
         rows.append(("kept float", kept))
+    if s.get("opset_upgrade"):
+        rows.append(("opset", s["opset_upgrade"]))
     held = card.get("held_out")
     if held:
         rows.append(("held out", f"{held['count']} samples, {held['from']}"))
@@ -147,4 +162,8 @@ def _report_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
         return [("accuracy", r.get("note", "not measured"))]
     from ..tasks import task_for_gate  # inside: numpy, not for --help
 
-    return task_for_gate(r["kind"]).accuracy_rows(r)
+    rows = task_for_gate(r["kind"]).accuracy_rows(r)
+    if "verdict" in r:  # any task's checks: a failed one fails the model
+        rows.append(("verdict", "pass" if r["verdict"] == "pass"
+                     else "FAIL: " + "; ".join(r["failures"])))
+    return rows

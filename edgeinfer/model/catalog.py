@@ -88,6 +88,35 @@ CATALOG: dict[str, CatalogModel] = {
             input_shapes=(("input", (1, 512)), ("state", (2, 1, 128))),
             warmup_inputs=(("sr", 16000),),
         ),
+        # PaddleOCR's models as Paddle2ONNX exports them (opset 11/12, fused-bias convolutions,
+        # HardSwish/SE blocks): what `edgeinfer quantize` is tested on beside YOLO.
+        CatalogModel(
+            name="ppocr-cls",
+            package="rapidocr-onnxruntime==1.4.4",
+            member="rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
+            sha256="e47acedf663230f8863ff1ab0e64dd2d82b838fceb5957146dab185a89d6215c",
+            description="PP-OCR mobile v2.0 text direction classifier (Paddle export, opset 11): "
+            "x 1x3x48x192 float (x/255-0.5)/0.5 -> 1x2 softmax (0 upright, 180 degrees)",
+            input_shapes=(("x", (1, 3, 48, 192)),),
+        ),
+        CatalogModel(
+            name="ppocr-det",
+            package="rapidocr-onnxruntime==1.4.4",
+            member="rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
+            sha256="d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9",
+            description="PP-OCRv4 text detector (DB, Paddle export, opset 12): x 1x3xHxW "
+            "(multiples of 32, ImageNet mean/std) -> 1x1xHxW text probability map",
+            input_shapes=(("x", (1, 3, 640, 640)),),
+        ),
+        CatalogModel(
+            name="ppocr-rec",
+            package="rapidocr-onnxruntime==1.4.4",
+            member="rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
+            sha256="48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b",
+            description="PP-OCRv4 text line recognizer (SVTR-LCNet, Paddle export, opset 12): "
+            "x 1x3x48xW (x/255-0.5)/0.5 -> 1x(W/8)x6625 CTC softmax (characters in metadata)",
+            input_shapes=(("x", (1, 3, 48, 320)),),
+        ),
     )
 }
 

@@ -3,7 +3,8 @@ an accuracy report against the float original.
 
 - ``run``: the options and settings (static or dynamic, the layout per target CPU);
 - ``write``: quantizing with onnxruntime's tooling, and the model and its card written in place;
-- ``graph``: reading the ONNX graph (what to exclude: the first conv, the detection head);
+- ``graph``: reading the ONNX graph (what to exclude: the first conv, the detection head, the
+  decode head kept float by default), and the opset per-channel scales need;
 - ``accuracy``: calibration and held-out samples, and the quantized model's accuracy.
 """
 
@@ -14,6 +15,7 @@ from .run import (
     MIN_SAMPLES,
     TARGETS,
     ModelCard,
+    decode_head,
     first_conv,
     graph_op_types,
     head_nodes,
@@ -22,5 +24,5 @@ from .run import (
     quantize_model,
 )
 
-__all__ = ["FLOAT_TYPES", "MIN_SAMPLES", "TARGETS", "ModelCard", "first_conv", "graph_op_types",
-           "head_nodes", "is_recurrent", "output_nodes", "quantize_model"]
+__all__ = ["FLOAT_TYPES", "MIN_SAMPLES", "TARGETS", "ModelCard", "decode_head", "first_conv",
+           "graph_op_types", "head_nodes", "is_recurrent", "output_nodes", "quantize_model"]

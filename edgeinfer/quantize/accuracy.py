@@ -9,7 +9,8 @@ Which report depends on the task the model serves:
 - ``detect``: mAP@0.5 of the INT8 detections, the float model's detections (at the task's
   score threshold, after its NMS) taken as ground truth; AP per class with all-point
   interpolation (the area under the precision envelope, VOC 2010+ / COCO style), averaged over
-  the classes that have float boxes.
+  the classes that have float boxes; recall at the task's threshold and the score drift, which
+  give the report its ``verdict``.
 - ``classify``: top-1 agreement and the cosine similarity of the score vectors.
 - anything else: per output, cosine similarity and the largest absolute error.
 """
@@ -193,11 +194,15 @@ def accuracy_report(float_model: Model, int8_model: Model, task: Task,
         feeds: The held-out inputs.
 
     Returns:
-        The report: ``kind``, ``samples``, the task's metrics and ``outputs`` (per tensor).
+        The report: ``kind``, ``samples``, the task's metrics and ``outputs`` (per tensor); and
+        ``verdict`` (``pass`` or ``fail``) where the task's metrics judge (they give
+        ``failures``, the reasons to fail: detect does).
     """
     pairs = [(_outputs(float_model, task, f), _outputs(int8_model, task, f)) for f in feeds]
     report: dict[str, Any] = {"kind": task.gate_key, "samples": len(pairs)}
     report.update(task.accuracy_metrics(pairs))
+    if "failures" in report:
+        report["verdict"] = "fail" if report["failures"] else "pass"
     report["outputs"] = _output_report(pairs)
     return report
 

@@ -15,15 +15,58 @@ from ..errors import ConfigError, ModelError
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["exclusions", "first_conv", "graph_op_types", "head_nodes", "name_nodes", "op_types",
-           "output_nodes", "prepare"]
+__all__ = ["DECODE_OPS", "PER_CHANNEL_OPSET", "decode_head", "exclusions", "first_conv",
+           "graph_op_types", "head_nodes", "name_nodes", "op_types", "output_nodes", "prepare",
+           "upgrade_opset"]
 
 logger = logging.getLogger("edgeinfer._qgraph")  # its name before the package
 
 _CWD_LOCK = threading.Lock()  # the working directory is the process's: one change at a time
 
 
+PER_CHANNEL_OPSET = 13
+"""The first opset whose QuantizeLinear/DequantizeLinear take an ``axis`` (one scale per output
+channel). onnxruntime's quantizer writes per-channel scales with ``axis`` whatever the model's
+opset, and does not raise the opset for it: Paddle's exports (PP-OCR, opset 11/12) came out as
+models onnxruntime refuses (``INVALID_GRAPH ... DequantizeLinear ... Unrecognized attribute:
+axis``, first met on the int32 bias of a Conv that graph optimization fused with its Add)."""
+
+
 # --- graph ------------------------------------------------------------------------------------
+
+def upgrade_opset(src: Path, work: Path, per_channel: bool) -> tuple[Path, str | None]:
+    """``src`` converted to `PER_CHANNEL_OPSET` (in ``work``) when per-channel quantization
+    needs it, with a note saying so; ``src`` itself and ``None`` when it does not.
+
+    Raises:
+        ModelError: onnx's version converter cannot convert the model (the message names the
+            ways out).
+    """
+    import onnx
+    from onnx import version_converter
+
+    if not per_channel:
+        return src, None
+    proto = onnx.load(str(src))
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None or opset >= PER_CHANNEL_OPSET:
+        return src, None
+    try:
+        converted = version_converter.convert_version(proto, PER_CHANNEL_OPSET)
+        onnx.checker.check_model(converted)
+    except Exception as exc:  # the converter raises bare RuntimeErrors/ValidationErrors
+        raise ModelError(
+            f"{src.name} is opset {opset}; per-channel INT8 weights need opset "
+            f"{PER_CHANNEL_OPSET} (DequantizeLinear's axis) and onnx cannot convert it "
+            f"({type(exc).__name__}: {exc}). Export the model at opset {PER_CHANNEL_OPSET} or "
+            "later, or quantize with one scale per tensor (--no-per-channel)") from exc
+    out = work / f"opset{PER_CHANNEL_OPSET}.onnx"
+    onnx.save(converted, str(out))
+    logger.info("%s: opset %d converted to %d for per-channel quantization", src.name, opset,
+                PER_CHANNEL_OPSET)
+    return out, (f"opset {opset} -> {PER_CHANNEL_OPSET} (per-channel scales need "
+                 "DequantizeLinear's axis)")
+
 
 def prepare(src: Path, work: Path) -> tuple[Path, str]:
     """onnxruntime's pre-processing (shape inference, graph optimization); without symbolic
@@ -106,6 +149,25 @@ def head_nodes(proto: onnx.ModelProto) -> list[str]:
             feature_conv(c) or feeds_conv.get(c.name, False)
             for out in node.output for c in consumers.get(out, ()))
     return [n.name for n in proto.graph.node if not feeds_conv[n.name] and not feature_conv(n)]
+
+
+DECODE_OPS = frozenset({"Concat", "Sigmoid", "Softmax"})
+"""Operators that make a head a decode head: the box/score Concat and the score activations."""
+
+
+def decode_head(proto: onnx.ModelProto) -> list[str]:
+    """The decode head: `head_nodes` when they hold a `DECODE_OPS` operator, else none.
+
+    Kept in float by default. Quantized, a head turns scores into a handful of levels (a
+    Sigmoid's output gets one INT8 scale for 0..1: percentile calibration on mostly-empty
+    frames clipped a YOLO-style head's scores at 0.85) or mixes box pixels and scores in one
+    Concat scale; left float it costs little (a detector's or classifier's last arithmetic, no
+    feature layer), and the convolutions before it stay INT8.
+    """
+    head = head_nodes(proto)
+    names = set(head)
+    ops = {n.op_type for n in proto.graph.node if n.name in names}
+    return head if ops & DECODE_OPS else []
 
 
 _COMPUTE_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})

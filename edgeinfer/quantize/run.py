@@ -46,6 +46,7 @@ from ..tasks.base import Task
 from ..tasks.vad import silero_load_options
 from .accuracy import MIN_SAMPLES, collect
 from .graph import (
+    decode_head,
     exclusions,
     first_conv,
     graph_op_types,
@@ -53,11 +54,12 @@ from .graph import (
     name_nodes,
     output_nodes,
     prepare,
+    upgrade_opset,
 )
 from .write import METHODS, ModelCard, Progress, task_tag, write_quantized
 
-__all__ = ["FLOAT_TYPES", "MIN_SAMPLES", "TARGETS", "ModelCard", "first_conv", "graph_op_types",
-           "head_nodes", "is_recurrent", "output_nodes", "quantize_model"]
+__all__ = ["FLOAT_TYPES", "MIN_SAMPLES", "TARGETS", "ModelCard", "decode_head", "first_conv",
+           "graph_op_types", "head_nodes", "is_recurrent", "output_nodes", "quantize_model"]
 
 logger = logging.getLogger("edgeinfer.quantize")  # its name before the package; users filter on it
 
@@ -95,6 +97,7 @@ def quantize_model(
     exclude_types: Iterable[str] = (),
     exclude_first_conv: bool = False,
     exclude_head: bool = False,
+    quantize_head: bool = False,
     samples: int = 100,
     held_out: str | os.PathLike[str] | None = None,
     force: bool = False,
@@ -123,6 +126,9 @@ def quantize_model(
             the target's `FLOAT_TYPES`).
         exclude_first_conv: Keep the first convolution in float.
         exclude_head: Keep the nodes after the last feature convolution in float.
+        quantize_head: Quantize the decode head too (a head with a Concat, Sigmoid or Softmax
+            after the last feature convolution, which stays float by default: see
+            ``graph.decode_head``).
         samples: Calibration samples to use at most.
         held_out: Inputs for the accuracy report; default: samples of ``calibration`` left out
             of calibration.
@@ -148,8 +154,9 @@ def quantize_model(
                          target=target, method=method, per_channel=per_channel,
                          exclude_nodes=exclude_nodes, exclude_types=exclude_types,
                          exclude_first_conv=exclude_first_conv, exclude_head=exclude_head,
-                         samples=samples, held_out=held_out, force=force, progress=progress,
-                         reduce_range=reduce_range, input_shapes=input_shapes)
+                         quantize_head=quantize_head, samples=samples, held_out=held_out,
+                         force=force, progress=progress, reduce_range=reduce_range,
+                         input_shapes=input_shapes)
 
 
 def _onnxruntime_quiet() -> contextlib.AbstractContextManager[None]:
@@ -161,7 +168,7 @@ def _quantize(model: str | os.PathLike[str], output: str | os.PathLike[str],
               calibration: str | os.PathLike[str] | None, *, config: Any, pipeline: str | None,
               mode: str, target: str, method: str, per_channel: bool,
               exclude_nodes: Iterable[str], exclude_types: Iterable[str],
-              exclude_first_conv: bool, exclude_head: bool, samples: int,
+              exclude_first_conv: bool, exclude_head: bool, quantize_head: bool, samples: int,
               held_out: str | os.PathLike[str] | None, force: bool, progress: Progress | None,
               reduce_range: bool | None, input_shapes: Mapping[str, Sequence[int]] | None
               ) -> ModelCard:
@@ -192,14 +199,20 @@ def _quantize(model: str | os.PathLike[str], output: str | os.PathLike[str],
         calib, held, data_card = collect(task, float_model, calibration, held_out, samples,
                                          chosen, warnings)
         with tempfile.TemporaryDirectory(prefix="edgeinfer-quantize-") as work:
-            prepared, prep_note = prepare(src, Path(work))
+            upgraded, opset_note = upgrade_opset(src, Path(work), per_channel)
+            prepared, prep_note = prepare(upgraded, Path(work))
             proto = name_nodes(prepared)
             excluded = exclusions(proto, src, exclude_nodes, exclude_first_conv, exclude_head,
                                    warnings)
             settings = _settings(chosen, arch, method, per_channel, excluded, exclude_types,
                                  exclude_first_conv, exclude_head, prep_note,
                                  REDUCE_RANGE[arch] if reduce_range is None else reduce_range)
-            settings["float_outputs"] = [n for n in output_nodes(proto) if n not in excluded]
+            outputs = [n for n in output_nodes(proto) if n not in excluded]
+            settings["float_outputs"] = outputs
+            settings["quantize_head"] = quantize_head
+            settings["float_head"] = [] if quantize_head else [
+                n for n in decode_head(proto) if n not in excluded and n not in outputs]
+            settings["opset_upgrade"] = opset_note
             return write_quantized(src, info, out, float_model, task, task_cfg, calib, held,
                                    data_card, settings, warnings, load_opts, progress,
                                    Path(work), proto)

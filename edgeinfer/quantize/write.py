@@ -65,6 +65,13 @@ class ModelCard:
         return report
 
     @property
+    def passed(self) -> bool | None:
+        """Whether the report's checks pass (``None`` where the task's report does not judge:
+        only detect's does, on recall at its threshold and score drift)."""
+        verdict = self.report.get("verdict")
+        return None if verdict is None else verdict == "pass"
+
+    @property
     def warnings(self) -> list[str]:
         """Warnings raised while quantizing (few samples, skipped files, ...)."""
         return list(self.data.get("warnings") or [])
@@ -166,7 +173,7 @@ def _quantize_static(named: Path, tmp: Path, proto: onnx.ModelProto, calib: Sequ
                 reduce_range=settings["reduce_range"],
                 activation_type=getattr(QuantType, settings["activation_type"]),
                 weight_type=getattr(QuantType, settings["weight_type"]),
-                nodes_to_exclude=settings["exclude_nodes"] + settings["float_outputs"],
+                nodes_to_exclude=_float_nodes(settings),
                 calibrate_method=getattr(CalibrationMethod, METHODS[settings["method"]]),
             )
     except (ModelError, ConfigError):
@@ -176,6 +183,11 @@ def _quantize_static(named: Path, tmp: Path, proto: onnx.ModelProto, calib: Sequ
     finally:
         if chatter.getvalue():
             logger.debug("onnxruntime calibration: %s", chatter.getvalue().strip())
+
+
+def _float_nodes(settings: dict[str, Any]) -> list[str]:
+    """Every node the settings keep in float: excluded, output writers, the decode head."""
+    return [*settings["exclude_nodes"], *settings["float_outputs"], *settings["float_head"]]
 
 
 def _umask() -> int:
@@ -207,7 +219,7 @@ def _quantize_dynamic(named: Path, tmp: Path, proto: onnx.ModelProto,
                          per_channel=settings["per_channel"],
                          reduce_range=settings["reduce_range"],
                          weight_type=getattr(QuantType, settings["weight_type"]),
-                         nodes_to_exclude=settings["exclude_nodes"] + settings["float_outputs"],
+                         nodes_to_exclude=_float_nodes(settings),
                          extra_options={"EnableSubgraph": True})
     except (ModelError, ConfigError):
         raise
@@ -229,6 +241,10 @@ def _card(src: Path, info: ModelFileInfo, tmp: Path, out: Path, float_model: Mod
         raise ModelError(f"nothing in {src.name} was quantized (every quantizable node is "
                          "excluded?)")
     report = measure(tmp, float_model, task, held, load_opts)
+    for why in report.get("failures") or ():
+        msg = f"the INT8 model fails the accuracy check: {why}"
+        warnings.append(msg)
+        logger.warning("%s", msg)
     return {
         "format": CARD_FORMAT,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -29,7 +29,7 @@ from .decoders import (
 from .decoders.sanity import OutputCheck
 from .gates import DetectGate
 from .labels import file_metadata, find_labels, looks_like_coco80
-from .metrics import PRED_THRESHOLD, Dets, OutputPair, fmt_metric, mean_ap
+from .metrics import PRED_THRESHOLD, Dets, OutputPair, fmt_metric, mean_ap, score_checks
 from .nms import nms, weighted_nms
 from .preprocess import Preprocessor, Transform
 
@@ -204,7 +204,9 @@ class DetectTask(Task):
     def accuracy_metrics(self, pairs: Sequence[OutputPair]) -> dict[str, Any]:
         """mAP@0.5 of the compared model's detections (decoded at ``PRED_THRESHOLD``, as COCO
         evaluation does, and at this task's threshold), the reference model's detections at
-        this task's threshold taken as the truth."""
+        this task's threshold taken as the truth; and, since mAP only ranks, the recall at this
+        task's threshold and the score drift, with the ``failures`` they make
+        (``metrics.score_checks``)."""
         cfg: DetectConfig = self.config
         low = type(self)(msgspec.structs.replace(cfg, score_threshold=PRED_THRESHOLD), self.model)
         truth: list[Dets] = []
@@ -227,6 +229,7 @@ class DetectTask(Task):
             "pred_threshold": PRED_THRESHOLD,
             "float_boxes": int(sum(len(t[0]) for t in truth)),
             "int8_boxes": int(sum(len(t[0]) for t in same)),
+            **score_checks(truth, same, lowered, float(cfg.score_threshold)),
         }
 
     @classmethod
@@ -239,8 +242,24 @@ class DetectTask(Task):
                         f"INT8 boxes from {r['pred_threshold']})"),
             ("", f"{f(r['map50_same_threshold'])} with INT8 boxes at the same threshold "
                  f"({r['int8_boxes']} boxes)"),
+            *_drift_rows(r),
             *super().accuracy_rows(report),
         ]
+
+
+def _drift_rows(r: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Recall at the task's threshold and how the INT8 scores drifted (mAP only ranks)."""
+    drift, f = r.get("score_drift"), fmt_metric
+    if not drift:
+        return []
+    return [
+        ("recall", f"{f(r['recall_at_threshold'])} of the float boxes found at score >= "
+                   f"{r['score_threshold']}"),
+        ("score drift", f"|INT8 - float| mean {f(drift['mean_abs'])}, 95 % {f(drift['p95_abs'])}, "
+                        f"max {f(drift['max_abs'])}; KS {f(drift['ks'])}; top score "
+                        f"{f(drift['quantiles']['float'][-1])} float, "
+                        f"{f(drift['quantiles']['compared'][-1])} INT8"),
+    ]
 
 
 def _take(d: Decoded, idx: Any) -> Decoded:
