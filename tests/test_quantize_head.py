@@ -24,7 +24,7 @@ from edgeinfer.testing.detector_models import conv_detector_model, detector_imag
 
 SIZE = 64
 CONFIG = DetectTask(decoder="yolov8", preprocess=PreprocessConfig(size=[SIZE, SIZE]))
-HEAD = ["box_grid", "box_rows", "cls_rows", "scores", "head"]
+HEAD = ["box_grid", "box_rows", "cls_rows", "scores", "head", "grid_rows"]
 
 
 @pytest.fixture(scope="module")

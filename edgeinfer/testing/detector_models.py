@@ -12,6 +12,7 @@ half covered in between: scores spread over (0, 1), as a real detector's do.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import cv2
@@ -64,9 +65,13 @@ def conv_detector_model(path: Path, size: int = 64, seed: int = 0, *, tail: bool
         helper.make_node("Reshape", ["box_map", "box_shape"], ["boxes"], name="box_rows"),
         helper.make_node("Reshape", ["logits", "cls_shape"], ["logit_rows"], name="cls_rows"),
         helper.make_node("Sigmoid", ["logit_rows"], ["scores"], name="scores"),
-        helper.make_node("Concat", ["boxes", "scores"], ["rows" if tail else "output0"],
-                         name="head", axis=1),
+        helper.make_node("Concat", ["boxes", "scores"], ["cells"], name="head", axis=1),
+        # The rows of the coarser strides an Ultralytics head would also have (16 and 32: one
+        # per cell each), empty here: the output is a real YOLO grid's row count.
+        helper.make_node("Concat", ["cells", "coarse"], ["rows" if tail else "output0"],
+                         name="grid_rows", axis=2),
     ]
+    inits.append(numpy_helper.from_array(np.zeros((1, 6, _coarse(size)), np.float32), "coarse"))
     if tail:
         inits.append(numpy_helper.from_array(np.array([1, 6, -1], np.int64), "out_shape"))
         nodes.append(helper.make_node("Reshape", ["rows", "out_shape"], ["output0"],
@@ -74,13 +79,19 @@ def conv_detector_model(path: Path, size: int = 64, seed: int = 0, *, tail: bool
     graph = helper.make_graph(
         nodes, "conv_detector",
         [helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, size, size])],
-        [helper.make_tensor_value_info("output0", TensorProto.FLOAT, [1, 6, cells * cells])],
+        [helper.make_tensor_value_info("output0", TensorProto.FLOAT,
+                                       [1, 6, cells * cells + _coarse(size)])],
         initializer=inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
     return Path(path)
+
+
+def _coarse(size: int) -> int:
+    """Grid cells of strides 16 and 32 over a ``size`` x ``size`` input."""
+    return sum(math.ceil(size / stride) ** 2 for stride in (16, 32))
 
 
 def detector_images(folder: Path, n: int, size: int = 64, seed: int = 0) -> Path:
