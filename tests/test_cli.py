@@ -184,3 +184,17 @@ def test_validate_config_refuses_an_unknown_decoder_without_a_model(tmp_path: Pa
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 78, done
     assert "$.pipelines[0].task.decoder: unknown decoder 'yolo'; valid: auto," in done.stderr
+
+
+def test_info_task_says_which_decoder_reads_the_model_and_why(yolo_path: Path) -> None:
+    """`info --task detect` names the decoder auto picks, why, and where the labels come from;
+    a task the model does not fit is refused with the reason (exit 65)."""
+    run = [sys.executable, "-m", "edgeinfer", "info", str(yolo_path), "--no-probe", "--json"]
+    done = subprocess.run([*run, "--task", "detect"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    task = json.loads(done.stdout)["task"]
+    assert (task["type"], task["decoder"], task["classes"]) == ("detect", "yolov8", 18)
+    assert "metadata" in task["labels_from"] and "fits output0 [1, 22, 2100]" in task["why"]
+    done = subprocess.run([*run, "--task", "pose"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 65, done
+    assert "use task: {type: detect}, not pose" in json.loads(done.stdout)["task"]["refused"]

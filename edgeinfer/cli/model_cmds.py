@@ -55,6 +55,10 @@ def add_info_arguments(p: argparse.ArgumentParser) -> None:
                      "quantization, size, sha256, provider and fallbacks.")
     p.add_argument("model", help="ONNX or TFLite file, or an example model name (see `models`)")
     _add_model_options(p)
+    p.add_argument("--task", metavar="TYPE",
+                   help="also say how `task: {type: TYPE}` (detect, pose, segment, classify...) "
+                        "reads the model with its defaults: the decoder picked and why, the labels "
+                        "and where they come from, or why it is refused (exit 65)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -78,6 +82,23 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-mb", type=float, help="refuse larger model files (default 512)")
 
 
+def _task_reading(kind: str, model: Any) -> dict[str, Any]:
+    """How a ``task: {type: KIND}`` with its defaults reads ``model`` (``Task.describe``), or
+    ``{"type": kind, "refused": why}``."""
+    from ..config.pipeline import TASK_CONFIGS  # inside: with the tasks, numpy and OpenCV
+    from ..tasks import make_task
+
+    struct = TASK_CONFIGS.members.get(kind)
+    if struct is None:
+        valid = ", ".join(sorted(TASK_CONFIGS.members))
+        raise ConfigError(f"--task {kind!r}: no such task type; valid: {valid}")
+    try:
+        task = make_task(struct(), model)
+    except ConfigError as exc:
+        return {"type": kind, "refused": str(exc)}
+    return {"type": kind, **task.describe()}
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     from ..model.catalog import resolve_model  # inside: numpy (see model_inputs)
     from ..model.load import load_model
@@ -97,9 +118,11 @@ def cmd_info(args: argparse.Namespace) -> int:
         max_model_mb=args.max_model_mb,
     ) as model:
         info = model.info()
+        if args.task:
+            info["task"] = _task_reading(args.task, model)
     if args.json:
         _print_json(info)
-        return 0
+        return 65 if info.get("task", {}).get("refused") else 0
     session = info["session"]
     rows = [
         ("model", f"{info['name']}  ({info['path']})"),
@@ -129,6 +152,16 @@ def cmd_info(args: argparse.Namespace) -> int:
             print(f"  {t['name']:<20} {t['dtype']:<8} {dims}{extra}")
     for f in info["fallbacks"]:
         print(f"fallback      {f['provider']}: {f['reason']}")
+    task = info.get("task")
+    if task is None:
+        return 0
+    if "refused" in task:
+        print(f"{'task ' + task['type']:<13} refused: {task['refused']}")
+        return 65
+    print(f"{'task':<13} {task['type']}")
+    for key, value in task.items():
+        if key != "type":
+            print(f"{'':<13} {key}: {value}")
     return 0
 
 

@@ -549,6 +549,7 @@ class Pipeline:
             model={"name": ref.name, "version": ref.version, "sha256": ref.sha256},
             provider=provider,
             backend=_backend(model),
+            task=self.task.describe() or None,  # a detector's decoder and labels, and why
             # the pipelines running one loaded model with this one (None: a model of its own)
             shared=model.shared_stats() if isinstance(model, SharedModel) else None,
             source=self.source.stats.to_dict(),

@@ -95,6 +95,11 @@ class Task(ABC):
                     ) -> TaskResult:
         """Turn the model's outputs for ``frame`` into a ``TaskResult``."""
 
+    def describe(self) -> dict[str, Any]:
+        """What the task made of its model (a detector's decoder and why, where its labels come
+        from), for the stats topic and ``edgeinfer info --task``; empty by default."""
+        return {}
+
     def accuracy_gate(self) -> Gate:
         """What a candidate backend must agree on with the reference to be picked (see
         ``tasks.gates``); by default every output close. A task that gives a kind of answer

@@ -126,8 +126,15 @@ class DetectTask(Task):
         else:
             _check_labels(self.labels, labels_from, self.decoder, model.name)
         logger.info("%s: decoder %s (%s); labels from %s", model.name, name, why, labels_from)
+        self.labels_from = labels_from
         self._allowed = _class_ids(config.classes, self.labels, self.decoder.num_classes)
         self._check = OutputCheck(self.decoder, self.labels)
+
+    def describe(self) -> dict[str, Any]:
+        """The decoder picked and why, and the labels' source and count."""
+        name, why = self.decoder_choice
+        return {"decoder": name, "why": why, "labels_from": self.labels_from,
+                "classes": len(self.labels) if self.labels is not None else None}
 
     def preprocess(self, frame: Frame) -> tuple[dict[str, np.ndarray], Transform]:
         """The model's input for ``frame`` and the letterbox transform."""

@@ -69,7 +69,8 @@ def _stand_in(pc: PipelineConfig, tmp: Path, spoken: Path | None) -> PipelineCon
                                    sinks=[JsonlSink(path=str(tmp / f"{pc.name}.jsonl"))])
 
 
-def _run(config: Config, pc: PipelineConfig, tmp: Path, limit: int) -> list[dict[str, Any]]:
+def _run(config: Config, pc: PipelineConfig, tmp: Path, limit: int
+         ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     runtime = msgspec.structs.replace(config.runtime, state_dir=str(tmp / "state"))
     pipeline = build_pipeline(pc, runtime=runtime)
     out: list[dict[str, Any]] = []
@@ -83,7 +84,7 @@ def _run(config: Config, pc: PipelineConfig, tmp: Path, limit: int) -> list[dict
     finally:
         timer.cancel()
         pipeline.close()
-    return out
+    return out, pipeline.snapshot()
 
 
 @pytest.mark.parametrize("name", DEVICE_CONFIGS)
@@ -104,8 +105,8 @@ def test_a_shipped_config_runs_with_the_model_it_names(
         audio = isinstance(pc.source, AudioSource)
         spoken = request.getfixturevalue("spoken") if audio else None
         # Audio: the whole recording (about 100 windows), to reach the speech.
-        results = _run(config, _stand_in(pc, tmp_path, spoken), tmp_path,
-                       1000 if audio else RESULTS)
+        results, stats = _run(config, _stand_in(pc, tmp_path, spoken), tmp_path,
+                              1000 if audio else RESULTS)
         assert results, f"{name}: pipeline {pc.name} gave no result"
         labels = getattr(pc.task, "classes", None)
         for r in results:
@@ -115,5 +116,7 @@ def test_a_shipped_config_runs_with_the_model_it_names(
             # The astronaut is a person: the shipped people-counting config sees her.
             people = [d for r in results for d in r["detections"] if d["label"] == "person"]
             assert people, results[-1]
+            # The stats say how the model is read: MediaPipe's person detector, by auto.
+            assert stats["task"]["decoder"] == "blazepose", stats["task"]
         if audio:
             assert any(r["vad"]["speech"] for r in results), json.dumps(results[-1])
