@@ -31,7 +31,7 @@ import numpy as np
 
 from .._stderr import native_logs_to_debug
 from ..errors import StorageError
-from .draw import Boxed, Geometry, decode_jpeg, draw_scene
+from .draw import Boxed, Geometry, boxes_shapes, decode_jpeg, draw_scene, draw_shapes
 
 __all__ = ["FORMATS", "ClipFormat", "Entry", "FrameBuffer", "PendingClip", "probe_format",
            "write_clip"]
@@ -358,6 +358,7 @@ def write_clip(path: Path, fmt: ClipFormat, frames: Sequence[Entry], geometry: G
             if stop is not None and stop.is_set() and writer is not None:
                 break
             image = decode_jpeg(e.jpeg)
+            draw_shapes(image, boxes_shapes(e.boxes), e.scale)  # under the boxes
             draw_scene(image, e.boxes, geometry, scale=e.scale, highlight=highlight)
             if writer is None:
                 size = (image.shape[1] & ~1, image.shape[0] & ~1)

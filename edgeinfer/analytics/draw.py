@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..errors import InvalidInputError
-from ..frames import Shape
+from ..frames import DETECTIONS, Detection, Shape
 
 __all__ = ["BOX_COLOR", "Geometry", "HIGHLIGHT_COLOR", "LINE_COLOR", "POINT_COLOR", "TrackBox",
            "ZONE_COLOR", "Boxed", "decode_jpeg", "draw_scene", "draw_shapes", "encode_jpeg"]
@@ -97,6 +97,12 @@ def draw_scene(image: np.ndarray, boxes: Sequence[Boxed], geometry: Geometry = (
     for b in boxes:
         if b.track_id is not None and b.track_id == highlight:
             _draw_box(image, b, scale, HIGHLIGHT_COLOR, thick * 2)
+
+
+def boxes_shapes(boxes: Sequence[Boxed]) -> tuple[Shape, ...]:
+    """The keypoints and mask outlines the boxes of an event's frame carry (pose and segment
+    detections), for its snapshot and clip as the live view draws them."""
+    return DETECTIONS.shapes(tuple(b for b in boxes if isinstance(b, Detection)))
 
 
 def draw_shapes(image: np.ndarray, shapes: Sequence[Shape], scale: float = 1.0) -> None:

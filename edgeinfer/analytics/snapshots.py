@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import EdgeInferError
 from .clips import Entry
-from .draw import Geometry, decode_jpeg, draw_scene, encode_jpeg
+from .draw import Geometry, boxes_shapes, decode_jpeg, draw_scene, draw_shapes, encode_jpeg
 from .media import MediaStore
 
 __all__ = ["SNAPSHOT_KEYS", "SnapJob", "SnapRequest", "SnapshotWriter", "settle"]
@@ -133,6 +133,7 @@ class SnapshotWriter:
         entry, request = job.entry, job.request
         try:
             image = decode_jpeg(entry.jpeg)
+            draw_shapes(image, boxes_shapes(entry.boxes), entry.scale)  # under the boxes
             draw_scene(image, entry.boxes, self._geometry(), scale=entry.scale,
                        highlight=request.track_id)
             data = encode_jpeg(image, self._quality)

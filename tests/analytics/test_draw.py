@@ -80,3 +80,22 @@ def test_jpeg_roundtrip_and_bad_input() -> None:
         encode_jpeg(np.zeros((4, 4, 7), np.float64), 90)
     with pytest.raises(InvalidInputError):
         decode_jpeg(b"not a jpeg")
+
+
+def test_an_event_frame_carries_its_keypoints_and_mask_outlines() -> None:
+    """Pose keypoints (those scoring 0.5 or more) and segment outlines of an event's boxes are
+    drawn in its snapshot and clip as in the live view; plain boxes carry none."""
+    from edgeinfer.analytics.draw import POINT_COLOR, boxes_shapes, draw_shapes
+    from edgeinfer.frames import Detection
+
+    pose = Detection("person", 0, 0.9, (20.0, 20.0, 120.0, 180.0), track_id=3,
+                     keypoints=((60.0, 40.0, 0.9), (90.0, 150.0, 0.2)))
+    seg = Detection("cup", 1, 0.8, (140.0, 40.0, 200.0, 100.0),
+                    mask=((150.0, 50.0), (190.0, 50.0), (190.0, 90.0), (150.0, 90.0)), area=1600.0)
+    plain = TrackBox(None, "box", 0.5, (10.0, 10.0, 30.0, 30.0))
+    shapes = boxes_shapes([pose, seg, plain])
+    assert shapes == (("points", ((60.0, 40.0),)), ("outline", seg.mask))
+    image = np.zeros((200, 220, 3), np.uint8)
+    draw_shapes(image, shapes, scale=1.0)
+    assert _is(image[40, 60], POINT_COLOR) and not _is(image[150, 90], POINT_COLOR)
+    assert _is(image[50, 170], POINT_COLOR) and not _is(image[70, 170], POINT_COLOR)
