@@ -87,9 +87,13 @@ class PoseTask(DetectTask):
 
     def extras(self, d: Decoded, outputs: Mapping[str, np.ndarray], transform: Transform
                ) -> Iterable[Extras] | None:
-        """Each kept detection's keypoints, ``(x, y, score)`` in source pixels."""
+        """Each kept detection's keypoints, ``(x, y, score)`` in source pixels, clipped to the
+        image as the boxes are (and as Ultralytics' ``predict`` clips them: a keypoint the
+        model places off the frame lands on its edge, its score saying it is not seen)."""
         if d.keypoints is None:
             return None
-        points = np.concatenate([transform.to_source(d.keypoints[..., :2]),
-                                 d.keypoints[..., 2:3]], axis=-1).tolist()
+        xy = transform.to_source(d.keypoints[..., :2])
+        np.clip(xy[..., 0], 0.0, transform.width, out=xy[..., 0])
+        np.clip(xy[..., 1], 0.0, transform.height, out=xy[..., 1])
+        points = np.concatenate([xy, d.keypoints[..., 2:3]], axis=-1).tolist()
         return ((tuple(map(tuple, p)), None, None) for p in points)

@@ -159,9 +159,11 @@ def mask_outline(protos: np.ndarray, coefficients: np.ndarray, box: np.ndarray,
 
 
 def _source_region(box: np.ndarray, transform: Transform) -> tuple[int, int, int, int] | None:
-    """The source pixels a model-input box covers, clipped to the image (``None``: none)."""
+    """The source pixels a model-input box covers, clipped to the image (``None``: none):
+    columns ``x1 <= c < x2`` and rows ``y1 <= r < y2``, as Ultralytics crops a mask to its box
+    (a pixel the box's left or top edge cuts is out, one its right or bottom edge cuts is in)."""
     (sx0, sy0, sx1, sy1), = transform.boxes_to_source(box.reshape(1, 4)).tolist()
-    x0, y0 = int(math.floor(sx0)), int(math.floor(sy0))
+    x0, y0 = int(math.ceil(sx0)), int(math.ceil(sy0))
     x1, y1 = int(math.ceil(sx1)), int(math.ceil(sy1))
     if x1 <= x0 or y1 <= y0:
         return None
