@@ -17,7 +17,8 @@ from typing import ClassVar, Literal
 import numpy as np
 
 from ...errors import ConfigError
-from ...runtime.base import TensorSpec, format_shape
+from ...runtime.base import Dim, TensorSpec, format_shape
+from .grids import other_task
 from .meta import read_meta
 
 __all__ = ["Decoded", "Decoder", "sigmoid", "xywh_to_xyxy"]
@@ -128,6 +129,19 @@ class Decoder(ABC):
     @abstractmethod
     def __call__(self, outputs: Mapping[str, np.ndarray], score_threshold: float) -> Decoded:
         """Candidates scoring at least ``score_threshold``."""
+
+    def _rows_with_objectness(self, outputs: tuple[TensorSpec, ...]) -> tuple[Dim, int]:
+        """``(N, columns)`` of the one ``1 x N x (5+C)`` output YOLOv5/v7 and YOLOX write, after
+        refusing the heads of the Ultralytics tasks that are not detection."""
+        why = other_task(read_meta(self.metadata))
+        if why is not None:
+            raise self._refuse(why)
+        if len(outputs) != 1 or len(outputs[0].shape) != 3:
+            raise self._refuse()
+        _, n, cols = outputs[0].shape
+        if not isinstance(cols, int) or cols < 6:
+            raise self._refuse("dim 2 must be a fixed 5 + classes")
+        return n, cols
 
     def _refuse(self, why: str = "") -> ConfigError:
         have = ", ".join(f"{s.name} {format_shape(s.shape)}" for s in self._outputs) or "none"

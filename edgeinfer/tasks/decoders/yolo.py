@@ -123,14 +123,7 @@ class YoloV5Decoder(_GridDecoder):
 
     def _bind(self, outputs: tuple[TensorSpec, ...]) -> None:
         meta = read_meta(self.metadata)
-        why = other_task(meta)
-        if why is not None:
-            raise self._refuse(why)
-        if len(outputs) != 1 or len(outputs[0].shape) != 3:
-            raise self._refuse()
-        _, n, cols = outputs[0].shape
-        if not isinstance(cols, int) or cols < 6:
-            raise self._refuse("dim 2 must be a fixed 5 + classes")
+        n, cols = self._rows_with_objectness(outputs)
         if isinstance(n, int) and n < cols:
             raise self._refuse("fewer boxes than columns: is it the yolov8 layout, 1 x (4+C) x N?")
         if meta.names is not None and len(meta.names) == cols - 4:

@@ -24,8 +24,6 @@ import numpy as np
 from ...errors import OutputLayoutError
 from ...runtime.base import TensorSpec
 from .base import Decoded, Decoder, xywh_to_xyxy
-from .grids import other_task
-from .meta import read_meta
 
 __all__ = ["YoloxDecoder"]
 
@@ -61,14 +59,7 @@ class YoloxDecoder(Decoder):
                 "the model's metadata does not say which: set decoder: yolox or decoder: yolov5")
 
     def _bind(self, outputs: tuple[TensorSpec, ...]) -> None:
-        why = other_task(read_meta(self.metadata))
-        if why is not None:
-            raise self._refuse(why)
-        if len(outputs) != 1 or len(outputs[0].shape) != 3:
-            raise self._refuse()
-        _, n, cols = outputs[0].shape
-        if not isinstance(cols, int) or cols < 6:
-            raise self._refuse("dim 2 must be a fixed 5 + classes")
+        n, cols = self._rows_with_objectness(outputs)
         grid = yolox_grid(self.input_size, n)
         if grid is None:
             w, h = self.input_size
