@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ._importer import lazy_attributes
 from .errors import *
 from .errors import __all__ as _error_names
 
@@ -35,17 +36,4 @@ if TYPE_CHECKING:
     from .runtime.base import TensorSpec
     from .runtime.memory import set_memory_budget
 
-
-def __getattr__(name: str) -> Any:
-    target = _LAZY.get(name)
-    if target is None:
-        raise AttributeError(f"module 'edgeinfer' has no attribute {name!r}")
-    from ._importer import import_from_string
-
-    value = import_from_string(target)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_attributes("edgeinfer", _LAZY, globals())

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .errors import ConfigError
@@ -36,3 +36,22 @@ def resolve(registry: Mapping[str, Any], name: str, what: str) -> Any:
         valid = ", ".join(sorted(registry))
         raise ConfigError(f"unknown {what} {name!r}; valid: {valid}") from None
     return import_from_string(target) if isinstance(target, str) else target
+
+
+def lazy_attributes(module: str, table: Mapping[str, str], namespace: dict[str, Any]
+                    ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """A package's ``__getattr__`` and ``__dir__`` (PEP 562) that import ``table``'s names
+    (``name -> "pkg.mod:attr"``) when first used and keep them in ``namespace``, its globals."""
+
+    def get(name: str) -> Any:
+        target = table.get(name)
+        if target is None:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        value = import_from_string(target)
+        namespace[name] = value
+        return value
+
+    def names() -> list[str]:
+        return sorted(set(namespace) | set(table))
+
+    return get, names

@@ -8,9 +8,9 @@ The names are imported lazily, as the package root's are: importing ``edgeinfer.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from .._importer import import_from_string
+from .._importer import lazy_attributes
 
 _LAZY = {
     "Model": "edgeinfer.model.model:Model",
@@ -31,15 +31,4 @@ if TYPE_CHECKING:
     from .load import load_model as load_model
     from .model import Model as Model
 
-
-def __getattr__(name: str) -> Any:
-    target = _LAZY.get(name)
-    if target is None:
-        raise AttributeError(f"module 'edgeinfer.model' has no attribute {name!r}")
-    value = import_from_string(target)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_attributes("edgeinfer.model", _LAZY, globals())
