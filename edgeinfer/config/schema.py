@@ -20,6 +20,14 @@ from ._types import ConfigStruct, DeviceId, Dim, FilePath, MiB, PipelineName, Th
 from .analytics import LineConfig, RecordConfig, TrackConfig, ZoneConfig
 from .http import HttpConfig
 from .metrics import MetricsConfig
+from .motion import (
+    DEFAULT_DETECT_FPS,
+    DetectGateConfig,
+    GateMode,
+    MotionConfig,
+    gate_problem,
+    resolve_gate,
+)
 from .mqtt import MqttConfig
 from .ota import OtaConfig
 from .pipeline import (
@@ -202,6 +210,9 @@ class PipelineConfig(ConfigStruct, frozen=True):
         zones: Polygon zones: enter, exit, occupancy, dwell and loiter events.
         lines: Counting lines: crossings by direction.
         record: Snapshots and clips of zone and line events (``None``: no media).
+        detect: When the model runs: motion gating, detection fps, motion regions,
+            stationary objects (``docs/motion.md``).
+        motion: The motion detector of a motion-gated pipeline: sensitivity, masks.
     """
 
     name: PipelineName
@@ -216,8 +227,15 @@ class PipelineConfig(ConfigStruct, frozen=True):
     zones: Annotated[list[ZoneConfig], Meta(max_length=64)] = []
     lines: Annotated[list[LineConfig], Meta(max_length=64)] = []
     record: RecordConfig | None = None
+    detect: DetectGateConfig = msgspec.field(default_factory=DetectGateConfig)
+    motion: MotionConfig = msgspec.field(default_factory=MotionConfig)
 
     def __post_init__(self) -> None:
+        problem = gate_problem(self.detect, self.motion, self._source_type,
+                               str(type(self.task).__struct_config__.tag), self._image_task,
+                               type(self.task).scene)
+        if problem:
+            raise ValueError(problem)
         scene = self.track is not None or self.zones or self.lines or self.record is not None
         if scene and not type(self.task).scene:
             tag = type(self.task).__struct_config__.tag
@@ -234,6 +252,29 @@ class PipelineConfig(ConfigStruct, frozen=True):
                 raise ValueError(f"zone and line names must be unique: {item.name!r} is used "
                                  "twice")
             seen.add(item.name)
+
+    @property
+    def gate(self) -> GateMode:
+        """``motion`` or ``always``: ``detect.gate`` with ``auto`` resolved for this source
+        and task."""
+        return resolve_gate(self.detect, self._source_type, self._image_task)
+
+    @property
+    def detect_fps(self) -> float | None:
+        """The most model runs per second (``detect.fps``, ``auto`` resolved); ``None``:
+        every frame."""
+        fps = self.detect.fps
+        if fps == "auto":
+            return DEFAULT_DETECT_FPS if self.gate == "motion" else None
+        return fps
+
+    @property
+    def _source_type(self) -> str:
+        return str(type(self.source).__struct_config__.tag)
+
+    @property
+    def _image_task(self) -> bool:
+        return getattr(self.task, "preprocess", None) is not None or type(self.task).scene
 
     @property
     def tracking(self) -> TrackConfig | None:

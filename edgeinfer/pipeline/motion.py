@@ -1,0 +1,167 @@
+"""A cheap motion detector: where in a frame something moved, against a learned background.
+
+Per frame (OpenCV on a small copy, under a millisecond at 320 pixels wide): downscale to
+``width`` and to grey, blur, take the absolute difference from a running-average background
+(``cv2.accumulateWeighted``), threshold, clear the mask polygons, dilate, and keep the connected
+blobs of at least ``min_area`` of the frame; their boxes, in source pixels, are merged where
+they overlap or nearly touch.
+
+The background learns at ``alpha`` per frame where nothing moves and at a quarter of it inside
+moving blobs, so an object that stops fades into the background over seconds, not at once. A
+change over most of the frame (a light switched on, the camera's exposure jumping) is no
+object: the background is re-seeded from that frame and no motion is reported for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from ..config.motion import MotionConfig
+
+__all__ = ["MotionDetector", "MotionResult", "merge_boxes"]
+
+RESEED_FRACTION = 0.5
+"""Changed share of the unmasked frame above which the background is re-seeded."""
+_MOVING_RATE = 0.25  # of alpha: how fast moving blobs are learnt into the background
+_MERGE_GAP = 0.02  # of the frame's larger side: boxes closer than this are merged
+_NO_BOXES = np.empty((0, 4), dtype=np.float64)
+
+
+@dataclass(frozen=True, slots=True)
+class MotionResult:
+    """The motion of one frame.
+
+    Attributes:
+        boxes: ``float64 (M, 4)`` x1, y1, x2, y2 of the merged moving regions, in source
+            pixels; empty when nothing moved.
+        changed: The share of the unmasked small frame that differs from the background
+            (before the minimum area is applied).
+        reseeded: The background was re-seeded from this frame (a global change).
+    """
+
+    boxes: npt.NDArray[np.float64]
+    changed: float
+    reseeded: bool = False
+
+    @property
+    def moving(self) -> bool:
+        return len(self.boxes) > 0
+
+
+class MotionDetector:
+    """Motion regions of a stream's frames (one stream: not thread-safe).
+
+    Args:
+        config: Sensitivity, size and mask (``motion:`` of a pipeline).
+    """
+
+    def __init__(self, config: MotionConfig) -> None:
+        import cv2
+
+        self._cfg = config
+        self._size: tuple[int, int] | None = None  # source (width, height)
+        self._small = (0, 0)
+        self._scale = (1.0, 1.0)
+        self._background: npt.NDArray[np.float32] | None = None
+        self._mask: npt.NDArray[np.uint8] | None = None
+        self._unmasked = 1
+        self._kernel = cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (5, 5))
+        self.reseeds = 0
+
+    def detect(self, image: npt.NDArray[np.uint8]) -> MotionResult:
+        """The moving regions of ``image`` (BGR or grey uint8), and learn it into the
+        background. The first frame, and the first after a size change, seeds the background
+        and reports no motion."""
+        import cv2
+
+        h, w = image.shape[:2]
+        if self._size != (w, h):
+            self._prepare(w, h)
+        small = cv2.resize(image, self._small, interpolation=cv2.INTER_LINEAR)
+        grey = cv2.cvtColor(small, cv2.COLOR_BGR2GRAY) if small.ndim == 3 else small
+        grey = cv2.GaussianBlur(grey, (5, 5), 0)
+        bg = self._background
+        if bg is None:
+            self._background = grey.astype(np.float32)
+            return MotionResult(_NO_BOXES, 0.0)
+        diff = cv2.absdiff(grey, cv2.convertScaleAbs(bg))
+        _, changed = cv2.threshold(diff, self._cfg.threshold, 255, cv2.THRESH_BINARY)
+        if self._mask is not None:
+            cv2.bitwise_and(changed, self._mask, dst=changed)
+        share = cv2.countNonZero(changed) / self._unmasked
+        if share > RESEED_FRACTION:
+            self._background = grey.astype(np.float32)
+            self.reseeds += 1
+            return MotionResult(_NO_BOXES, share, reseeded=True)
+        moving = cv2.dilate(changed, self._kernel, iterations=2)
+        alpha = self._cfg.alpha
+        cv2.accumulateWeighted(grey, bg, alpha, mask=cv2.bitwise_not(moving))
+        if share == 0.0:
+            return MotionResult(_NO_BOXES, share)
+        cv2.accumulateWeighted(grey, bg, alpha * _MOVING_RATE, mask=moving)
+        return MotionResult(self._blobs(moving), share)
+
+    def _blobs(self, moving: npt.NDArray[np.uint8]) -> npt.NDArray[np.float64]:
+        import cv2
+
+        n, _, stats, _ = cv2.connectedComponentsWithStats(moving, connectivity=8)
+        if n <= 1:
+            return _NO_BOXES
+        stats = stats[1:]
+        min_px = self._cfg.min_area * self._small[0] * self._small[1]
+        keep = stats[stats[:, cv2.CC_STAT_AREA] >= min_px]
+        if not len(keep):
+            return _NO_BOXES
+        x, y = keep[:, cv2.CC_STAT_LEFT], keep[:, cv2.CC_STAT_TOP]
+        boxes = np.stack([x, y, x + keep[:, cv2.CC_STAT_WIDTH],
+                          y + keep[:, cv2.CC_STAT_HEIGHT]], axis=1).astype(np.float64)
+        sx, sy = self._scale
+        boxes *= (sx, sy, sx, sy)
+        w, h = self._size or (0, 0)
+        np.clip(boxes[:, 0::2], 0, w, out=boxes[:, 0::2])
+        np.clip(boxes[:, 1::2], 0, h, out=boxes[:, 1::2])
+        return merge_boxes(boxes, _MERGE_GAP * max(w, h))
+
+    def _prepare(self, w: int, h: int) -> None:
+        import cv2
+
+        cfg = self._cfg
+        sw = min(cfg.width, w)
+        sh = max(1, round(h * sw / w))
+        self._size, self._small = (w, h), (sw, sh)
+        self._scale = (w / sw, h / sh)
+        self._background = None
+        self._mask = None
+        self._unmasked = sw * sh
+        if cfg.mask:
+            mask = np.full((sh, sw), 255, dtype=np.uint8)
+            scale = (sw, sh) if cfg.coordinates == "normalized" else (sw / w, sh / h)
+            polygons = [np.rint(np.asarray(p, dtype=np.float64) * scale).astype(np.int32)
+                        for p in cfg.mask]
+            cv2.fillPoly(mask, polygons, 0)
+            self._mask = mask
+            self._unmasked = max(1, cv2.countNonZero(mask))
+
+
+def merge_boxes(boxes: npt.NDArray[np.float64], gap: float = 0.0) -> npt.NDArray[np.float64]:
+    """``(M, 4)`` xyxy boxes with those that overlap or lie within ``gap`` of each other
+    replaced by their union, until none do."""
+    out = [list(b) for b in boxes.tolist()]
+    merged = True
+    while merged and len(out) > 1:
+        merged = False
+        i = 0
+        while i < len(out):
+            a = out[i]
+            for j in range(len(out) - 1, i, -1):
+                b = out[j]
+                if (a[0] - gap <= b[2] and b[0] - gap <= a[2]
+                        and a[1] - gap <= b[3] and b[1] - gap <= a[3]):
+                    a[:] = (min(a[0], b[0]), min(a[1], b[1]), max(a[2], b[2]), max(a[3], b[3]))
+                    del out[j]
+                    merged = True
+            i += 1
+    return np.asarray(out, dtype=np.float64).reshape(-1, 4)
