@@ -428,6 +428,7 @@ class Result:
     task: TaskResult
     events: tuple[dict[str, Any], ...] = ()  # scene analytics events since the last result
     run_id: str = ""  # new at each pipeline start: (device, pipeline, run_id, seq) is unique
+    detected: bool = True  # False: the model skipped this frame (motion gating); tracked boxes
 
     def to_dict(self) -> dict[str, Any]:
         f = self.frame
@@ -451,6 +452,8 @@ class Result:
         d.update(self.task.to_dict())
         if self.events:
             d["events"] = list(self.events)
+        if not self.detected:
+            d["detected"] = False
         return d
 
     def to_json(self) -> bytes:

@@ -82,8 +82,10 @@ class RecentRate:
 class PipelineStats:
     """What one pipeline did. Stage threads write their own fields; readers take snapshots."""
 
-    frames_in: int = 0  # frames preprocessed and queued
-    processed: int = 0  # frames that went through the model and postprocessing
+    frames_in: int = 0  # frames queued for the model (preprocessed) or past it (gated)
+    processed: int = 0  # frames through to the emit stage (with the model, or gated past it)
+    detected: int = 0  # frames the model ran on (``detect:`` gating skips the others)
+    skipped_by_gate: int = 0  # frames the detection gate kept from the model
     emitted: int = 0  # results delivered to sinks
     dropped_queue: int = 0  # live frames dropped because inference fell behind
     dropped_by_task: int = 0  # frames a stage dropped on purpose (DropFrame)
@@ -143,6 +145,7 @@ class PipelineStats:
             "sink_errors": self.sink_errors,
             "events": self.events,
             "worker_restarts": self.worker_restarts,
+            "detect": {"frames": self.detected, "skipped": self.skipped_by_gate},
             "last_error": self.last_error,
             "fps": round(self.recent_fps(), 2) if running or self.stopped else 0.0,
             "fps_overall": round(self.overall_fps(), 2),

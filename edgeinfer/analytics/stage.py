@@ -2,7 +2,9 @@
 frame (before the emission policy, so tracking never skips a frame).
 
 Per frame: the detections get track ids, the scene turns tracks into zone and line events and
-counts, and the recorder keeps encoded frames for snapshots and clips. Each event becomes a
+counts, and the recorder keeps encoded frames for snapshots and clips. A frame the model did not
+see (motion gating, ``docs/motion.md``) gets the tracker's predicted boxes instead (`predict`),
+so zones, lines and clips still see every frame. Each event becomes a
 JSON-ready dict (``docs/analytics.md``) that the pipeline hands to its sinks (the MQTT sink
 puts it in the outbox for ``<prefix>/<dev>/<pipeline>/event``) and adds to the next result.
 """
@@ -17,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..frames import Detection, Frame, TaskResult
+from ..frames import DETECTIONS, Detection, Frame, TaskResult
 
 if TYPE_CHECKING:
     from ..config import PipelineConfig
@@ -62,7 +64,9 @@ class SceneAnalytics:
         self.pipeline = pc.name
         tracking = pc.tracking
         assert tracking is not None, "SceneAnalytics needs a tracked pipeline"
-        self.tracker: ByteTracker = ByteTracker(tracking)
+        stationary = pc.detect.stationary_after if pc.gate == "motion" else None
+        self.tracker: ByteTracker = ByteTracker(tracking, stationary_after=stationary)
+        self._seen: dict[int, Detection] = {}  # each track's last detection (predict copies it)
         self.scene: Scene | None = None
         self.recorder: Recorder | None = None
         self._size: tuple[int, int] | None = None
@@ -100,40 +104,88 @@ class SceneAnalytics:
             self.scene.close()
 
     # -- per frame ------------------------------------------------------------------------------
-    def process(self, frame: Frame, part: TaskResult) -> tuple[TaskResult, list[dict[str, Any]]]:
+    def process(self, frame: Frame, part: TaskResult, *, motion: np.ndarray | None = None,
+                recheck: bool = True) -> tuple[TaskResult, list[dict[str, Any]]]:
         """Track ``part``'s detections; returns the result with track ids and the frame's
         events (JSON-ready dicts).
+
+        Args:
+            frame: The frame the model saw.
+            part: What the task made of it.
+            motion: ``(M, 4)`` boxes that moved in this frame (motion gating): stationary
+                tracks under them move again.
+            recheck: The model looked at the whole frame to re-check it: stationary tracks it
+                misses age (see `ByteTracker.update`).
 
         Raises:
             ConfigError: pixel zone or line points outside this frame's size.
         """
+        if motion is not None and len(motion):
+            self.tracker.touch(motion)
         dets = part.detections or ()
         n = len(dets)
         boxes = np.array([d.box for d in dets], dtype=np.float64).reshape(n, 4)
         scores = np.fromiter((d.score for d in dets), dtype=np.float64, count=n)
         classes = np.fromiter((d.class_id for d in dets), dtype=np.int64, count=n)
-        update = self.tracker.update(boxes, scores, classes)
+        update = self.tracker.update(boxes, scores, classes, recheck=recheck)
         ids = update.ids.tolist()
         tracked = tuple(
             Detection(d.label, d.class_id, d.score, d.box, i, d.keypoints, d.mask, d.area)
             if i >= 0 else d
             for d, i in zip(dets, ids, strict=True))
-        clock = frame.start if frame.start is not None else frame.ts
-        events = _NO_EVENTS
-        scene = self.scene
-        if scene is not None:
-            size = (frame.width, frame.height)
-            if size != self._size:
-                scene.bind(*size)
-                self._size = size
-            found = scene.update(clock, frame.wall, frame.index, update.ids, boxes, classes, scores,
-                                 [d.label for d in dets], update.ended)
-            if found:
-                events = [self._event(e) for e in found]
-                self.recent.extend(events)
+        seen = self._seen
+        for d in tracked:
+            if d.track_id is not None:
+                seen[d.track_id] = d
+        for tid in update.ended:
+            seen.pop(tid, None)
+        events = self._scene(frame, update.ids, boxes, classes, scores, [d.label for d in dets],
+                             update.ended)
         if self.recorder is not None:
-            self.recorder.offer(frame, clock, tracked)  # detections are drawn as they are
+            self.recorder.offer(frame, self._clock(frame), tracked)  # drawn as they are
         return TaskResult(part.kind, tracked), events
+
+    def predict(self, frame: Frame, *, motion: np.ndarray | None = None
+                ) -> tuple[TaskResult, list[dict[str, Any]]]:
+        """A frame the model did not see: the live tracks at their predicted boxes (each a
+        copy of its last detection, with that detection's score and label, the box moved and
+        no keypoints or mask), through zones, lines and the recorder as `process` does."""
+        if motion is not None and len(motion):
+            self.tracker.touch(motion)
+        p = self.tracker.predict()
+        seen = self._seen
+        # Every live confirmed track was matched at the last detection frame, so it is seen.
+        tracked = tuple(
+            Detection(d.label, d.class_id, d.score, (b[0], b[1], b[2], b[3]), tid)
+            for tid, b in zip(p.ids.tolist(), p.boxes.tolist(), strict=True)
+            if (d := seen.get(tid)) is not None)
+        labels = [d.label for d in tracked]
+        events = self._scene(frame, p.ids, p.boxes, p.classes, p.scores, labels, ())
+        if self.recorder is not None:
+            self.recorder.offer(frame, self._clock(frame), tracked)
+        return TaskResult(DETECTIONS, tracked), events
+
+    @staticmethod
+    def _clock(frame: Frame) -> float:
+        return frame.start if frame.start is not None else frame.ts
+
+    def _scene(self, frame: Frame, ids: np.ndarray, boxes: np.ndarray, classes: np.ndarray,
+               scores: np.ndarray, labels: list[str], ended: tuple[int, ...]
+               ) -> list[dict[str, Any]]:
+        scene = self.scene
+        if scene is None:
+            return _NO_EVENTS
+        size = (frame.width, frame.height)
+        if size != self._size:
+            scene.bind(*size)
+            self._size = size
+        found = scene.update(self._clock(frame), frame.wall, frame.index, ids, boxes, classes,
+                             scores, labels, ended)
+        if not found:
+            return _NO_EVENTS
+        events = [self._event(e) for e in found]
+        self.recent.extend(events)
+        return events
 
     def _event(self, e: Any) -> dict[str, Any]:
         self._events += 1
@@ -169,7 +221,8 @@ class SceneAnalytics:
         return self.recorder.snapshot(event_id) if self.recorder is not None else None
 
     def stats(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"tracks": self.tracker.active, "events": self._events}
+        data: dict[str, Any] = {"tracks": self.tracker.active, "events": self._events,
+                                "stationary": self.tracker.stationary}
         if self.scene is not None:
             data["counts"] = self.scene.counts()
         if self.recorder is not None:

@@ -19,6 +19,13 @@ assignment never gives up one good pair to make two poor ones.
 The constant-velocity Kalman filter on (cx, cy, aspect, height) uses ByteTrack's noise scheme
 (scaled by the box height) and runs on all tracks at once: the state is a set of numpy arrays
 (means ``T x 8``, covariances ``T x 8 x 8``), not one object per track.
+
+Between detections (a motion-gated pipeline runs the model on some frames only), `predict`
+advances every track by one frame and returns where the live ones are; it is no miss. A track
+whose box has not moved for ``stationary_after`` of its detections is stationary: its velocity
+is zeroed, detection frames that miss it do not age it (the model was run for motion elsewhere,
+or on a crop without it) unless they are re-checks of the whole frame, and `touch` (motion
+over it) makes it moving again.
 """
 
 from __future__ import annotations
@@ -31,13 +38,14 @@ from scipy.optimize import linear_sum_assignment
 from edgeinfer.config.analytics import TrackConfig
 from edgeinfer.errors import InvalidInputError
 
-__all__ = ["ByteTracker", "TrackUpdate"]
+__all__ = ["ByteTracker", "TrackPrediction", "TrackUpdate"]
 
 _W_POS = 1.0 / 20.0
 _W_VEL = 1.0 / 160.0
 _LOST_PENALTY = 0.02
 _LOST_PENALTY_FRAMES = 10
 _NO_IDS = np.empty(0, dtype=np.int64)
+_STILL_IOU = 0.8  # IoU with the box where it stopped, at or above which a track has not moved
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +67,24 @@ class TrackUpdate:
     boxes: np.ndarray
 
 
+@dataclass(frozen=True, slots=True)
+class TrackPrediction:
+    """Where the live confirmed tracks are in a frame without detections (`ByteTracker.predict`).
+
+    Attributes:
+        ids: ``int64 (K,)`` track ids of the confirmed tracks matched at their last detection
+            frame (lost ones are not reported, as in `update`).
+        boxes: ``float64 (K, 4)`` xyxy: each track's Kalman-predicted box.
+        classes: ``int64 (K,)``: each track's class.
+        scores: ``float64 (K,)``: the score of each track's last matched detection.
+    """
+
+    ids: np.ndarray
+    boxes: np.ndarray
+    classes: np.ndarray
+    scores: np.ndarray
+
+
 class ByteTracker:
     """Gives detections stable track ids across frames (ByteTrack's two-stage association).
 
@@ -75,10 +101,13 @@ class ByteTracker:
 
     Args:
         config: Thresholds and lifetimes (``track:`` of a pipeline).
+        stationary_after: Detections of a track without moving (IoU with the box where it
+            stopped of at least 0.8) after which it is stationary; ``None``: never.
     """
 
-    def __init__(self, config: TrackConfig) -> None:
+    def __init__(self, config: TrackConfig, stationary_after: int | None = None) -> None:
         self._cfg = config
+        self._stationary_after = stationary_after
         self._next_id = 1
         self.reset()
 
@@ -95,15 +124,57 @@ class ByteTracker:
         self._cls = np.empty(0, dtype=np.int64)
         self._hits = np.empty(0, dtype=np.int64)
         self._lost = np.empty(0, dtype=np.int64)
+        self._score = np.empty(0)
+        self._anchor = np.empty((0, 4))  # the box where each track stopped moving
+        self._still = np.empty(0, dtype=np.int64)  # its detections since, without moving
+        self._stationary = np.empty(0, dtype=bool)
         self._first = True
 
-    def update(self, boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray) -> TrackUpdate:
+    @property
+    def stationary(self) -> int:
+        """Tracks that are stationary now."""
+        return int(np.count_nonzero(self._stationary))
+
+    def predict(self) -> TrackPrediction:
+        """Advance every track by one frame that has no detections and return the predicted
+        boxes of the live confirmed tracks. Not a miss: tracks age only in `update`."""
+        self._predict()
+        live = np.flatnonzero((self._tid > 0) & (self._lost == 0))
+        return TrackPrediction(self._tid[live], _xyxy(self._mean[live]), self._cls[live],
+                               self._score[live])
+
+    def touch(self, boxes: np.ndarray) -> int:
+        """Motion in ``boxes`` (``(M, 4)`` xyxy): stationary tracks whose box meets one of them
+        are moving again (re-detected, and missed detections count). Returns how many."""
+        still = np.flatnonzero(self._stationary)
+        if not len(still) or not len(boxes):
+            return 0
+        mine = _xyxy(self._mean[still])
+        b = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
+        meets = ((mine[:, None, 0] < b[None, :, 2]) & (b[None, :, 0] < mine[:, None, 2])
+                 & (mine[:, None, 1] < b[None, :, 3]) & (b[None, :, 1] < mine[:, None, 3]))
+        woken = still[meets.any(axis=1)]
+        self._stationary[woken] = False
+        self._still[woken] = 0
+        self._anchor[woken] = mine[meets.any(axis=1)]
+        return len(woken)
+
+    def live_boxes(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(moving, stationary)`` xyxy boxes (``(K, 4)`` each) of every track now, tentative
+        and lost ones among the moving: what a detection gate must keep an eye on."""
+        boxes = _xyxy(self._mean)
+        return boxes[~self._stationary], boxes[self._stationary]
+
+    def update(self, boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray, *,
+               recheck: bool = True) -> TrackUpdate:
         """Associate one frame's detections with the tracks.
 
         Args:
             boxes: ``(N, 4)`` float boxes ``x1, y1, x2, y2`` in pixels; ``N`` may be 0.
             scores: ``(N,)`` detection scores in 0..1.
             classes: ``(N,)`` integer class ids.
+            recheck: The model looked at the whole frame to re-check it (not for motion
+                elsewhere): stationary tracks it misses age too.
 
         Returns:
             The confirmed track id of each detection and the ids of tracks that ended.
@@ -140,7 +211,9 @@ class ByteTracker:
         t_m = np.concatenate((t1, t3, t2))
         d_m = np.concatenate((d1, d2))
         self._correct(t_m, boxes[d_m], classes[d_m])
-        ended = self._age(t_m)
+        self._score[t_m] = scores[d_m]
+        self._settle(t_m, boxes[d_m])
+        ended = self._age(t_m, recheck)
         ids[d_m] = self._tid[t_m]
         out[d_m] = _xyxy(self._mean[t_m])
         used = np.zeros(n, dtype=bool)
@@ -148,7 +221,7 @@ class ByteTracker:
         born = high[~used[high] & (scores[high] >= cfg.new_track_threshold)]
         self._drop(ids)
         if len(born):
-            self._birth(boxes[born], classes[born])
+            self._birth(boxes[born], classes[born], scores[born])
             ids[born] = self._tid[-len(born):]
         self._first = False
         unconfirmed = ids <= 0
@@ -226,10 +299,33 @@ class ByteTracker:
         self._hits[trk] += 1
         self._lost[trk] = 0
 
-    def _age(self, matched: np.ndarray) -> tuple[int, ...]:
-        """Count a missed frame on unmatched tracks, confirm matched ones; ids that ended."""
+    def _settle(self, trk: np.ndarray, boxes: np.ndarray) -> None:
+        """Count matched tracks ``trk`` that did not move from where they stopped; those still
+        for ``stationary_after`` detections become stationary (their velocity zeroed)."""
+        after = self._stationary_after
+        if after is None or not len(trk):
+            return
+        iou = _iou(self._anchor[trk], boxes).diagonal()
+        still = iou >= _STILL_IOU
+        self._still[trk[still]] += 1
+        moved = trk[~still]
+        self._still[moved] = 0
+        self._anchor[moved] = boxes[~still]
+        self._stationary[moved] = False
+        now = still & (self._still[trk] >= after)
+        settled = trk[now]
+        self._stationary[settled] = True
+        # Where it stands is where it was last detected: no lag of the filter, no velocity.
+        self._mean[settled, :4] = _xyah(boxes[now])
+        self._mean[settled, 4:] = 0.0
+
+    def _age(self, matched: np.ndarray, recheck: bool = True) -> tuple[int, ...]:
+        """Count a missed frame on unmatched tracks (stationary ones only on a ``recheck``),
+        confirm matched ones; ids that ended."""
         missed = np.ones(len(self._tid), dtype=bool)
         missed[matched] = False
+        if not recheck:
+            missed &= ~self._stationary
         self._lost[missed] += 1
         self._hits[missed] = 0
         new = np.flatnonzero((self._tid == 0) & (self._hits >= self._cfg.min_hits))
@@ -246,8 +342,10 @@ class ByteTracker:
         self._mean, self._cov = self._mean[keep], self._cov[keep]
         self._tid, self._cls = self._tid[keep], self._cls[keep]
         self._hits, self._lost = self._hits[keep], self._lost[keep]
+        self._score, self._anchor = self._score[keep], self._anchor[keep]
+        self._still, self._stationary = self._still[keep], self._stationary[keep]
 
-    def _birth(self, boxes: np.ndarray, classes: np.ndarray) -> None:
+    def _birth(self, boxes: np.ndarray, classes: np.ndarray, scores: np.ndarray) -> None:
         m = len(boxes)
         mean = np.zeros((m, 8))
         mean[:, :4] = _xyah(boxes)
@@ -268,6 +366,10 @@ class ByteTracker:
         self._cls = np.concatenate((self._cls, classes))
         self._hits = np.concatenate((self._hits, np.ones(m, dtype=np.int64)))
         self._lost = np.concatenate((self._lost, np.zeros(m, dtype=np.int64)))
+        self._score = np.concatenate((self._score, scores))
+        self._anchor = np.concatenate((self._anchor, boxes))
+        self._still = np.concatenate((self._still, np.zeros(m, dtype=np.int64)))
+        self._stationary = np.concatenate((self._stationary, np.zeros(m, dtype=bool)))
 
     def _take_ids(self, m: int) -> np.ndarray:
         first = self._next_id

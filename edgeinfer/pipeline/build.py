@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from ..tasks import make_task, task_class
+from .gate import make_gate
 
 if TYPE_CHECKING:
     from ..config import Config, PipelineConfig, RuntimeConfig
@@ -106,10 +107,11 @@ def assemble(pc: PipelineConfig, model: Model, *, on_result: ResultCallback | No
     analytics = _analytics(pc, task, state_dir, where)
     if model.probe and model.worker_pid is None and model.selection is None:
         model.select_backend(task.accuracy_gate(), background=True)  # swaps between frames
+    gate = make_gate(pc, task, where)
     sinks = [make_sink(s, **context) for s in pc.sinks]
     source = open_source(_sample_video(pc.source), **context)
     return Pipeline(pc.name, source, model, task, sinks, emit=pc.emit, queue_size=pc.queue_size,
-                    on_result=on_result, seq_start=seq_start, analytics=analytics)
+                    on_result=on_result, seq_start=seq_start, analytics=analytics, gate=gate)
 
 
 def _analytics(pc: PipelineConfig, task: Any, state_dir: Path | None, where: str) -> Any:

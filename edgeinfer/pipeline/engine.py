@@ -2,7 +2,9 @@
 
 Three threads joined by two bounded queues:
 
-- capture: reads the source and preprocesses (so capture and preprocessing overlap inference);
+- capture: reads the source, asks the detection gate (``detect:``, `gate`) whether the model
+  runs on the frame, and preprocesses those it runs on (so capture and preprocessing overlap
+  inference); the others pass through the later stages without the model, in order;
 - infer: runs the model in frame order (a stateful task's state is handled here);
 - emit: postprocesses, applies the emission policy, writes the sinks.
 
@@ -34,6 +36,8 @@ from ..errors import (
 )
 from ..frames import DropFrame, Frame, ModelRef, Result, TaskResult
 from .emission import Emission
+from .gate import DetectGate, GateDecision
+from .gated import GatedFrames
 from ..health import Health
 from ..queues import Closed, DropOldestQueue
 from ..model.pool import SharedModel
@@ -69,12 +73,16 @@ class Pipeline:
             outbox's), so consumers see ``seq`` keep increasing.
         analytics: Tracking, zones, lines and event media of a detect pipeline; closed with
             the pipeline.
+        gate: Which frames the model sees (``detect:``); ``None``: every frame. A frame it
+            skips still reaches the tracker (predicted boxes), zones, lines, the recorder,
+            ``latest()`` and the sinks, as a result with ``detected`` false.
     """
 
     def __init__(self, name: str, source: Source, model: Model, task: Task, sinks: list[Sink],
                  *, emit: EmitConfig | None = None, queue_size: int = 2,
                  on_result: ResultCallback | None = None, seq_start: int = 0,
-                 analytics: SceneAnalytics | None = None) -> None:
+                 analytics: SceneAnalytics | None = None, gate: DetectGate | None = None
+                 ) -> None:
         self.name = name
         self.source = source
         self.model = model
@@ -111,6 +119,8 @@ class Pipeline:
         self.run_id = secrets.token_hex(8)
         self.analytics = analytics
         self._events: list[dict[str, Any]] = []  # events not yet carried by a result
+        self.gate = gate
+        self._gated = GatedFrames(gate, analytics) if gate is not None else None
         # Since the last swap_model: inferences decoded and errors (the OTA health gate reads them).
         self.model_ok = 0
         self.model_errors = 0
@@ -339,6 +349,7 @@ class Pipeline:
         stats = self.stats
         clock = time.perf_counter
         live = self.source.live
+        gate = self.gate
         try:
             for frame in self.source:
                 if not self._running.is_set():
@@ -353,15 +364,21 @@ class Pipeline:
                     continue
                 t0 = clock()
                 task = self.task
-                try:
-                    feeds, context = task.preprocess(frame)
-                except DropFrame:
-                    stats.dropped_by_task += 1
-                    continue
-                stats.pre.add((clock() - t0) * 1000)
+                decision = gate.decide(frame) if gate is not None else None
+                if decision is not None and not decision.detect:
+                    item: tuple[Any, ...] = (frame, None, None, task, decision)
+                    stats.skipped_by_gate += 1
+                else:
+                    try:
+                        feeds, context = _prepare(task, frame, decision)
+                    except DropFrame:
+                        stats.dropped_by_task += 1
+                        continue
+                    stats.pre.add((clock() - t0) * 1000)
+                    item = (frame, feeds, context, task, decision)
                 stats.frames_in += 1
                 try:
-                    if self._prepared.put((frame, feeds, context, task)):
+                    if self._prepared.put(item):
                         stats.dropped_queue += 1
                 except Closed:  # a later stage ended the pipeline
                     return
@@ -374,9 +391,16 @@ class Pipeline:
         try:
             while True:
                 try:
-                    frame, feeds, context, prepared_by = self._prepared.get()
+                    frame, feeds, context, prepared_by, decision = self._prepared.get()
                 except Closed:
                     return
+                if feeds is None:  # the gate kept it from the model: on to emit, in order
+                    try:
+                        self._inferred.put((frame, None, None, prepared_by, self._made_by,
+                                            decision))
+                    except Closed:
+                        return
+                    continue
                 with self._swap_lock:
                     model, task, ref = self.model, self.task, self._made_by
                     if model.generation != self._made_gen:  # measured backend swapped in
@@ -384,7 +408,7 @@ class Pipeline:
                         ref = self._made_by = (ref[0], model.provider)
                 if prepared_by is not task:  # a swap came between: prepare it for the new model
                     try:
-                        feeds, context = task.preprocess(frame)
+                        feeds, context = _prepare(task, frame, decision)
                     except DropFrame:
                         stats.dropped_by_task += 1
                         continue
@@ -410,7 +434,7 @@ class Pipeline:
                     took = max(took - model.last_wait_ms, 0.0)
                 stats.infer.add(took)
                 try:
-                    self._inferred.put((frame, outputs, context, task, ref))
+                    self._inferred.put((frame, outputs, context, task, ref, decision))
                 except Closed:
                     return
         finally:
@@ -428,10 +452,18 @@ class Pipeline:
         analytics = self.analytics
         while True:
             try:
-                frame, outputs, context, task, ref = self._inferred.get()
+                frame, outputs, context, task, ref, decision = self._inferred.get()
             except Closed:
                 break
             t0 = clock()
+            gated = self._gated
+            if outputs is None:  # kept from the model by the gate: tracked positions
+                assert gated is not None and decision is not None
+                held, found = gated.skipped(frame, decision)
+                if held is None:  # no detection yet to go on from
+                    continue
+                self._emit_frame(frame, held, found, t0, False, ref)
+                continue
             try:
                 part = task.postprocess(outputs, frame, context)
             except DropFrame:
@@ -448,25 +480,35 @@ class Pipeline:
                     logger.error("pipeline %s: postprocessing frame %d failed", self.name,
                                  frame.index, exc_info=True)
                 continue
-            if analytics is not None:
+            events: list[dict[str, Any]] = []
+            if gated is not None and decision is not None:
+                part, events = gated.detected(frame, part, decision)
+            elif analytics is not None:
                 part, events = analytics.process(frame, part)  # every frame: tracks need them
-                if events:
-                    self._publish_events(events)
-            post_ms = (clock() - t0) * 1000
-            stats.post.add(post_ms)
-            stats.processed += 1
-            stats.recent.add(time.monotonic())
+            stats.detected += 1
             if task is self.task:
                 self.model_ok += 1
-            self._last = (frame, part)
-            ready = self._policy.offer(frame, part, post_ms)
-            if ready is not None:
-                self._deliver(*ready, ref)
+            self._emit_frame(frame, part, events, t0, True, ref)
         pending = self._policy.flush()
         if pending is not None:
             self._deliver(*pending, ref)
 
-    def _deliver(self, frame: Frame, part: TaskResult, post_ms: float,
+    def _emit_frame(self, frame: Frame, part: TaskResult, events: list[dict[str, Any]],
+                    t0: float, detected: bool, ref: tuple[ModelRef, str]) -> None:
+        """Count a processed frame, publish its events, offer it to the emission policy."""
+        stats = self.stats
+        if events:
+            self._publish_events(events)
+        post_ms = (time.perf_counter() - t0) * 1000
+        stats.post.add(post_ms)
+        stats.processed += 1
+        stats.recent.add(time.monotonic())
+        self._last = (frame, part)
+        ready = self._policy.offer(frame, part, post_ms, detected)
+        if ready is not None:
+            self._deliver(*ready, ref)
+
+    def _deliver(self, frame: Frame, part: TaskResult, post_ms: float, detected: bool,
                  ref: tuple[ModelRef, str]) -> None:
         stats = self.stats
         stats.emitted += 1
@@ -477,8 +519,9 @@ class Pipeline:
         result = Result(
             seq=self._seq, ts=time.time(), pipeline=self.name, frame=frame, model=ref[0],
             provider=ref[1],
-            latency_ms=(stats.pre.last, stats.infer.last, post_ms), task=part, events=events,
-            run_id=self.run_id,
+            latency_ms=(stats.pre.last, stats.infer.last, post_ms) if detected
+            else (0.0, 0.0, post_ms), task=part, events=events, run_id=self.run_id,
+            detected=detected,
         )
         stats.latency.add((time.monotonic() - frame.ts) * 1000)
         for sink in self.sinks:
@@ -562,7 +605,18 @@ class Pipeline:
         )
         if self.analytics is not None:
             data["analytics"] = self.analytics.stats()
+        gate = self.gate
+        if gate is not None:  # read here: the capture thread counts without a lock
+            data["detect"].update(gate=gate.mode, motion_ratio=round(gate.moving / gate.judged, 4)
+                                  if gate.judged else None)
         return data
+
+
+def _prepare(task: Task, frame: Frame, decision: GateDecision | None) -> tuple[Any, Any]:
+    """The task's feeds and context for ``frame``, or for the gate's crop of it."""
+    if decision is not None and decision.region is not None:
+        return task.preprocess_region(frame, decision.region)
+    return task.preprocess(frame)
 
 
 def _backend(model: Model) -> dict[str, Any] | None:

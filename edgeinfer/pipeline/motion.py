@@ -15,6 +15,7 @@ object: the background is re-seeded from that frame and no motion is reported fo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -104,7 +105,7 @@ class MotionDetector:
         cv2.accumulateWeighted(grey, bg, alpha * _MOVING_RATE, mask=moving)
         return MotionResult(self._blobs(moving), share)
 
-    def _blobs(self, moving: npt.NDArray[np.uint8]) -> npt.NDArray[np.float64]:
+    def _blobs(self, moving: npt.NDArray[Any]) -> npt.NDArray[np.float64]:
         import cv2
 
         n, _, stats, _ = cv2.connectedComponentsWithStats(moving, connectivity=8)

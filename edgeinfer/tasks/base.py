@@ -80,6 +80,17 @@ class Task(ABC):
         """The model's feeds for ``frame`` and a context for ``postprocess`` (e.g. the
         letterbox transform). May raise ``DropFrame``."""
 
+    def preprocess_region(self, frame: Frame, region: tuple[int, int, int, int]
+                          ) -> tuple[dict[str, np.ndarray], Any]:
+        """As `preprocess`, for the crop ``region`` (``x0, y0, x1, y1`` source pixels) of
+        ``frame`` only, with a context that maps the results back to the whole frame's pixels
+        (``detect.regions`` of a motion-gated pipeline). Tasks that give boxes implement it.
+
+        Raises:
+            NotImplementedError: the task cannot look at a crop.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot look at a crop of a frame")
+
     def inject_state(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Add the recurrent state to ``feeds`` (stateful tasks), in the inference thread."""
         return feeds

@@ -3,6 +3,7 @@ source-image pixels."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -142,6 +143,20 @@ class DetectTask(Task):
         if self._fixed:
             return {self._input: tensor, **self._fixed}, transform
         return {self._input: tensor}, transform
+
+    def preprocess_region(self, frame: Frame, region: tuple[int, int, int, int]
+                          ) -> tuple[dict[str, np.ndarray], Transform]:
+        """The model's input for the crop ``region`` (x0, y0, x1, y1) of ``frame``, and the
+        transform from the model's input to the whole frame's pixels (the crop's offset is in
+        its padding), so boxes, keypoints and masks come out in full-frame pixels."""
+        x0, y0, x1, y1 = region
+        tensor, t = self.preprocessor(frame.data[y0:y1, x0:x1])
+        shifted = dataclasses.replace(t, pad_x=t.pad_x - t.scale_x * x0,
+                                      pad_y=t.pad_y - t.scale_y * y0, width=frame.width,
+                                      height=frame.height)
+        if self._fixed:
+            return {self._input: tensor, **self._fixed}, shifted
+        return {self._input: tensor}, shifted
 
     def postprocess(self, outputs: Mapping[str, np.ndarray], frame: Frame, context: Any
                     ) -> TaskResult:
