@@ -607,7 +607,8 @@ class Pipeline:
             data["analytics"] = self.analytics.stats()
         gate = self.gate
         if gate is not None:  # read here: the capture thread counts without a lock
-            data["detect"].update(gate=gate.mode, motion_ratio=round(gate.moving / gate.judged, 4)
+            data["detect"].update(gate=gate.mode, cropped=gate.cropped,
+                                  motion_ratio=round(gate.moving / gate.judged, 4)
                                   if gate.judged else None)
         return data
 

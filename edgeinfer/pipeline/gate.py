@@ -95,6 +95,7 @@ class DetectGate:
         self._widen = False
         self.judged = 0  # frames the motion detector looked at
         self.moving = 0  # ... and found motion in
+        self.cropped = 0  # model runs on a crop (regions)
 
     def observe(self, moving_tracks: npt.NDArray[np.float64]) -> None:
         """``(K, 4)`` boxes of the tracked objects that are not stationary (emit thread)."""
@@ -125,6 +126,7 @@ class DetectGate:
         if (found.moving or len(tracks)) and due:
             self._last = t
             region = self._region(frame, found.boxes, tracks) if self.regions else None
+            self.cropped += region is not None
             return GateDecision(True, region, found.boxes)
         if t - self._last >= self.keepalive_s:
             self._last = t

@@ -2,12 +2,17 @@
 
 Per frame (OpenCV on a small copy, under a millisecond at 320 pixels wide): downscale to
 ``width`` and to grey, blur, take the absolute difference from a running-average background
-(``cv2.accumulateWeighted``), threshold, clear the mask polygons, dilate, and keep the connected
-blobs of at least ``min_area`` of the frame; their boxes, in source pixels, are merged where
+(``cv2.accumulateWeighted``) and from the previous frame, threshold both, clear the mask
+polygons, dilate their union, and keep the connected blobs of at least ``min_area`` of the
+frame that changed since the previous frame; their boxes, in source pixels, are merged where
 they overlap or nearly touch.
 
-The background learns at ``alpha`` per frame where nothing moves and at a quarter of it inside
-moving blobs, so an object that stops fades into the background over seconds, not at once. A
+The background difference gives a moving object's whole extent (not just its edges); the
+previous frame's says it is moving now. So an object that stopped is no motion although the
+background has not learnt it yet (its track can become stationary), and neither is the "ghost"
+an object leaves where it stood when the background was seeded; one that moves again, or
+leaves, is. The background learns at ``alpha`` per frame where nothing moves and at a quarter of
+it inside moving blobs, so an object that stops fades into it over seconds, not at once. A
 change over most of the frame (a light switched on, the camera's exposure jumping) is no
 object: the background is re-seeded from that frame and no motion is reported for it.
 """
@@ -27,6 +32,8 @@ __all__ = ["MotionDetector", "MotionResult", "merge_boxes"]
 RESEED_FRACTION = 0.5
 """Changed share of the unmasked frame above which the background is re-seeded."""
 _MOVING_RATE = 0.25  # of alpha: how fast moving blobs are learnt into the background
+_MIN_ALIVE = 2  # pixels changed since the previous frame that make a blob moving now
+_ALIVE_SHARE = 0.01  # ... or this share of the blob, if more
 _MERGE_GAP = 0.02  # of the frame's larger side: boxes closer than this are merged
 _NO_BOXES = np.empty((0, 4), dtype=np.float64)
 
@@ -67,6 +74,7 @@ class MotionDetector:
         self._small = (0, 0)
         self._scale = (1.0, 1.0)
         self._background: npt.NDArray[np.float32] | None = None
+        self._previous: npt.NDArray[np.uint8] | None = None
         self._mask: npt.NDArray[np.uint8] | None = None
         self._unmasked = 1
         self._kernel = cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (5, 5))
@@ -84,36 +92,50 @@ class MotionDetector:
         small = cv2.resize(image, self._small, interpolation=cv2.INTER_LINEAR)
         grey = cv2.cvtColor(small, cv2.COLOR_BGR2GRAY) if small.ndim == 3 else small
         grey = cv2.GaussianBlur(grey, (5, 5), 0)
-        bg = self._background
-        if bg is None:
+        bg, previous = self._background, self._previous
+        self._previous = grey
+        if bg is None or previous is None:
             self._background = grey.astype(np.float32)
             return MotionResult(_NO_BOXES, 0.0)
-        diff = cv2.absdiff(grey, cv2.convertScaleAbs(bg))
-        _, changed = cv2.threshold(diff, self._cfg.threshold, 255, cv2.THRESH_BINARY)
-        if self._mask is not None:
-            cv2.bitwise_and(changed, self._mask, dst=changed)
+        changed = self._changed(cv2.absdiff(grey, cv2.convertScaleAbs(bg)))
         share = cv2.countNonZero(changed) / self._unmasked
         if share > RESEED_FRACTION:
             self._background = grey.astype(np.float32)
             self.reseeds += 1
             return MotionResult(_NO_BOXES, share, reseeded=True)
-        moving = cv2.dilate(changed, self._kernel, iterations=2)
         alpha = self._cfg.alpha
-        cv2.accumulateWeighted(grey, bg, alpha, mask=cv2.bitwise_not(moving))
         if share == 0.0:
+            cv2.accumulateWeighted(grey, bg, alpha)
             return MotionResult(_NO_BOXES, share)
+        now = self._changed(cv2.absdiff(grey, previous))
+        moving = cv2.dilate(cv2.bitwise_or(changed, now), self._kernel, iterations=2)
+        cv2.accumulateWeighted(grey, bg, alpha, mask=cv2.bitwise_not(moving))
         cv2.accumulateWeighted(grey, bg, alpha * _MOVING_RATE, mask=moving)
-        return MotionResult(self._blobs(moving), share)
+        if not cv2.countNonZero(now):
+            return MotionResult(_NO_BOXES, share)
+        return MotionResult(self._blobs(moving, now), share)
 
-    def _blobs(self, moving: npt.NDArray[Any]) -> npt.NDArray[np.float64]:
+    def _changed(self, diff: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        """The pixels of ``diff`` over the threshold (255), outside the mask."""
         import cv2
 
-        n, _, stats, _ = cv2.connectedComponentsWithStats(moving, connectivity=8)
+        _, changed = cv2.threshold(diff, self._cfg.threshold, 255, cv2.THRESH_BINARY)
+        if self._mask is not None:
+            cv2.bitwise_and(changed, self._mask, dst=changed)
+        return changed
+
+    def _blobs(self, moving: npt.NDArray[Any], now: npt.NDArray[Any]) -> npt.NDArray[np.float64]:
+        """Boxes of the blobs of ``moving`` big enough and with pixels changed ``now``."""
+        import cv2
+
+        n, labels, stats, _ = cv2.connectedComponentsWithStats(moving, connectivity=8)
         if n <= 1:
             return _NO_BOXES
+        alive = np.bincount(labels[now > 0], minlength=n)[1:]
         stats = stats[1:]
         min_px = self._cfg.min_area * self._small[0] * self._small[1]
-        keep = stats[stats[:, cv2.CC_STAT_AREA] >= min_px]
+        area = stats[:, cv2.CC_STAT_AREA]
+        keep = stats[(area >= min_px) & (alive >= np.maximum(_MIN_ALIVE, _ALIVE_SHARE * area))]
         if not len(keep):
             return _NO_BOXES
         x, y = keep[:, cv2.CC_STAT_LEFT], keep[:, cv2.CC_STAT_TOP]
@@ -135,6 +157,7 @@ class MotionDetector:
         self._size, self._small = (w, h), (sw, sh)
         self._scale = (w / sw, h / sh)
         self._background = None
+        self._previous = None
         self._mask = None
         self._unmasked = sw * sh
         if cfg.mask:

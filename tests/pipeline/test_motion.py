@@ -84,16 +84,32 @@ def test_a_global_lighting_change_reseeds_the_background_and_stops_reporting() -
     assert motion.reseeds == 1
 
 
-def test_an_object_that_stops_fades_into_the_background_but_not_at_once() -> None:
+def test_an_object_that_stops_is_no_motion_until_it_moves_again() -> None:
     base = scene()
     motion = MotionDetector(MotionConfig(alpha=0.05))
     motion.detect(base)
     frame = base.copy()
     frame[200:280, 300:380] = 255
-    still = [motion.detect(frame).moving for _ in range(200)]
-    # Seen for a while (a quarter of alpha inside moving regions), then learnt.
-    assert all(still[:20]), still.index(False)
-    assert not any(still[-20:])
+    arrived = motion.detect(frame)
+    assert arrived.moving
+    still = [motion.detect(frame) for _ in range(15)]
+    assert not any(r.moving for r in still)  # nothing changes from frame to frame
+    # ... but the background has not learnt it at once (a quarter of alpha where it moved):
+    assert still[-1].changed > 0.5 * arrived.changed
+    left = motion.detect(base)  # it leaves: motion where it stood
+    assert left.moving
+    x1, y1, x2, y2 = left.boxes[0]
+    assert x1 <= 300 and y1 <= 200 and x2 >= 380 and y2 >= 280, left.boxes
+
+
+def test_the_ghost_of_an_object_in_the_first_frame_is_no_motion_once_it_left() -> None:
+    base = scene()
+    first = base.copy()
+    first[100:160, 100:160] = 255  # in view when the background is seeded, then gone
+    motion = MotionDetector(MotionConfig())
+    motion.detect(first)
+    assert motion.detect(base).moving  # it leaves
+    assert not any(motion.detect(base).moving for _ in range(10))
 
 
 def test_merge_boxes_joins_overlapping_and_near_boxes_only() -> None:
