@@ -104,10 +104,10 @@ class MotionDetector:
             self.reseeds += 1
             return MotionResult(_NO_BOXES, share, reseeded=True)
         alpha = self._cfg.alpha
-        if share == 0.0:
+        now = self._changed(cv2.absdiff(grey, previous))
+        if share == 0.0 and not cv2.countNonZero(now):
             cv2.accumulateWeighted(grey, bg, alpha)
             return MotionResult(_NO_BOXES, share)
-        now = self._changed(cv2.absdiff(grey, previous))
         moving = cv2.dilate(cv2.bitwise_or(changed, now), self._kernel, iterations=2)
         cv2.accumulateWeighted(grey, bg, alpha, mask=cv2.bitwise_not(moving))
         cv2.accumulateWeighted(grey, bg, alpha * _MOVING_RATE, mask=moving)
