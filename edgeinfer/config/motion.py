@@ -4,7 +4,7 @@
 Which sources and tasks may be gated is decided here, where the YAML path of the pipeline is
 known (`gate_problem`): ``gate: auto`` gates live image sources (a camera) and runs every frame
 of a file; ``gate: motion`` on a file is taken as asked; a task or source without images is
-refused for ``gate: motion``, ``fps`` and ``regions``.
+refused for ``gate: motion`` and ``regions``, a source without images for ``fps`` too.
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def gate_problem(detect: DetectGateConfig, motion: MotionConfig, source_type: st
     if detect.regions and not detections:
         return (f"detect.regions: needs a task that gives boxes (detect, pose, segment; this "
                 f"one is {task_type!r})")
-    if detect.fps not in ("auto", None) and not image_task:
-        return (f"detect.fps: the model of a {task_type!r} task sees every input (its state "
-                "carries from one to the next); remove detect.fps")
+    if detect.fps not in ("auto", None) and source_type in NON_IMAGE_SOURCES:
+        return (f"detect.fps: only image frames are kept from the model, and a {source_type!r} "
+                "source gives none (its model sees every input); remove detect.fps")
     return None

@@ -22,7 +22,7 @@ from edgeinfer.tasks import config_problems
 ROOT = Path(__file__).resolve().parents[2]
 DEVICE_KEYS = {"device_id", "runtime", "pipelines", "logging", "mqtt", "metrics", "ota", "http"}
 PIPELINE_KEYS = {"name", "source", "model", "task", "sinks", "emit", "queue_size", "track",
-                 "zones", "lines", "record"}
+                 "zones", "lines", "record", "detect", "motion"}
 COLLECT_KEYS = {"database", "source", "batch", "metrics", "logging"}
 
 

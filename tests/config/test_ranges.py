@@ -39,6 +39,9 @@ EXTRA: dict[str, dict[str, Any]] = {
 # Scene analytics only exist on a detect pipeline, and media only with a zone or a line.
 SCENE = ("$.pipelines[0].track", "$.pipelines[0].zones", "$.pipelines[0].lines",
          "$.pipelines[0].record")
+# Motion settings only exist on a motion-gated pipeline: a camera with a detect task.
+MOTION = ("$.pipelines[0].motion", "$.pipelines[0].detect")
+MASK = "$.pipelines[0].motion.mask[0][0][0]"  # checked like zone points (motion mask tests)
 # Zone and line coordinates: any finite number is refused or taken by the geometry checks
 # (normalized 0..1, inside the frame, no self-crossing: tests/analytics/test_config.py).
 GEOMETRY = {"$.pipelines[0].zones[0].points[0][0]", "$.pipelines[0].lines[0].points[0][0]"}
@@ -170,6 +173,9 @@ def document(steps: tuple[Step, ...], value: object) -> dict[str, Any]:
     if "ota" in data:
         data.setdefault("mqtt", {})
     path = path_of(steps)
+    if path.startswith(MOTION):
+        pipeline = data["pipelines"][0]
+        pipeline.update(task={"type": "detect", "decoder": "yolov8"}, source={"type": "camera"})
     if path.startswith(SCENE):
         pipeline = data["pipelines"][0]
         pipeline["task"] = {"type": "detect", "decoder": "yolov8"}
@@ -236,6 +242,15 @@ def test_out_of_range_numbers_are_refused_with_their_path(
             data = {"pipelines": [{**minimal(mi.type_info(_pipeline())),
                                    "task": {"type": "detect", "decoder": "yolov8"},
                                    kind: [{"name": "g", "points": points}]}]}
+            with pytest.raises(msgspec.ValidationError, match=re.escape(f"at `{path}`")):
+                msgspec.convert(data, Config, strict=True)
+        return
+    if path == MASK:
+        for value in bad:
+            data = {"pipelines": [{**minimal(mi.type_info(_pipeline())),
+                                   "task": {"type": "detect", "decoder": "yolov8"},
+                                   "source": {"type": "camera"},
+                                   "motion": {"mask": [[[value, 0], [1, 0], [1, 1]]]}}]}
             with pytest.raises(msgspec.ValidationError, match=re.escape(f"at `{path}`")):
                 msgspec.convert(data, Config, strict=True)
         return
