@@ -74,7 +74,7 @@ class MotionDetector:
         self._small = (0, 0)
         self._scale = (1.0, 1.0)
         self._background: npt.NDArray[np.float32] | None = None
-        self._previous: npt.NDArray[np.uint8] | None = None
+        self._previous: npt.NDArray[Any] | None = None
         self._mask: npt.NDArray[np.uint8] | None = None
         self._unmasked = 1
         self._kernel = cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (5, 5))

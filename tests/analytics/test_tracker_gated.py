@@ -55,7 +55,7 @@ def test_a_still_track_becomes_stationary_and_misses_only_count_on_rechecks() ->
     assert tracker.stationary == 1
     # Detection frames run for motion elsewhere (or a crop without it): no misses, id kept.
     for _ in range(10):
-        ids = _update(tracker, [_box(500, 300)], recheck=False)
+        _update(tracker, [_box(500, 300)], recheck=False)
         predicted = tracker.predict()
         assert 1 in predicted.ids.tolist()
     i = predicted.ids.tolist().index(1)
