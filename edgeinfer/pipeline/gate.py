@@ -5,7 +5,9 @@ The model runs on a frame when (there is motion, or a tracked object that is not
 and ``detect.fps`` allows, or when ``keepalive_s`` passed since it last ran (a re-check of the
 whole frame); with ``gate: always`` whenever ``detect.fps`` allows. The gate's clock is the
 frame's stream time (a file's frame times, a camera's capture times), so a file read faster
-than real time is gated as if played.
+than real time is gated as if played. The motion detector looks at frames at the model's rate
+(``detect.fps``, and keep-alives): at 5 a second of a 15 fps camera, a third of them; it
+compares each with the one it looked at before.
 
 With ``regions`` the model sees one crop: the union of the merged motion boxes and the moving
 tracks, with a margin, at least the model's input size and of its aspect where the frame
@@ -64,6 +66,7 @@ class GateDecision:
 
 
 _EVERY = GateDecision(True, None, _NO_BOXES, recheck=True)
+_SKIP = GateDecision(False, None, _NO_BOXES)
 
 
 class DetectGate:
@@ -90,7 +93,8 @@ class DetectGate:
         self.regions = regions
         self.input_size = input_size or (0, 0)
         self.detector = MotionDetector(motion) if mode == "motion" else None
-        self._last = -math.inf
+        self._last = -math.inf  # stream time of the last model run
+        self._looked = -math.inf  # ... and of the last frame the motion detector looked at
         self._tracks: npt.NDArray[np.float64] = _NO_BOXES
         self._widen = False
         self.judged = 0  # frames the motion detector looked at
@@ -110,15 +114,19 @@ class DetectGate:
         if frame.kind != "image":
             return _EVERY
         t = frame.start if frame.start is not None else frame.ts
-        if t < self._last:  # a clock that went back (a source that restarted)
-            self._last = -math.inf
+        if t < self._last or t < self._looked:  # a clock that went back (a restart)
+            self._last = self._looked = -math.inf
         due = t - self._last >= _FPS_SLACK * self.period
         detector = self.detector
         if detector is None:
             if not due:
-                return GateDecision(False, None, _NO_BOXES)
+                return _SKIP
             self._last = t
             return _EVERY
+        keepalive = t - self._last >= self.keepalive_s
+        if t - self._looked < _FPS_SLACK * self.period and not keepalive:
+            return _SKIP  # motion is looked for at the model's rate, no more often
+        self._looked = t
         found = detector.detect(frame.data)
         self.judged += 1
         self.moving += found.moving
@@ -128,7 +136,7 @@ class DetectGate:
             region = self._region(frame, found.boxes, tracks) if self.regions else None
             self.cropped += region is not None
             return GateDecision(True, region, found.boxes)
-        if t - self._last >= self.keepalive_s:
+        if keepalive:
             self._last = t
             self._widen = False
             return GateDecision(True, None, found.boxes, recheck=True)

@@ -100,12 +100,15 @@ def test_motion_gate_runs_on_motion_at_its_fps_and_keeps_alive_otherwise() -> No
         decisions.append(gate.decide(_frame(i, image)))
     runs = [i for i, d in enumerate(decisions) if d.detect]
     rechecks = [i for i, d in enumerate(decisions) if d.recheck]
-    # The first frame, keep-alives every 15 frames, every third frame while it moves and as
-    # it leaves (the tracks' side is empty here: the emit stage would report the square's).
-    assert runs == [0, 15, 20, 23, 26, 29, 32, 35, 50], runs
-    assert rechecks == [0, 15, 50]
-    assert all(len(decisions[i].motion) for i in range(20, 36))
-    assert not any(len(decisions[i].motion) for i in range(36, 60))
+    # Motion is looked for at the model's rate, one frame in three (seen at 21, within one
+    # interval of its start); the model runs on the first frame, keep-alives every 15 frames,
+    # and while the square moves and as it leaves (the tracks' side is empty here: the emit
+    # stage would report the square's track).
+    assert runs == [0, 15, 21, 24, 27, 30, 33, 36, 51], runs
+    assert rechecks == [0, 15, 51]
+    assert all(len(decisions[i].motion) for i in runs[2:-1])
+    assert not any(len(decisions[i].motion) for i in (20, 22, 23, 25, *range(37, 60)))
+    assert gate.judged == 20
     gate.observe(np.array([[10.0, 10.0, 40.0, 40.0]]))  # a moving track: at the fps, no motion
     more = [gate.decide(_frame(i, still)).detect for i in range(60, 66)]
     assert more == [True, False, False, True, False, False]
