@@ -133,7 +133,7 @@ class DetectGate:
         tracks = self._tracks
         if (found.moving or len(tracks)) and due:
             self._last = t
-            region = self._region(frame, found.boxes, tracks) if self.regions else None
+            region = self.crop_for(frame, found.boxes, tracks) if self.regions else None
             self.cropped += region is not None
             return GateDecision(True, region, found.boxes)
         if keepalive:
@@ -155,8 +155,10 @@ class DetectGate:
                | ((y1 < height) & (boxes[:, 3] >= y1 - e)))
         return bool(cut.any())
 
-    def _region(self, frame: Frame, motion: npt.NDArray[np.float64],
-                tracks: npt.NDArray[np.float64]) -> Region | None:
+    def crop_for(self, frame: Frame, motion: npt.NDArray[np.float64],
+                 tracks: npt.NDArray[np.float64]) -> Region | None:
+        """The crop the model sees for ``motion`` and moving ``tracks`` boxes (`crop_region`);
+        ``None``, the whole frame, where there is none, or once after `widen`."""
         if self._widen:
             self._widen = False
             return None

@@ -134,3 +134,27 @@ def test_a_box_on_an_inner_crop_edge_is_told_from_one_on_the_frame_edge() -> Non
     on_frame_edge = np.array([[0.0, 200.0, 60.0, 260.0]])
     assert gate.touches_inner_edge(region, 640, 480, inner)
     assert not gate.touches_inner_edge(region, 640, 480, on_frame_edge)
+
+
+def test_a_detection_cut_by_a_crop_edge_makes_the_next_detection_frame_whole() -> None:
+    from edgeinfer.frames import DETECTIONS, Detection, TaskResult
+    from edgeinfer.pipeline.gate import GateDecision
+    from edgeinfer.pipeline.gated import GatedFrames
+
+    gate = DetectGate("motion", 5.0, 2.0, MotionConfig(), regions=True, input_size=(128, 128))
+    frames = GatedFrames(gate, None)
+    image = np.zeros((480, 640, 3), dtype=np.uint8)
+    frame = _frame(0, image)
+    region = (100, 100, 400, 400)
+    moving = np.array([[200.0, 200.0, 260.0, 260.0]])
+    inside = TaskResult(DETECTIONS, (Detection("face", 0, 0.9, (200.0, 200.0, 260.0, 260.0)),))
+    part, _ = frames.detected(frame, inside, GateDecision(True, region, moving))
+    assert part is inside
+    assert gate.crop_for(frame, moving, moving) is not None  # crops go on
+    cut = TaskResult(DETECTIONS, (Detection("face", 0, 0.9, (350.0, 200.0, 399.5, 260.0)),))
+    frames.detected(frame, cut, GateDecision(True, region, moving))
+    assert gate.crop_for(frame, moving, moving) is None  # the whole frame, once
+    assert gate.crop_for(frame, moving, moving) is not None
+    # Untracked: skipped frames repeat the last detections, and the gate watches them.
+    held, events = frames.skipped(_frame(1, image), GateDecision(False, None, moving))
+    assert held is cut and events == []
