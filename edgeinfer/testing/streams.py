@@ -39,7 +39,7 @@ import numpy as np
 
 from .procs import stop_process
 
-__all__ = ["APT_PACKAGES", "MjpegServer", "RtspServer", "rtsp_available"]
+__all__ = ["APT_PACKAGES", "MjpegServer", "RtspServer", "rtsp_available", "write_h264"]
 
 _RTSP_SCRIPT = Path(__file__).with_name("_rtsp_server.py")
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -353,6 +353,26 @@ class RtspServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def write_h264(path: str | os.PathLike[str], images: Sequence[np.ndarray], fps: int = 15,
+               gop: int | None = None) -> Path:
+    """Encode BGR ``images`` (all one even size) as H.264 in MP4 at ``path`` with PyAV's
+    libx264 (``ultrafast``: no B-frames; a keyframe every ``gop`` frames, default ``fps``), for
+    ``RtspServer(file=...)``. Needs PyAV (the ``rtsp`` extra)."""
+    import av
+
+    height, width = images[0].shape[:2]
+    with av.open(str(path), "w", format="mp4") as out:
+        stream = out.add_stream("libx264", rate=fps, options={
+            "preset": "ultrafast", "g": str(gop or fps), "keyint_min": str(gop or fps)})
+        assert isinstance(stream, av.VideoStream)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        for image in images:
+            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="bgr24")
+            out.mux(stream.encode(frame))
+        out.mux(stream.encode(None))
+    return Path(path)
 
 
 def _drain(proc: subprocess.Popen[str]) -> None:
