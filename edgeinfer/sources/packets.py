@@ -113,6 +113,11 @@ class PacketRing:
         return self._info
 
     @property
+    def wanted(self) -> bool:
+        """Whether anyone asked for packets (``keep``): a source copies none before."""
+        return self._max_bytes > 0
+
+    @property
     def remuxable(self) -> bool:
         """Whether clips can be cut from this stream (H.264 or H.265, packets held)."""
         info = self._info

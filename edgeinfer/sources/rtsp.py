@@ -262,8 +262,9 @@ class PyAvSource(Source):
             if packet.pts is None or packet.size == 0:
                 continue
             main.outage.recovered(main.backoff)
-            ring.push(bytes(packet), packet.pts, packet.dts,
-                      stream.clock(packet.pts, time.monotonic()), packet.is_keyframe)
+            if ring.wanted:  # the packets' bytes are copied only for a recorder
+                ring.push(bytes(packet), packet.pts, packet.dts,
+                          stream.clock(packet.pts, time.monotonic()), packet.is_keyframe)
 
     def _main_state(self, main: _Reader) -> None:
         s = self._main_stats
@@ -301,7 +302,7 @@ class PyAvSource(Source):
             if packet.size == 0:
                 continue
             now = time.monotonic()
-            if ring is not None and packet.pts is not None:
+            if ring is not None and packet.pts is not None and ring.wanted:
                 ring.push(bytes(packet), packet.pts, packet.dts, stream.clock(packet.pts, now),
                           packet.is_keyframe)
             try:

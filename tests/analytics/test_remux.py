@@ -1,6 +1,7 @@
 """Event clips cut from a real RTSP camera's own H.264 packets (GStreamer's RTSP server on
 loopback, read by the PyAV camera): the pre-roll is there, the clip starts on a keyframe, every
-frame decodes, no encoder CPU is spent, and Debian's Chromium plays it in a ``<video>``."""
+frame decodes, no encoder CPU is spent, and Debian's Chromium plays it in a ``<video>``; a
+pipeline built from config hands its recorder the camera's packets."""
 
 from __future__ import annotations
 
@@ -15,9 +16,12 @@ import pytest
 
 from edgeinfer.analytics.recorder import Recorder
 from edgeinfer.config.analytics import ClipConfig, RecordConfig, RetentionConfig
+from edgeinfer.config import parse_config
 from edgeinfer.config.pipeline import CameraSource as CameraConfig
 from edgeinfer.config.pipeline import ReconnectConfig
+from edgeinfer.pipeline import Pipeline
 from edgeinfer.sources import open_source
+from edgeinfer.testing.detector_models import conv_detector_model
 from edgeinfer.testing.streams import APT_PACKAGES, RtspServer, rtsp_available
 
 av = pytest.importorskip("av", reason="PyAV is not installed (pip install 'edgeinfer[rtsp]')")
@@ -149,3 +153,25 @@ def test_chromium_plays_the_remuxed_clip(remuxed: tuple[Recorder, dict[str, Any]
     assert state.get("error") is None, state
     assert state["time"] >= 0.5 and state["width"] == 320, state  # it plays: time advances
     assert state["duration"] >= PRE_S + POST_S - 0.2, state
+
+
+def test_a_built_pipeline_gives_its_recorder_the_cameras_packets(camera: RtspServer,
+                                                                 tmp_path: Path) -> None:
+    model = conv_detector_model(tmp_path / "det.onnx", size=64)
+    config = parse_config(
+        f"runtime: {{state_dir: '{tmp_path}'}}\n"
+        "pipelines:\n  - name: cam\n"
+        f"    source: {{type: camera, uri: '{camera.url}'}}\n"
+        f"    model: {{path: '{model}'}}\n"
+        "    task: {type: detect, decoder: yolov8, labels: [red, green]}\n"
+        "    track: {}\n"
+        "    lines: [{name: gate, points: [[0.5, 0], [0.5, 1]]}]\n"
+        "    record: {clips: {pre_s: 2, post_s: 1}}\n", base_dir=tmp_path)
+    pipeline = Pipeline.from_config(config)
+    try:
+        assert pipeline.source.packets is not None
+        assert pipeline.analytics is not None and pipeline.analytics.recorder is not None
+        stats = pipeline.analytics.recorder.stats()
+        assert stats["packets"] == pipeline.source.packets.stats()  # the same ring
+    finally:
+        pipeline.close()
