@@ -228,14 +228,17 @@ def _remux(path: Path, info: StreamInfo, packets: list[Packet]) -> None:
     tb = Fraction(*info.time_base)
     base = packets[0].dts
     with av.open(str(path), "w", format="mp4", options={"movflags": "+faststart"}) as out:
-        stream = out.add_stream(info.codec)
-        assert isinstance(stream, av.VideoStream)
-        stream.width, stream.height = info.width, info.height
+        # A stream without a codec context: ``add_stream`` would open an encoder (libx264)
+        # whose own parameter sets would end up in the file's header. The muxer takes the
+        # parameter sets from the first packet instead, so the stream's own (the SDP's, Annex
+        # B) go in front of it: a camera that sends them only in the SDP still gives a clip.
+        stream = out.add_mux_stream(info.codec, width=info.width, height=info.height)
         stream.time_base = tb
-        if info.extradata:
-            stream.codec_context.extradata = info.extradata
         for i, p in enumerate(packets):
-            packet = av.Packet(p.data)
+            data = p.data
+            if i == 0 and info.extradata.startswith((b"\0\0\0\1", b"\0\0\1")):
+                data = info.extradata + data
+            packet = av.Packet(data)
             packet.pts, packet.dts = p.pts - base, p.dts - base
             nxt = packets[i + 1].dts if i + 1 < len(packets) else None
             packet.duration = nxt - p.dts if nxt is not None else (

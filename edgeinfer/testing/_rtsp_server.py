@@ -7,8 +7,9 @@ exits on SIGTERM or SIGINT.
 
 Mounts: ``--mount`` serves the main stream, ``--sub-mount`` (with ``--sub-width`` and
 ``--sub-height``, or ``--sub-file``) a second, smaller one, as a camera's substream. A stream is
-a live ``videotestsrc`` encoded as MJPEG (``--codec jpeg``: plugins-good only) or H.264
-(``--codec h264``: ``x264enc`` from plugins-ugly, a keyframe every ``--gop`` frames), or, with
+a live ``videotestsrc`` encoded as MJPEG (``--codec jpeg``: plugins-good only), H.264
+(``--codec h264``: ``x264enc`` from plugins-ugly) or H.265 (``--codec h265``: ``x265enc`` from
+plugins-bad), a keyframe every ``--gop`` frames, or, with
 ``--file``, an MP4 file's H.264 video served as it is (no encoding at run time), looping: the
 file's access units are read once, then fed in real time with timestamps that run on across
 loops, so clients see one endless stream.
@@ -27,6 +28,10 @@ from typing import Any
 def _pattern(codec: str, width: int, height: int, fps: int, gop: int) -> str:
     raw = (f"videotestsrc is-live=true pattern=ball ! video/x-raw,width={width},height={height},"
            f"framerate={fps}/1 ! videoconvert ! video/x-raw,format=I420")
+    if codec == "h265":
+        return (f"( {raw} ! x265enc tune=zerolatency speed-preset=ultrafast key-int-max={gop} "
+                f"bitrate=800 ! video/x-h265,profile=main ! rtph265pay name=pay0 pt=96 "
+                f"config-interval=-1 )")
     if codec == "h264":
         return (f"( {raw} ! x264enc tune=zerolatency speed-preset=ultrafast key-int-max={gop} "
                 f"bitrate=800 ! video/x-h264,profile=baseline ! rtph264pay name=pay0 pt=96 "
@@ -138,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--width", type=int, default=320)
     parser.add_argument("--height", type=int, default=240)
     parser.add_argument("--fps", type=int, default=25)
-    parser.add_argument("--codec", choices=("jpeg", "h264"), default="jpeg")
+    parser.add_argument("--codec", choices=("jpeg", "h264", "h265"), default="jpeg")
     parser.add_argument("--gop", type=int, default=0, help="frames per keyframe (0: fps)")
     parser.add_argument("--file", default=None, help="serve this MP4's H.264 video, looping")
     parser.add_argument("--sub-mount", default=None)

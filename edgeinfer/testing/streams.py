@@ -49,6 +49,7 @@ APT_PACKAGES = (
 # The GStreamer elements each kind of stream needs (``rtsp_available(codec=...)``).
 _ELEMENTS = {"jpeg": ("videotestsrc", "videoconvert", "jpegenc", "rtpjpegpay"),
              "h264": ("videotestsrc", "videoconvert", "x264enc", "rtph264pay"),
+             "h265": ("videotestsrc", "videoconvert", "x265enc", "rtph265pay"),
              "file": ("appsrc", "qtdemux", "h264parse", "rtph264pay")}
 
 
@@ -216,8 +217,8 @@ class _MjpegHandler(BaseHTTPRequestHandler):
 def rtsp_available(python: str = SYSTEM_PYTHON, codec: str = "jpeg") -> str | None:
     """``None`` if ``RtspServer`` can run here, else why not (for a skip or an error message).
 
-    ``codec``: ``jpeg`` (the default stream), ``h264`` (encoded test pattern) or ``file`` (an MP4
-    file served as it is)."""
+    ``codec``: ``jpeg`` (the default stream), ``h264`` or ``h265`` (encoded test pattern) or
+    ``file`` (an MP4 file served as it is)."""
     if not os.path.exists(python):
         return f"{python} not found (Debian's python3 with gi runs the RTSP server)"
     probe = ("import gi; gi.require_version('Gst', '1.0'); gi.require_version('GstRtspServer', '1.0');"
@@ -253,7 +254,7 @@ class RtspServer:
         port: Port (``0``: a free one, chosen by the server and kept across restarts).
         mount: Path of the stream.
         python: The interpreter with GStreamer's ``gi`` bindings (Debian's ``/usr/bin/python3``).
-        codec: ``jpeg`` or ``h264``, for the pattern.
+        codec: ``jpeg``, ``h264`` or ``h265`` (``x265enc``, plugins-bad), for the pattern.
         gop: Frames from one keyframe to the next, H.264 pattern (``None``: ``fps``, 1 s).
         file: An MP4 (H.264 video) to serve on ``mount`` instead of the pattern, looping.
         substream: Also serve the pattern at this ``(width, height)`` on ``sub_mount``.
@@ -266,8 +267,8 @@ class RtspServer:
                  gop: int | None = None, file: str | os.PathLike[str] | None = None,
                  substream: tuple[int, int] | None = None,
                  sub_file: str | os.PathLike[str] | None = None, sub_mount: str = "/sub") -> None:
-        if codec not in ("jpeg", "h264"):
-            raise ValueError(f"codec {codec!r}: jpeg or h264")
+        if codec not in ("jpeg", "h264", "h265"):
+            raise ValueError(f"codec {codec!r}: jpeg, h264 or h265")
         self.host = "127.0.0.1"
         self.port = port
         self.width, self.height, self.fps = width, height, fps

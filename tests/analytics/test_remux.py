@@ -175,3 +175,17 @@ def test_a_built_pipeline_gives_its_recorder_the_cameras_packets(camera: RtspSer
         assert stats["packets"] == pipeline.source.packets.stats()  # the same ring
     finally:
         pipeline.close()
+
+
+def test_an_h265_camera_gives_an_hevc_clip(tmp_path: Path) -> None:
+    why = rtsp_available(codec="h265")
+    if why is not None:
+        pytest.skip(f"no H.265 RTSP server here: {why}")
+    with RtspServer(width=320, height=240, fps=FPS, codec="h265", gop=FPS) as server:
+        rec, media, _ = _record(server.url, tmp_path, PRE_S + 1.2, PRE_S + 1.2 + POST_S + 0.4)
+    assert rec.stats()["clips_remuxed"] == 1 and media["clip_format"] == "hevc/mp4"
+    with av.open(str(media["clip"])) as clip:
+        video = clip.streams.video[0]
+        frames = list(clip.decode(video))
+    assert video.codec_context.name == "hevc" and frames[0].key_frame
+    assert len(frames) >= (PRE_S + POST_S - 0.2) * FPS  # every frame decodes
