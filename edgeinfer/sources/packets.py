@@ -211,9 +211,13 @@ class PacketRing:
         # horizon (a cut from the horizon then starts at that keyframe), or over the budget.
         while True:
             nxt = next((i for i in range(1, len(packets)) if packets[i].keyframe), None)
-            if nxt is None:
-                return
             over = self._bytes > self._max_bytes
+            if nxt is None:
+                if self._bytes > 2 * self._max_bytes:  # one GOP over twice the budget: let go
+                    self.dropped += len(packets)
+                    packets.clear()
+                    self._bytes = 0
+                return
             if packets[nxt].clock > horizon and not over:
                 return
             if over and packets[nxt].clock > horizon:

@@ -186,6 +186,7 @@ class PyAvSource(Source):
         self._outage = self._reader.outage
         self._main: _Reader | None = None
         self._main_stats = SourceStats()
+        self._main_stop = threading.Event()  # set by stop() and on leaving the with block
         self._main_thread: threading.Thread | None = None
         self._display: tuple[int, int] | None = None
 
@@ -206,14 +207,18 @@ class PyAvSource(Source):
     def health(self) -> Health | None:
         return self._outage.health(self._reader.backoff.next_at)
 
+    def stop(self) -> None:
+        super().stop()
+        self._main_stop.set()
+
     def _open(self) -> None:
-        self._stop.clear()
         self._reader.connect()
         if self._split:
             # The main stream retries for ever: detection goes on while clips wait for it.
             forever = msgspec.structs.replace(self.config.reconnect, max_attempts=None)
-            self._main = _Reader(self._main_uri, self.config, self._main_stats, self._stop,
-                                 forever)
+            self._main_stop.clear()
+            self._main = _Reader(self._main_uri, self.config, self._main_stats,
+                                 self._main_stop, forever)
             self._main_thread = threading.Thread(target=self._demux_main, daemon=True,
                                                  name=f"rtsp-main-{self._main.name}")
             self._main_thread.start()
@@ -221,7 +226,7 @@ class PyAvSource(Source):
             self._reset_ring()
 
     def _close(self) -> None:
-        self._stop.set()
+        self._main_stop.set()
         thread, self._main_thread = self._main_thread, None
         if thread is not None:
             thread.join(self.config.open_timeout_s + 2)
@@ -240,7 +245,7 @@ class PyAvSource(Source):
         assert main is not None
         ring = self._ring
         main.connect()
-        while not self._stop.is_set():
+        while not self._main_stop.is_set():
             stream = main.stream
             if stream is None:
                 self._main_state(main)
@@ -255,7 +260,7 @@ class PyAvSource(Source):
             try:
                 packet = next(stream.packets)
             except (StopIteration, av.error.FFmpegError) as exc:
-                if self._stop.is_set():
+                if self._main_stop.is_set():
                     return
                 main.lost(exc if isinstance(exc, av.error.FFmpegError) else None)
                 continue

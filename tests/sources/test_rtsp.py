@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from edgeinfer.errors import ConfigError, SourceError
 from edgeinfer.frames import Frame
 from edgeinfer.sources import Source, open_source
 from edgeinfer.sources.camera import CameraSource
+from edgeinfer.sources import cameras
 from edgeinfer.sources.cameras import camera_reader
 from edgeinfer.sources.packets import PacketRing, StreamInfo
 from edgeinfer.testing.mosquitto import free_port
@@ -121,6 +123,33 @@ def test_refused_is_no_source_in_words_and_the_password_stays_out(
     assert source.name == f"rtsp://admin:***@127.0.0.1:{port}/x"
     assert "s3cret" not in str(info.value) and "s3cret" not in caplog.text
     assert "s3cret" not in source.stats.last_error and source.stats.retries == 2
+
+
+def test_a_server_that_answers_nothing_times_out_as_a_stall() -> None:
+    with socket.socket() as quiet:  # accepts the connection, then says nothing
+        quiet.bind(("127.0.0.1", 0))
+        quiet.listen()
+        port = quiet.getsockname()[1]
+        config = CameraConfig(uri=f"rtsp://127.0.0.1:{port}/x", backend="pyav",
+                              open_timeout_s=0.5, reconnect=ReconnectConfig(max_attempts=1))
+        t0 = time.monotonic()
+        with open_source(config) as source:
+            health = source.health()
+            assert not source.waiting  # a stall the watchdog should see, not an absent camera
+        assert time.monotonic() - t0 < 10
+    assert health is not None and health.reason == (
+        f"timed out connecting to 127.0.0.1:{port}: is the camera on this network, and the "
+        "address right?")
+
+
+def test_pyav_asked_for_but_missing_is_refused_with_the_fix(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cameras, "pyav_available", lambda: False)  # as on a board without it
+    with pytest.raises(SourceError, match=r"detect_uri needs PyAV.*pip install 'edgeinfer\[rtsp\]'"):
+        open_source(CameraConfig(uri="rtsp://c/main", detect_uri="rtsp://c/sub"))
+    with pytest.raises(SourceError, match="backend: pyav needs PyAV"):
+        open_source(CameraConfig(uri="rtsp://c/main", backend="pyav"))
+    assert isinstance(open_source(CameraConfig(uri="rtsp://c/main")), CameraSource)  # OpenCV
 
 
 def test_a_missing_path_is_named(h264: RtspServer) -> None:
