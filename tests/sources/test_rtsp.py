@@ -87,6 +87,14 @@ def test_h264_frames_clock_and_packet_ring(h264: RtspServer) -> None:
     assert source.packets.remuxable
 
 
+def test_max_fps_skips_and_counts(h264: RtspServer) -> None:
+    source = open_source(CameraConfig(uri=h264.url, max_fps=5, open_timeout_s=5))
+    with source:
+        frames = take(source, iter(source), 6)
+    assert source.stats.skipped >= 8  # 15 fps in, 5 out: two of three skipped
+    assert all(b.ts - a.ts >= 0.2 - 0.01 for a, b in zip(frames[1:], frames[2:], strict=False))
+
+
 def test_reconnects_after_server_restart() -> None:
     _need("h264")
     with RtspServer(width=160, height=120, fps=15, codec="h264") as server:
