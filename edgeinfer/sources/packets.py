@@ -230,7 +230,8 @@ def _remux(path: Path, info: StreamInfo, packets: list[Packet]) -> None:
     import av  # the rtsp extra; only sources that made packets got here
 
     tb = Fraction(*info.time_base)
-    base = packets[0].dts
+    dts = _decode_times([p.pts for p in packets])
+    base = dts[0]
     with av.open(str(path), "w", format="mp4", options={"movflags": "+faststart"}) as out:
         # A stream without a codec context: ``add_stream`` would open an encoder (libx264)
         # whose own parameter sets would end up in the file's header. The muxer takes the
@@ -243,11 +244,25 @@ def _remux(path: Path, info: StreamInfo, packets: list[Packet]) -> None:
             if i == 0 and info.extradata.startswith((b"\0\0\0\1", b"\0\0\1")):
                 data = info.extradata + data
             packet = av.Packet(data)
-            packet.pts, packet.dts = p.pts - base, p.dts - base
-            nxt = packets[i + 1].dts if i + 1 < len(packets) else None
-            packet.duration = nxt - p.dts if nxt is not None else (
-                p.dts - packets[i - 1].dts if i else 0)
+            packet.pts, packet.dts = p.pts - base, dts[i] - base
+            nxt = dts[i + 1] if i + 1 < len(packets) else None
+            packet.duration = nxt - dts[i] if nxt is not None else (
+                dts[i] - dts[i - 1] if i else 0)
             packet.time_base = tb
             packet.is_keyframe = p.keyframe
             packet.stream = stream
             out.mux(packet)
+
+
+def _decode_times(pts: list[int]) -> list[int]:
+    """Decode timestamps for packets in decode order with presentation times ``pts``. RTP
+    carries presentation times only, and with B-frames FFmpeg's guesses can pass them; the
+    n-th smallest pts, moved back by the largest reordering, increases and never passes a
+    packet's own pts."""
+    ordered = sorted(pts)
+    shift = max(0, *(o - p for o, p in zip(ordered, pts, strict=True)))
+    out = [o - shift for o in ordered]
+    for i in range(1, len(out)):  # the same pts twice: still strictly increasing
+        if out[i] <= out[i - 1]:
+            out[i] = out[i - 1] + 1
+    return out

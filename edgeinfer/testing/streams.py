@@ -357,16 +357,18 @@ class RtspServer:
 
 
 def write_h264(path: str | os.PathLike[str], images: Sequence[np.ndarray], fps: int = 15,
-               gop: int | None = None) -> Path:
+               gop: int | None = None, bframes: int = 0) -> Path:
     """Encode BGR ``images`` (all one even size) as H.264 in MP4 at ``path`` with PyAV's
-    libx264 (``ultrafast``: no B-frames; a keyframe every ``gop`` frames, default ``fps``), for
-    ``RtspServer(file=...)``. Needs PyAV (the ``rtsp`` extra)."""
+    libx264 (``ultrafast``; a keyframe every ``gop`` frames, default ``fps``; ``bframes``
+    B-frames between references, as some cameras send), for ``RtspServer(file=...)``. Needs
+    PyAV (the ``rtsp`` extra)."""
     import av
 
     height, width = images[0].shape[:2]
     with av.open(str(path), "w", format="mp4") as out:
         stream = out.add_stream("libx264", rate=fps, options={
-            "preset": "ultrafast", "g": str(gop or fps), "keyint_min": str(gop or fps)})
+            "preset": "ultrafast", "g": str(gop or fps), "keyint_min": str(gop or fps),
+            "bf": str(bframes)})
         assert isinstance(stream, av.VideoStream)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         for image in images:

@@ -209,6 +209,25 @@ def test_a_file_is_served_looping_without_encoding(tmp_path: Path) -> None:
     assert any(b < a - 64 for a, b in zip(cols, cols[1:], strict=False)), cols
 
 
+def test_a_camera_with_b_frames_gives_clips_that_decode(tmp_path: Path) -> None:
+    _need("file")
+    images = [np.full((96, 128, 3), 10 * i, np.uint8) for i in range(15)]
+    path = write_h264(tmp_path / "b.mp4", images, fps=15, gop=15, bframes=2)
+    with av.open(str(path)) as f:  # presentation order differs from decode order
+        assert any(p.pts != p.dts for p in f.demux() if p.pts is not None)
+    with RtspServer(file=path) as server:
+        source = open_source(CameraConfig(uri=server.url, open_timeout_s=5, reconnect=FAST))
+        assert source.packets is not None
+        source.packets.keep(2.0, 4 << 20)
+        with source:
+            frames = take(source, iter(source), 40)
+            cut = source.packets.cut(frames[-1].ts - 1.5, frames[-1].ts, tmp_path / "clip.mp4")
+    assert cut is not None and source.stats.corrupt == 0
+    with av.open(str(tmp_path / "clip.mp4")) as clip:
+        decoded = list(clip.decode(clip.streams.video[0]))
+    assert len(decoded) == cut.packets and decoded[0].key_frame
+
+
 def test_packet_ring_keeps_whole_gops_within_its_budget() -> None:
     ring = PacketRing()
     ring.push(b"x", 0, 0, 0.0, True)
