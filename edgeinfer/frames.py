@@ -44,6 +44,11 @@ class Frame:
         start: Stream time in seconds of the first sample of an audio or series window, or of
             a video file's frame (its index over the file's frame rate, counting on across
             loops); ``None`` for live images. Scene analytics time dwell and loitering on it.
+        display: ``(width, height)`` of the picture ``data`` stands for, when ``data`` is a
+            smaller copy of it: a camera's substream decoded for detection (``detect_uri``)
+            while clips come from the main stream. Boxes, keypoints, masks, zones and lines
+            are in these pixels, and ``width``/``height`` say this size; ``data.shape`` says
+            the decoded one. ``None``: ``data``'s own size.
     """
 
     index: int
@@ -54,13 +59,18 @@ class Frame:
     sample_rate: int | None = None
     fields: tuple[str, ...] = ()
     start: float | None = None
+    display: tuple[int, int] | None = None
 
     @property
     def height(self) -> int:
-        return int(self.data.shape[0])
+        """Height of the picture (``display``'s when set), in the pixels of its boxes."""
+        return self.display[1] if self.display is not None else int(self.data.shape[0])
 
     @property
     def width(self) -> int:
+        """Width of the picture (``display``'s when set), in the pixels of its boxes."""
+        if self.display is not None:
+            return self.display[0]
         return int(self.data.shape[1]) if self.kind == "image" else 0
 
 

@@ -109,6 +109,8 @@ class PendingClip:
         filled: The ring's earlier frames were added (the encoder thread reached the event).
         done: Complete or cut short; no more events join.
         events: The records of the events in the clip, told when it cannot be written.
+        remux: Cut from the camera's own packets (``PacketRing.cut``), not encoded from
+            ``frames``.
     """
 
     clip_id: str
@@ -120,6 +122,7 @@ class PendingClip:
     filled: bool = False
     done: bool = False
     events: list[dict[str, Any]] = field(default_factory=list)
+    remux: bool = False
 
 
 @dataclass(slots=True)

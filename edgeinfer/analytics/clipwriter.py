@@ -1,5 +1,9 @@
 """Event clips: encoded and written by a thread of their own once their post-roll is in, so
 that the encoder keeping frames never waits for seconds of video encoding (``record.clips``).
+A clip of a camera whose packets are kept (``sources.packets.PacketRing``: RTSP H.264/H.265
+through PyAV) is instead cut from them by remuxing: no decoding, no encoding, the camera's own
+resolution and frame rate, nothing drawn. The thread's CPU time per clip is counted for each way
+(``remux_cpu_s``, ``encode_cpu_s`` on the recorder's stats).
 
 A clip is written atomically into the media folder (``media.MediaStore``: retention, the
 free-space floor). OpenCV says only that it cannot open a file, and a moment without a free
@@ -16,11 +20,15 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from ..errors import StorageError
 from .clips import ClipFormat, Entry, PendingClip, write_clip
 from .draw import Geometry
 from .media import MediaStore
+
+if TYPE_CHECKING:
+    from ..sources.packets import PacketRing
 
 __all__ = ["ClipWriter"]
 
@@ -42,16 +50,21 @@ class ClipWriter:
         release: Called with each clip's frames once it is written (or given up).
         count: Called with a stats key: ``clips_written``, ``clips_missed`` or ``errors``.
         nice: Lowers the thread's priority (called in the thread first).
+        spent: Called with ``remux`` or ``encode`` and the CPU seconds a clip took.
 
     Attributes:
         thread: The writer thread (started by ``start``).
         hurry: Set when closing took too long: the clip being written ends at its next frame.
+        ring: The camera's packets, for clips marked ``remux``.
     """
 
     def __init__(self, pipeline: str, store: MediaStore, fps: float, min_free_mb: float,
                  geometry: Callable[[], Geometry], release: Callable[[Sequence[Entry]], None],
-                 count: Callable[[str], None], nice: Callable[[], None]) -> None:
+                 count: Callable[[str], None], nice: Callable[[], None],
+                 spent: Callable[[str, float], None] | None = None) -> None:
         self.pipeline = pipeline
+        self.ring: PacketRing | None = None
+        self._spent = spent
         self._store, self._fps, self._min_free_mb = store, fps, min_free_mb
         self._geometry, self._release, self._count, self._nice = geometry, release, count, nice
         self._format: ClipFormat | None = None
@@ -84,8 +97,13 @@ class ClipWriter:
                                exc_info=True)
             finally:
                 self._release(job.frames)
+                if job.remux and self.ring is not None:
+                    self.ring.unpin(job.start)
 
     def _write(self, clip: PendingClip) -> None:
+        if clip.remux:
+            self._remux(clip)
+            return
         if self._format is None:
             return
         if not clip.frames:
@@ -98,8 +116,11 @@ class ClipWriter:
         for attempt in range(1, _TRIES + 1):
             try:
                 with self._store.atomic(clip.path) as temp:
+                    cpu = time.thread_time()
                     write_clip(temp, self._format, clip.frames, self._geometry(), clip.track_id,
                                self._fps, self.hurry)
+                    if self._spent is not None:
+                        self._spent("encode", time.thread_time() - cpu)
             except (StorageError, OSError) as exc:
                 # OpenCV says only that it cannot open the file: no descriptor left (EMFILE
                 # under a flood of web clients) passes, so it is tried again, bounded.
@@ -117,8 +138,40 @@ class ClipWriter:
                 self._count("clips_written")
                 return
 
+    def _remux(self, clip: PendingClip) -> None:
+        ring = self.ring
+        assert ring is not None, "a remux clip without the camera's packets"
+        if not self._store.has_room():
+            self._missing(clip, f"the disk had less than retention.min_free_mb "
+                                f"({self._min_free_mb:g} MiB) free")
+            return
+        cpu = time.thread_time()
+        try:
+            with self._store.atomic(clip.path) as temp:
+                if ring.cut(clip.start, clip.end, temp) is None:
+                    raise _Gone()
+        except _Gone:
+            self._missing(clip, "the camera's packets from a keyframe before the clip's start "
+                                "were gone (the stream reconnected, or the packet buffer, "
+                                "clips.buffer_mb, was full)")
+            return
+        except Exception as exc:  # FFmpeg's muxer, or the disk
+            self._count("errors")
+            logger.warning("pipeline %s: cannot remux clip %s: %s", self.pipeline,
+                           clip.path.name, exc)
+            self._missing(clip, f"cannot remux clip {clip.path.name}: {exc}")
+            return
+        if self._spent is not None:
+            self._spent("remux", time.thread_time() - cpu)
+        self._count("clips_written")
+        self._count("clips_remuxed")
+
     def _missing(self, clip: PendingClip, why: str) -> None:
         self._count("clips_missed")
         for event in clip.events:  # values of keys the records have: they keep their size
             event["clip"] = None
             event["clip_missing"] = why
+
+
+class _Gone(Exception):
+    """The packets a remux clip needs are no longer held."""

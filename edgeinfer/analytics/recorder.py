@@ -21,6 +21,12 @@ On Linux the threads lower their own priority (the encoder's and the snapshot wr
 value by 5, the clip writer's by 10, relative to the thread that started them) so that media
 work yields the CPU to inference on a 2- or 4-core board; encoding a VP8 clip takes tens of
 milliseconds a frame.
+
+A camera that keeps its own packets (``use_packets``: RTSP H.264/H.265 through PyAV) gets its
+clips cut from them instead (``clips.remux``): the packets from the keyframe at or before the
+pre-roll's start to the post-roll's end, remuxed into MP4 without decoding or encoding, at the
+camera's resolution and frame rate, with nothing drawn. Snapshots still come from the decoded
+frames (a substream's, with ``detect_uri``).
 """
 
 # Over 450 lines: the emit thread's hand-off and the encoder thread share one lock, inbox and buffer.
@@ -39,7 +45,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config.analytics import ClipConfig, RecordConfig
 from ..errors import EdgeInferError, StateError
@@ -49,6 +55,9 @@ from .clipwriter import ClipWriter
 from .draw import Boxed, Geometry, encode_jpeg
 from .media import MediaStore
 from .snapshots import SNAPSHOT_KEYS, SnapJob, SnapRequest, SnapshotWriter
+
+if TYPE_CHECKING:
+    from ..sources.packets import PacketRing
 
 __all__ = ["Recorder"]
 
@@ -122,7 +131,10 @@ class Recorder:
                                      functools.partial(_lower_priority, _SNAPSHOT_NICE))
         self._clips = ClipWriter(pipeline, self._store, self._clip_cfg.fps,
                                  config.retention.min_free_mb, self._scene, self._release_all,
-                                 self._count, functools.partial(_lower_priority, _WRITER_NICE))
+                                 self._count, functools.partial(_lower_priority, _WRITER_NICE),
+                                 self._spent)
+        self._ring: PacketRing | None = None
+        self._cpu = {"remux": 0.0, "encode": 0.0}
         self._buf = FrameBuffer(self._pre, self._period, self._clip_cfg.buffer_mb * _MIB)
         self._open: PendingClip | None = None
         self._threads: list[threading.Thread] = []
@@ -135,7 +147,7 @@ class Recorder:
         self._in_flight = 0
         self._n = dict.fromkeys(("kept", "encoded", "dropped_queue", "errors",
                                  "clips_written", "clips_missed", "snapshots_written",
-                                 "snapshots_missed"), 0)
+                                 "snapshots_missed", "clips_remuxed"), 0)
 
     def __enter__(self) -> Recorder:
         self.start()
@@ -144,6 +156,15 @@ class Recorder:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+    def use_packets(self, ring: PacketRing) -> None:
+        """Cut clips from the camera's own packets (``clips.remux``), asking ``ring`` to keep
+        the pre-roll (whole GOPs) within ``clips.buffer_mb``. Call before ``start``."""
+        cfg = self.config.clips
+        if cfg is None or not cfg.remux:
+            return
+        self._ring = self._clips.ring = ring
+        ring.keep(cfg.pre_s, int(cfg.buffer_mb * _MIB))
 
     def start(self) -> None:
         """Prepare the media folder (retention), pick the clip format and start the threads.
@@ -217,10 +238,12 @@ class Recorder:
             ``snapshot_pending`` (the absolute path it will have), ``snapshot_missing`` (why
             there is none), ``clip`` (the absolute path the clip will have) and
             ``clip_format``, ``clip_missing`` (why the clip could not be written: then
-            ``clip`` is ``None`` again); all ``None`` for event types not in ``record.events``.
+            ``clip`` is ``None`` again), ``clip_remux`` (cut from the camera's packets, not
+            encoded); all ``None`` for event types not in ``record.events``.
         """
         media = event if event is not None else {}
-        media.update(dict.fromkeys((*SNAPSHOT_KEYS, "clip", "clip_format", "clip_missing")))
+        media.update(dict.fromkeys((*SNAPSHOT_KEYS, "clip", "clip_format", "clip_missing",
+                                    "clip_remux")))
         if event_type not in self._events or self._state != "running":
             return media
         name = _safe_name(event_id)
@@ -232,9 +255,10 @@ class Recorder:
         own = request is not None and self._own_frame and event_type != "exit"
         with self._cv:
             clip = self._clip_for(name, track_id, clock)
-            if clip is not None and self._format is not None:
+            if clip is not None:
                 media["clip"] = str(clip.path.absolute())
-                media["clip_format"] = self._format.name
+                media["clip_format"] = self._clip_format(clip)
+                media["clip_remux"] = clip.remux
                 clip.events.append(media)
             if own:
                 assert request is not None
@@ -259,9 +283,10 @@ class Recorder:
 
     def stats(self) -> dict[str, Any]:
         """Counters: frames kept, queued (or being encoded), encoded and dropped (queue, buffer),
-        the ring's frames and encoded bytes, all buffered bytes, files written, snapshots
-        missed, disk use, retention and low-disk skips, write errors and retries, the clip
-        format."""
+        the ring's frames and encoded bytes, all buffered bytes, files written (``clips_remuxed``
+        of them cut from the camera's packets), snapshots missed, disk use, retention and
+        low-disk skips, write errors and retries, the clip format, the clip writer's CPU
+        seconds for each way, and the camera's packet ring (``packets``) when clips use it."""
         with self._lock:
             s: dict[str, Any] = dict(self._n)
             buf = self._buf
@@ -272,7 +297,11 @@ class Recorder:
         s.update(bytes_on_disk=self._store.bytes_on_disk, deleted=self._store.deleted,
                  skipped_low_disk=self._store.skipped, write_errors=self._store.errors,
                  write_retries=self._store.retries,
-                 clip_format=self._format.name if self._format else None)
+                 clip_format=self._format.name if self._format else None,
+                 remux_cpu_s=round(self._cpu["remux"], 4),
+                 encode_cpu_s=round(self._cpu["encode"], 4))
+        if self._ring is not None:
+            s["packets"] = self._ring.stats()
         return s
 
     def close(self, timeout: float = 10.0) -> None:
@@ -307,17 +336,28 @@ class Recorder:
 
     def _clip_for(self, name: str, track_id: int, clock: float) -> PendingClip | None:
         cfg = self.config.clips
-        if cfg is None or self._format is None:
+        remux = self._ring is not None and self._ring.remuxable
+        if cfg is None or (self._format is None and not remux):
             return None
         c = self._open
         if c is not None and not c.done and c.start <= clock <= c.end:
             c.end = min(max(c.end, clock + cfg.post_s), c.start + _MAX_CLIP_S)
             return c
         start = clock - cfg.pre_s
-        path = self._store.clips / f"{name}.{self._format.ext}"
+        ext = "mp4" if remux or self._format is None else self._format.ext
+        path = self._store.clips / f"{name}.{ext}"
         self._open = PendingClip(name, path, track_id, start,
-                                 min(clock + cfg.post_s, start + _MAX_CLIP_S))
+                                 min(clock + cfg.post_s, start + _MAX_CLIP_S), remux=remux)
+        if remux:
+            assert self._ring is not None
+            self._ring.pin(start)  # unpinned by the writer once the clip is cut
         return self._open
+
+    def _clip_format(self, clip: PendingClip) -> str | None:
+        if clip.remux:
+            info = self._ring.info if self._ring is not None else None
+            return f"{info.codec}/mp4" if info is not None else None
+        return self._format.name if self._format is not None else None
 
     def _drop_one(self) -> None:
         # The oldest frame no event waits for; when events wait for all, the oldest of those
@@ -386,15 +426,18 @@ class Recorder:
 
     def _encode(self, item: _Item) -> None:
         frame = item.frame
-        image, scale = frame.data, 1.0
+        image = frame.data
+        # Boxes are in frame.width's pixels; data may be a smaller copy (a substream).
+        scale = image.shape[1] / frame.width if frame.display is not None else 1.0
         width = self._clip_cfg.max_width
         try:
-            if width is not None and frame.width > width:
+            if width is not None and image.shape[1] > width:
                 import cv2
 
-                scale = width / frame.width
-                size = (width, max(2, round(frame.height * scale)))
+                shrink = width / image.shape[1]
+                size = (width, max(2, round(image.shape[0] * shrink)))
                 image = cv2.resize(image, size, interpolation=cv2.INTER_AREA)
+                scale *= shrink
             jpeg = encode_jpeg(image, self._clip_cfg.quality)
         except EdgeInferError as exc:
             self._count("errors")
@@ -469,6 +512,10 @@ class Recorder:
     def _count(self, key: str) -> None:
         with self._lock:
             self._n[key] += 1
+
+    def _spent(self, way: str, cpu_s: float) -> None:
+        with self._lock:
+            self._cpu[way] += cpu_s
 
 
 def _lower_priority(increment: int) -> None:

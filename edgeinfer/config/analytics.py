@@ -144,7 +144,13 @@ class ClipConfig(ConfigStruct, frozen=True):
             times ``mp4v``'s time per frame (12 against 2 ms at 640x480, 24 against 4 ms at
             1280x720 on an x86 core; written on a low-priority thread). ``mp4v`` is the cheap
             choice for weak boards.
-        buffer_mb: Most memory the ring buffer and the clips being cut may hold.
+        buffer_mb: Most memory the ring buffer and the clips being cut may hold (and, with
+            ``remux``, the camera's packets held for clips, the same again).
+        remux: When the source keeps the camera's own packets (RTSP H.264/H.265 through PyAV,
+            ``docs/sources.md``), cut clips from them: remuxed into MP4 from the keyframe at or
+            before ``pre_s`` to ``post_s``, no decoding or encoding (no encoder CPU), the
+            camera's resolution and frame rate, nothing drawn on them. ``false``, or a source
+            without packets: the kept frames are encoded with boxes, zones and lines drawn.
     """
 
     pre_s: Annotated[float, Meta(ge=0, le=60)] = 3.0
@@ -154,6 +160,7 @@ class ClipConfig(ConfigStruct, frozen=True):
     max_width: Annotated[int, Meta(ge=64, le=16384)] | None = 960
     format: Literal["auto", "h264", "vp8", "mp4v", "mjpeg"] = "auto"
     buffer_mb: MiB = 64.0
+    remux: bool = True
 
 
 class RetentionConfig(ConfigStruct, frozen=True):

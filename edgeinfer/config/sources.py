@@ -42,27 +42,61 @@ class ReconnectConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, 
 
 
 class CameraSource(TaggedPart, tag="camera", frozen=True):
-    """OpenCV capture: a V4L2 device (``/dev/video0`` or an index), ``rtsp://``, ``http(s)://``
-    MJPEG, or a GStreamer pipeline (``backend: gstreamer``, ``uri`` ending in ``appsink``).
+    """A camera: a V4L2 device (``/dev/video0`` or an index), an ``rtsp://`` / ``rtsps://``
+    stream, ``http(s)://`` MJPEG, or a GStreamer pipeline (``backend: gstreamer``, ``uri`` ending
+    in ``appsink``). RTSP goes through PyAV when it is installed (``edgeinfer[rtsp]``): the
+    camera's own H.264/H.265 packets are kept for event clips cut without re-encoding
+    (``docs/sources.md``); everything else through OpenCV.
 
     Attributes:
         uri: Device path, device index, stream URL or GStreamer pipeline.
-        width, height, fps: Requested capture mode (the device may pick the nearest).
+        detect_uri: The camera's low-resolution substream (``rtsp://.../sub``): the frames the
+            pipeline decodes and detects on, while ``uri`` (the main stream) is only demuxed for
+            clips and never decoded. Boxes, zones and lines are in main-stream pixels. Needs
+            PyAV (``backend: auto`` or ``pyav``) and a stream ``uri``.
+        width, height, fps: Requested capture mode of a V4L2 device (the device may pick the
+            nearest).
         max_fps: Cap on frames handed to the pipeline (frames over it are skipped and counted).
-        backend: ``auto``, ``v4l2``, ``ffmpeg`` or ``gstreamer``.
+        backend: ``auto`` (PyAV for ``rtsp://`` and ``rtsps://`` when installed, else OpenCV's
+            FFmpeg; V4L2 for devices), ``pyav``, ``v4l2``, ``ffmpeg`` (OpenCV's) or
+            ``gstreamer`` (OpenCV's).
+        transport: RTSP over ``tcp`` (interleaved: no packet lost, what clips from the camera's
+            packets need) or ``udp``; ``auto``: TCP with PyAV, FFmpeg's own choice with OpenCV.
+            ``tcp``/``udp`` need PyAV.
         fourcc: Pixel format to ask a V4L2 device for, e.g. ``MJPG``.
         open_timeout_s: How long opening or reading a stream may take before it counts as lost.
     """
 
     uri: Arg | Annotated[int, Meta(ge=0, le=255)] = 0
+    detect_uri: Arg | None = None
     width: Size | None = None
     height: Size | None = None
     fps: Fps | None = None
     max_fps: Fps | None = None
-    backend: Literal["auto", "v4l2", "ffmpeg", "gstreamer"] = "auto"
+    backend: Literal["auto", "pyav", "v4l2", "ffmpeg", "gstreamer"] = "auto"
+    transport: Literal["auto", "tcp", "udp"] = "auto"
     fourcc: Annotated[str, Meta(min_length=4, max_length=4)] | None = None
     open_timeout_s: Seconds = 10.0
     reconnect: ReconnectConfig = msgspec.field(default_factory=ReconnectConfig)
+
+    def __post_init__(self) -> None:
+        if self.backend == "pyav" and not _is_url(self.uri):
+            raise ValueError(f"backend pyav reads streams (rtsp://...); uri {self.uri!r} is not "
+                             "one: use backend auto or v4l2 for a device")
+        if self.detect_uri is not None:
+            if self.backend not in ("auto", "pyav"):
+                raise ValueError(f"detect_uri needs backend pyav (or auto); backend is "
+                                 f"{self.backend}")
+            if not _is_url(self.uri) or not _is_url(self.detect_uri):
+                raise ValueError("detect_uri is a camera's substream: both uri and detect_uri "
+                                 "must be stream URLs (rtsp://...)")
+        if self.transport != "auto" and self.backend not in ("auto", "pyav"):
+            raise ValueError(f"transport: {self.transport} needs backend pyav (or auto); "
+                             f"OpenCV's backend {self.backend} lets FFmpeg choose")
+
+
+def _is_url(uri: str | int) -> bool:
+    return isinstance(uri, str) and "://" in uri
 
 
 class Picamera2Source(TaggedPart, tag="picamera2", frozen=True):

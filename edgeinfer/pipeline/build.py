@@ -110,6 +110,9 @@ def assemble(pc: PipelineConfig, model: Model, *, on_result: ResultCallback | No
     gate = make_gate(pc, task, where)
     sinks = [make_sink(s, **context) for s in pc.sinks]
     source = open_source(_sample_video(pc.source), **context)
+    recorder = analytics.recorder if analytics is not None else None
+    if recorder is not None and source.packets is not None:
+        recorder.use_packets(source.packets)  # clips cut from the camera's own packets
     return Pipeline(pc.name, source, model, task, sinks, emit=pc.emit, queue_size=pc.queue_size,
                     on_result=on_result, seq_start=seq_start, analytics=analytics, gate=gate)
 

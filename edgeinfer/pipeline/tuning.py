@@ -104,11 +104,13 @@ def _validated(struct: Any, changes: dict[str, Any]) -> Any:
 def annotate(frame: Frame, part: TaskResult, quality: int = 85, geometry: Any = ()) -> bytes:
     """JPEG of ``frame`` with ``part``'s boxes and labels drawn (the frame itself untouched),
     and its shapes (keypoints, mask outlines); on a tracked pipeline with track ids, and the
-    zones and lines of ``geometry``."""
+    zones and lines of ``geometry``. A substream frame (``frame.display``) is drawn on as it
+    is, its boxes scaled down from main-stream pixels."""
     image = frame.data.copy()
-    draw_shapes(image, part.kind.shapes(part.value))  # under the boxes and their labels
+    scale = image.shape[1] / frame.width if frame.display is not None else 1.0
+    draw_shapes(image, part.kind.shapes(part.value), scale)  # under the boxes and their labels
     if geometry or any(d.track_id is not None for d in part.detections or ()):
-        draw_scene(image, part.detections or (), geometry)
+        draw_scene(image, part.detections or (), geometry, scale=scale)
         return encode_jpeg(image, quality)
     import cv2
 
@@ -116,7 +118,7 @@ def annotate(frame: Frame, part: TaskResult, quality: int = 85, geometry: Any = 
         if box is None:
             _plated(image, text, (8, 20), 0.6)
             continue
-        x1, y1, x2, y2 = (int(round(v)) for v in box)
+        x1, y1, x2, y2 = (int(round(v * scale)) for v in box)
         cv2.rectangle(image, (x1, y1), (x2, y2), (0, 255, 0), 2)
         _plated(image, text, (x1, y1), 0.5, above=True)
     return encode_jpeg(image, quality)

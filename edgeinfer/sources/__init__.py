@@ -1,5 +1,5 @@
 """Sources: one module per family, chosen by the config's ``type:`` through a lazy registry, so
-OpenCV, picamera2 or pyserial are imported only by the pipelines that use them."""
+OpenCV, PyAV, picamera2 or pyserial are imported only by the pipelines that use them."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from .._importer import resolve
 from .base import Backoff, RateLimiter, Source, SourceStats
 
 SOURCES = {
-    "camera": "edgeinfer.sources.camera:CameraSource",
+    "camera": "edgeinfer.sources.cameras:open_camera",
     "picamera2": "edgeinfer.sources.picamera:Picamera2Source",
     "video": "edgeinfer.sources.files:VideoSource",
     "images": "edgeinfer.sources.files:ImagesSource",

@@ -20,6 +20,7 @@ from typing import Any, Self
 
 from ..config.pipeline import ReconnectConfig
 from ..health import Health
+from .packets import PacketRing
 
 
 @dataclass(slots=True)
@@ -54,6 +55,9 @@ class Source(ABC):
     #: quiet for hours: the watchdog counts a stall only while one of its frames is in flight.
     #: A sensor that hangs inside its own read looks quiet, and is not restarted.
     paced_by_data: bool = False
+    #: The camera's own encoded packets, for clips cut without re-encoding (``packets.py``):
+    #: set by sources that demux a compressed stream (``rtsp.py``), ``None`` for the others.
+    packets: PacketRing | None = None
 
     def __init__(self, config: Any) -> None:
         self.config = config

@@ -138,8 +138,11 @@ class DetectTask(Task):
                 "classes": len(self.labels) if self.labels is not None else None}
 
     def preprocess(self, frame: Frame) -> tuple[dict[str, np.ndarray], Transform]:
-        """The model's input for ``frame`` and the letterbox transform."""
+        """The model's input for ``frame`` and the letterbox transform (to ``frame.display``'s
+        pixels when ``data`` is a smaller copy: a substream; boxes then come out in those)."""
         tensor, transform = self.preprocessor(frame.data)
+        if frame.display is not None:
+            transform = transform.for_display(*frame.display)
         if self._fixed:
             return {self._input: tensor, **self._fixed}, transform
         return {self._input: tensor}, transform

@@ -53,6 +53,15 @@ class Transform:
         """The horizontal resize factor (``scale_y`` for the vertical one)."""
         return self.scale_x
 
+    def for_display(self, width: int, height: int) -> Transform:
+        """This mapping to the pixels of a ``width`` x ``height`` picture whose scaled copy was
+        the source (``Frame.display``: a substream detected on, boxes in main-stream pixels)."""
+        if (width, height) == (self.width, self.height):
+            return self
+        fx, fy = self.width / width, self.height / height
+        return Transform(self.scale_x * fx, self.scale_y * fy, self.pad_x, self.pad_y, width,
+                         height)
+
     def to_source(self, points: np.ndarray) -> np.ndarray:
         """Model-input ``(..., 2)`` x, y points -> source pixels (not clipped)."""
         p = np.asarray(points, dtype=np.float64)

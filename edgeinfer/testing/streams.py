@@ -6,12 +6,19 @@
     with RtspServer() as server:           # GStreamer's RTSP server, in a subprocess
         cap = cv2.VideoCapture(server.url)
 
+    with RtspServer(codec="h264", substream=(160, 120)) as server:   # H.264, and a substream
+        server.url, server.sub_url
+
+    with RtspServer(file="scene.mp4", sub_file="scene-small.mp4") as server:  # pre-encoded, looping
+        ...
+
 Both can be stopped and started again on the same port, as a camera or NVR that restarts.
 ``RtspServer`` needs Debian's GStreamer RTSP server bindings, run by the system Python (which
-has ``gi``)::
+has ``gi``); H.264 needs ``x264enc`` (plugins-ugly) and, for files, ``h264parse`` (plugins-bad)::
 
     apt-get install --no-install-recommends python3-gi gir1.2-gst-rtsp-server-1.0
-        gstreamer1.0-plugins-base gstreamer1.0-plugins-good
+        gstreamer1.0-plugins-base gstreamer1.0-plugins-good gstreamer1.0-plugins-ugly
+        gstreamer1.0-plugins-bad
 """
 
 from __future__ import annotations
@@ -32,12 +39,18 @@ import numpy as np
 
 from .procs import stop_process
 
-__all__ = ["APT_PACKAGES", "MjpegServer", "RtspServer", "rtsp_available"]
+__all__ = ["APT_PACKAGES", "MjpegServer", "RtspServer", "rtsp_available", "write_h264"]
 
 _RTSP_SCRIPT = Path(__file__).with_name("_rtsp_server.py")
 SYSTEM_PYTHON = "/usr/bin/python3"
 APT_PACKAGES = (
-    "python3-gi gir1.2-gst-rtsp-server-1.0 gstreamer1.0-plugins-base gstreamer1.0-plugins-good")
+    "python3-gi gir1.2-gst-rtsp-server-1.0 gstreamer1.0-plugins-base gstreamer1.0-plugins-good "
+    "gstreamer1.0-plugins-ugly gstreamer1.0-plugins-bad")
+# The GStreamer elements each kind of stream needs (``rtsp_available(codec=...)``).
+_ELEMENTS = {"jpeg": ("videotestsrc", "videoconvert", "jpegenc", "rtpjpegpay"),
+             "h264": ("videotestsrc", "videoconvert", "x264enc", "rtph264pay"),
+             "h265": ("videotestsrc", "videoconvert", "x265enc", "rtph265pay"),
+             "file": ("appsrc", "qtdemux", "h264parse", "rtph264pay")}
 
 
 class MjpegServer:
@@ -201,13 +214,16 @@ class _MjpegHandler(BaseHTTPRequestHandler):
         pass  # keep test output clean
 
 
-def rtsp_available(python: str = SYSTEM_PYTHON) -> str | None:
-    """``None`` if ``RtspServer`` can run here, else why not (for a skip or an error message)."""
+def rtsp_available(python: str = SYSTEM_PYTHON, codec: str = "jpeg") -> str | None:
+    """``None`` if ``RtspServer`` can run here, else why not (for a skip or an error message).
+
+    ``codec``: ``jpeg`` (the default stream), ``h264`` or ``h265`` (encoded test pattern) or
+    ``file`` (an MP4 file served as it is)."""
     if not os.path.exists(python):
         return f"{python} not found (Debian's python3 with gi runs the RTSP server)"
     probe = ("import gi; gi.require_version('Gst', '1.0'); gi.require_version('GstRtspServer', '1.0');"
              "from gi.repository import Gst, GstRtspServer; Gst.init(None);"
-             "missing = [e for e in ('videotestsrc', 'videoconvert', 'jpegenc', 'rtpjpegpay')"
+             f"missing = [e for e in {_ELEMENTS[codec]!r}"
              " if Gst.ElementFactory.find(e) is None];"
              "print(' '.join(missing))")
     try:
@@ -225,23 +241,43 @@ def rtsp_available(python: str = SYSTEM_PYTHON) -> str | None:
 class RtspServer:
     """GStreamer's RTSP server (``gst-rtsp-server``) in a subprocess on ``127.0.0.1``.
 
-    Serves ``videotestsrc`` as MJPEG over RTP (``rtpjpegpay``: no H.264 encoder needed) at
-    ``rtsp://127.0.0.1:<port>/test``. ``stop()`` kills the server process (clients lose the
-    stream); ``start()`` again serves on the same port.
+    Serves ``videotestsrc`` at ``rtsp://127.0.0.1:<port>/test``: as MJPEG over RTP by default
+    (``rtpjpegpay``: no H.264 encoder needed), as H.264 with ``codec="h264"`` (``x264enc``,
+    baseline, a keyframe every ``gop`` frames), or an MP4 ``file``'s H.264 video as it is, looping
+    in real time (no encoding while serving: a benchmark serves a pre-encoded scene). A second
+    mount, ``sub_url``, serves a smaller pattern (``substream=(w, h)``) or ``sub_file``, as a
+    camera's substream. ``stop()`` kills the server process (clients lose the stream);
+    ``start()`` again serves on the same port.
 
     Args:
-        width, height, fps: The stream's mode.
+        width, height, fps: The pattern's mode (a file has its own).
         port: Port (``0``: a free one, chosen by the server and kept across restarts).
         mount: Path of the stream.
         python: The interpreter with GStreamer's ``gi`` bindings (Debian's ``/usr/bin/python3``).
+        codec: ``jpeg``, ``h264`` or ``h265`` (``x265enc``, plugins-bad), for the pattern.
+        gop: Frames from one keyframe to the next, H.264 pattern (``None``: ``fps``, 1 s).
+        file: An MP4 (H.264 video) to serve on ``mount`` instead of the pattern, looping.
+        substream: Also serve the pattern at this ``(width, height)`` on ``sub_mount``.
+        sub_file: Serve this MP4 on ``sub_mount`` (instead of ``substream``'s pattern).
+        sub_mount: Path of the substream.
     """
 
     def __init__(self, width: int = 320, height: int = 240, fps: int = 25, port: int = 0,
-                 mount: str = "/test", python: str = SYSTEM_PYTHON) -> None:
+                 mount: str = "/test", python: str = SYSTEM_PYTHON, *, codec: str = "jpeg",
+                 gop: int | None = None, file: str | os.PathLike[str] | None = None,
+                 substream: tuple[int, int] | None = None,
+                 sub_file: str | os.PathLike[str] | None = None, sub_mount: str = "/sub") -> None:
+        if codec not in ("jpeg", "h264", "h265"):
+            raise ValueError(f"codec {codec!r}: jpeg, h264 or h265")
         self.host = "127.0.0.1"
         self.port = port
         self.width, self.height, self.fps = width, height, fps
         self.mount = mount
+        self.codec, self.gop = codec, gop
+        self.file = Path(file).absolute() if file is not None else None
+        self.substream = substream
+        self.sub_file = Path(sub_file).absolute() if sub_file is not None else None
+        self.sub_mount = sub_mount
         self.python = python if os.path.exists(python) else (shutil.which("python3") or sys.executable)
         self._proc: subprocess.Popen[str] | None = None
 
@@ -249,13 +285,32 @@ class RtspServer:
     def url(self) -> str:
         return f"rtsp://{self.host}:{self.port}{self.mount}"
 
+    @property
+    def sub_url(self) -> str:
+        """The substream's URL (served with ``substream`` or ``sub_file`` only)."""
+        if self.substream is None and self.sub_file is None:
+            raise ValueError("this server has no substream: give substream=(w, h) or sub_file")
+        return f"rtsp://{self.host}:{self.port}{self.sub_mount}"
+
+    def _command(self) -> list[str]:
+        cmd = [self.python, str(_RTSP_SCRIPT), "--port", str(self.port), "--mount", self.mount,
+               "--width", str(self.width), "--height", str(self.height), "--fps", str(self.fps),
+               "--codec", self.codec, "--gop", str(self.gop or 0)]
+        if self.file is not None:
+            cmd += ["--file", str(self.file)]
+        if self.substream is not None or self.sub_file is not None:
+            cmd += ["--sub-mount", self.sub_mount]
+        if self.substream is not None:
+            cmd += ["--sub-width", str(self.substream[0]), "--sub-height", str(self.substream[1])]
+        if self.sub_file is not None:
+            cmd += ["--sub-file", str(self.sub_file)]
+        return cmd
+
     def start(self, timeout_s: float = 20.0) -> None:
         """Start the server and wait until it listens; ``RuntimeError`` with its output if not."""
         if self._proc is not None:
             return
-        cmd = [self.python, str(_RTSP_SCRIPT), "--port", str(self.port), "--mount", self.mount,
-               "--width", str(self.width), "--height", str(self.height), "--fps", str(self.fps)]
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        proc = subprocess.Popen(self._command(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
         self._proc = proc
         lines: list[str] = []
@@ -299,6 +354,28 @@ class RtspServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def write_h264(path: str | os.PathLike[str], images: Sequence[np.ndarray], fps: int = 15,
+               gop: int | None = None, bframes: int = 0) -> Path:
+    """Encode BGR ``images`` (all one even size) as H.264 in MP4 at ``path`` with PyAV's
+    libx264 (``ultrafast``; a keyframe every ``gop`` frames, default ``fps``; ``bframes``
+    B-frames between references, as some cameras send), for ``RtspServer(file=...)``. Needs
+    PyAV (the ``rtsp`` extra)."""
+    import av
+
+    height, width = images[0].shape[:2]
+    with av.open(str(path), "w", format="mp4") as out:
+        stream = out.add_stream("libx264", rate=fps, options={
+            "preset": "ultrafast", "g": str(gop or fps), "keyint_min": str(gop or fps),
+            "bf": str(bframes)})
+        assert isinstance(stream, av.VideoStream)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        for image in images:
+            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="bgr24")
+            out.mux(stream.encode(frame))
+        out.mux(stream.encode(None))
+    return Path(path)
 
 
 def _drain(proc: subprocess.Popen[str]) -> None:

@@ -287,7 +287,7 @@ def test_event_types_and_switches(tmp_path: Path) -> None:
         _feed(rec, range(10))
         assert rec.on_event("e1", "enter", 1, 0.3) == {
             "snapshot": None, "snapshot_pending": None, "snapshot_missing": None, "clip": None,
-            "clip_format": None, "clip_missing": None}
+            "clip_format": None, "clip_missing": None, "clip_remux": None}
         assert rec.on_event("e2", "cross", 1, 0.3)["snapshot"] is None
         assert rec.stats()["kept"] == 0  # nothing to record: no frame is kept
     snaps = RecordConfig(snapshot="best", clips=None, events=["exit"], retention=ROOMY)
