@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
 import numpy as np
@@ -439,6 +439,9 @@ class Result:
     events: tuple[dict[str, Any], ...] = ()  # scene analytics events since the last result
     run_id: str = ""  # new at each pipeline start: (device, pipeline, run_id, seq) is unique
     detected: bool = True  # False: the model skipped this frame (motion gating); tracked boxes
+    # The JSON, encoded by the first sink that asks (every sink writes the same bytes); not
+    # copied by ``dataclasses.replace``, so a changed result is encoded again.
+    _json: bytes | None = field(default=None, init=False, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         f = self.frame
@@ -467,7 +470,11 @@ class Result:
         return d
 
     def to_json(self) -> bytes:
-        """The payload as compact JSON bytes (msgspec: fast, and the same on every sink)."""
-        import msgspec
+        """The payload as compact JSON bytes (msgspec: fast, and the same on every sink),
+        encoded once per result however many sinks write it."""
+        if self._json is None:
+            import msgspec
 
-        return msgspec.json.encode(self.to_dict())
+            object.__setattr__(self, "_json", msgspec.json.encode(self.to_dict()))
+        assert self._json is not None
+        return self._json

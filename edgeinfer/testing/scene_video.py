@@ -27,7 +27,7 @@ import numpy.typing as npt
 from ..errors import SourceError
 
 __all__ = ["LINE", "ZONE", "SceneTruth", "TruthEvent", "astronaut_face_box", "background",
-           "make_background_video", "make_scene_video"]
+           "face_patch", "make_background_video", "make_scene_video"]
 
 Box = tuple[float, float, float, float]
 
@@ -152,7 +152,9 @@ def background(size: tuple[int, int] = (640, 480)) -> npt.NDArray[np.uint8]:
     return np.asarray(cv2.resize(image, size, interpolation=cv2.INTER_AREA), dtype=np.uint8)
 
 
-def _face_patch(face_box: Box, face_px: int) -> tuple[npt.NDArray[np.uint8], Box]:
+def face_patch(face_box: Box, face_px: int) -> tuple[npt.NDArray[np.uint8], Box]:
+    """The astronaut's face cropped with a margin around ``face_box`` and scaled so the face
+    box is ``face_px`` wide: the BGR patch and the face's box within it."""
     import cv2
 
     from ..model import samples
@@ -225,7 +227,7 @@ def make_scene_video(path: str | os.PathLike[str], face_box: Box, *, fps: float 
         SourceError: OpenCV cannot write the file, or the path leaves the frame at this size.
     """
     out = Path(path)
-    patch, face = _face_patch(face_box, face_px)
+    patch, face = face_patch(face_box, face_px)
     centers = _path(size, fps, step_px, dwell_s, hold_s)
     fcx, fcy = (face[0] + face[2]) / 2, (face[1] + face[3]) / 2
     corners = np.round(centers - (fcx, fcy)).astype(np.int64)

@@ -1,0 +1,414 @@
+"""How many cameras: N RTSP cameras of a scripted scene through one process, per detection mode.
+
+    python3 bench/cameras.py [--quick] [--modes every,gated,...] [--cameras 1,2,4,...] [--no-write]
+
+The scene (``edgeinfer.testing.scripted_scene``): 1280x720 at 15 fps H.264, a still photograph
+where the astronaut's face walks in, crosses a counting line, dwells in a zone and walks out
+(twice, both directions, 60 s; moving about 18 % of the time), and a lamp flickering inside a
+masked area; a 640x360 substream of the same frames. Encoded once (x264, cached under
+``~/.cache/edgeinfer/bench``), served by GStreamer's RTSP server (``bench/_rtsp_files.py``,
+a separate process, not counted) on loopback: every camera gets its own playback from the start.
+
+N pipelines (``Pipeline.from_config`` of one config, a pooled YOLOv8n-320 =
+``nudenet-320n``, which finds the face) read the cameras over RTSP/TCP. Modes:
+
+- ``every``: the detector on every frame (today's behaviour);
+- ``gated``: motion-gated at ``detect.fps`` 5 with the lamp masked;
+- ``regions``: gated, the detector sees the motion regions;
+- ``batch``: gated + regions + ``model.batch: auto``;
+- ``substream``: all that, detecting on the substream (``source.detect_uri``).
+
+A mode whose config keys this edgeinfer does not know is skipped and named. Per mode, N = 1,
+2, 4, 6, 8, ... until a run is not real time (bounded by ``--max-cameras``), each run over the
+whole scene: CPU-seconds of this process per camera-minute (``getrusage``: decoding,
+inference, tracking; the RTSP server excluded), latency from each scripted entry (the face
+wholly in view) to the first result with a detection (capture wall clock of the entry frame to
+the result), crossings counted against the script (right direction, within 1 s), detections in
+the masked area (must be 0), detector runs per camera-second. Real time: the cameras' frames
+are read at >= 95 % of 15 fps, <= 5 % are dropped between stages, and results lag their frame
+by < 1 s (median).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from _report import machine_facts, write_section
+
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "edgeinfer" / "bench"
+SYSTEM_PYTHON = "/usr/bin/python3"
+MODEL = "nudenet-320n"
+MODES = ("every", "gated", "regions", "batch", "substream")
+NEEDS = {"every": (), "gated": ("detect", "motion"), "regions": ("detect", "motion"),
+         "batch": ("detect", "motion", "batch"),
+         "substream": ("detect", "motion", "batch", "detect_uri")}
+TITLES = {"every": "every frame", "gated": "motion-gated, detect.fps 5",
+          "regions": "gated + motion regions", "batch": "gated + regions + batching",
+          "substream": "gated + regions + batching + substream"}
+REALTIME_READ = 0.95  # of the camera's fps
+REALTIME_DROP = 0.05
+REALTIME_LAG_MS = 1000.0
+
+
+# -- the scene and its server --------------------------------------------------------------------
+def scene_files(quick: bool) -> tuple[Any, Path, Path]:
+    from edgeinfer.testing.scripted_scene import Scene
+
+    scene = Scene.quick() if quick else Scene.full()
+    name = "quick" if quick else "full"
+    main = scene.encode(CACHE / f"cameras-{name}-1280x720.mp4")
+    sub = scene.encode(CACHE / f"cameras-{name}-640x360.mp4", size=(640, 360))
+    return scene, main, sub
+
+
+class FileServer:
+    """``bench/_rtsp_files.py`` under the system Python: ``/main`` and ``/sub``."""
+
+    def __init__(self, main: Path, sub: Path) -> None:
+        self.files = (main, sub)
+        self.port = 0
+        self.proc: subprocess.Popen[str] | None = None
+
+    def __enter__(self) -> FileServer:
+        main, sub = self.files
+        self.proc = subprocess.Popen(
+            [SYSTEM_PYTHON, str(ROOT / "bench" / "_rtsp_files.py"), "--mount", f"/main={main}",
+             "--mount", f"/sub={sub}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line.startswith("READY "):
+            self.__exit__()
+            raise SystemExit(f"the RTSP server did not start: {line}")
+        self.port = int(line.split()[1])
+        threading.Thread(target=lambda: [None for _ in self.proc.stdout or ()], daemon=True).start()
+        return self
+
+    def url(self, mount: str) -> str:
+        return f"rtsp://127.0.0.1:{self.port}/{mount}"
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
+
+
+# -- config ----------------------------------------------------------------------------------------
+def features() -> dict[str, str | None]:
+    """Which of the issue's config keys this edgeinfer knows (``None``) or why not."""
+    from edgeinfer.config import parse_config
+    from edgeinfer.errors import ConfigError
+
+    probes: dict[str, dict[str, Any]] = {
+        "detect": {"detect": {"fps": 5, "gate": "always"}},
+        "motion": {"motion": {"threshold": 25}},
+        "batch": {"model": {"path": "m.onnx", "batch": "auto"}},
+        "detect_uri": {"source": {"type": "camera", "uri": "rtsp://h/a",
+                                  "detect_uri": "rtsp://h/b"}},
+    }
+    out: dict[str, str | None] = {}
+    for key, extra in probes.items():
+        p = {"name": "p", "model": {"path": "m.onnx"}, "source": {"type": "camera",
+                                                                  "uri": "rtsp://h/a"},
+             "task": {"type": "detect"}, **extra}
+        try:
+            parse_config(json.dumps({"pipelines": [p]}))
+            out[key] = None
+        except ConfigError as exc:
+            out[key] = str(exc).splitlines()[0]
+    return out
+
+
+def config(mode: str, n: int, scene: Any, server: FileServer, state: str, probe: bool) -> Any:
+    from edgeinfer.config import parse_config
+    from edgeinfer.testing.scripted_scene import MASK
+
+    have = features()
+    pipelines = []
+    for i in range(n):
+        p: dict[str, Any] = {
+            "name": f"cam{i}", "source": {"type": "camera", "uri": server.url("main")},
+            "model": {"path": MODEL, "probe": probe},
+            "task": {"type": "detect", "decoder": "yolov8", "score_threshold": 0.3,
+                     "classes": ["FACE_FEMALE", "FACE_MALE"],
+                     "preprocess": {"size": [320, 320]}},
+            "sinks": [],
+            "track": {"high_threshold": 0.4, "new_track_threshold": 0.45},
+            **scene.scene_config()}
+        if mode == "every":
+            if have["detect"] is None:
+                p["detect"] = {"gate": "always", "fps": None}
+        else:
+            p["detect"] = {"fps": 5, "gate": "motion", "keepalive_s": 2.0,
+                           "regions": mode != "gated", "stationary_after": 10}
+            p["motion"] = {"mask": [[list(pt) for pt in MASK]]}
+        if mode in ("batch", "substream"):
+            p["model"]["batch"] = "auto"
+        if mode == "substream":
+            p["source"]["detect_uri"] = server.url("sub")
+        pipelines.append(p)
+    return parse_config(json.dumps({
+        "device_id": "bench", "runtime": {"state_dir": state, "cache_dir": f"{state}/cache"},
+        "pipelines": pipelines}))
+
+
+# -- one run -------------------------------------------------------------------------------------
+@dataclass
+class Seen:
+    """What one camera's results showed (appended from its emit thread)."""
+
+    frames: dict[int, tuple[float, float, bool, bool]] = field(default_factory=dict)
+    """index -> (capture wall, result wall, a face detected outside the mask, one inside)"""
+    crossings: list[tuple[int, str]] = field(default_factory=list)
+
+    def on_result(self, result: Any, scene: Any) -> None:
+        size = (result.frame.width, result.frame.height)
+        dets = result.task.detections or ()
+        masked = [scene.in_mask(d.box, size) for d in dets]
+        self.frames[result.frame.index] = (result.frame.wall, result.ts,
+                                           not all(masked), any(masked))
+        for e in result.events:
+            if e.get("type") == "cross":
+                self.crossings.append((int(e["frame"]), str(e["direction"])))
+
+
+def score(seen: Seen, scene: Any) -> dict[str, Any]:
+    """Crossings against the script, entry latencies, detections in the mask."""
+    fps = scene.fps
+    last = max(seen.frames, default=-1)
+    # The stream's start on the wall clock: the earliest delivery of frames read at the
+    # stream's pace (FFmpeg hands the frames it buffered while opening in a burst).
+    late = [w - i / fps for i, (w, *_) in seen.frames.items() if i >= 3 * fps]
+    epoch = min(late) if late else 0.0
+    expected = [c for c in scene.crossings if c.frame <= last - fps]
+    found = list(seen.crossings)
+    matched = 0
+    for c in expected:
+        for j, (frame, direction) in enumerate(found):
+            if direction == c.direction and abs(frame - c.frame) <= fps:
+                matched += 1
+                del found[j]
+                break
+    latencies = []
+    detected = sorted(i for i, (*_, face, _m) in seen.frames.items() if face)
+    for k in scene.entries:
+        if k > last - fps:
+            continue
+        first = next((i for i in detected if i >= k), None)
+        if first is None:
+            latencies.append(float("inf"))
+            continue
+        captured = seen.frames[k][0] if k in seen.frames else epoch + k / fps
+        latencies.append(seen.frames[first][1] - captured)
+    return {"crossings_expected": len(expected), "crossings_matched": matched,
+            "crossings_extra": len(found), "entry_latency_s": latencies,
+            "in_mask": sum(1 for *_, m in seen.frames.values() if m)}
+
+
+def cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def counters(pipes: list[Any]) -> list[dict[str, float]]:
+    return [{"read": p.source.stats.frames, "dropped": p.stats.dropped_queue,
+             "infer": p.stats.infer.count, "t": time.monotonic()} for p in pipes]
+
+
+def run(mode: str, n: int, scene: Any, server: FileServer, state: str, probe: bool
+        ) -> dict[str, Any]:
+    from edgeinfer.pipeline import Pipeline
+
+    cfg = config(mode, n, scene, server, state, probe)
+    seen = [Seen() for _ in range(n)]
+    pipes = [Pipeline.from_config(cfg, name=f"cam{i}",
+                                  on_result=lambda r, s=seen[i]: s.on_result(r, scene))
+             for i in range(n)]
+    length = scene.frames / scene.fps
+    try:
+        for p in pipes:
+            p.start()
+        started = time.monotonic()
+        # Warm: every camera read past FFmpeg's opening burst (2 s of frames at once).
+        deadline = started + 30
+        while time.monotonic() < deadline and any(
+                max(s.frames, default=-1) < 3 * scene.fps for s in seen):
+            time.sleep(0.1)
+        before, cpu0 = counters(pipes), cpu_s()
+        end = started + length - 3.0  # the server sends the first ~2 s at once: ends early
+        while time.monotonic() < end and not any(p.error for p in pipes):
+            time.sleep(0.2)
+        after, cpu1 = counters(pipes), cpu_s()
+        lags = [p.stats.latency.summary()["p50"] for p in pipes]
+    finally:
+        for p in pipes:
+            p.close()
+    errors = [f"{p.name}: {p.error}" for p in pipes if p.error is not None]
+    window = after[0]["t"] - before[0]["t"]
+    read = [(a["read"] - b["read"]) / window for a, b in zip(after, before)]
+    dropped = [(a["dropped"] - b["dropped"]) / max(1.0, a["read"] - b["read"])
+               for a, b in zip(after, before)]
+    infer = [(a["infer"] - b["infer"]) / window for a, b in zip(after, before)]
+    scores = [score(s, scene) for s in seen]
+    realtime = (not errors and window > 5 and min(read) >= REALTIME_READ * scene.fps
+                and max(dropped) <= REALTIME_DROP and max(lags) < REALTIME_LAG_MS)
+    lat = [x for s in scores for x in s["entry_latency_s"]]
+    return {
+        "mode": mode, "cameras": n, "window_s": round(window, 1), "realtime": realtime,
+        "cpu_s_per_camera_min": (cpu1 - cpu0) / n / (window / 60),
+        "read_fps_min": min(read), "dropped_max": max(dropped), "lag_ms_max": max(lags),
+        "detector_runs_per_s": sum(infer) / n,
+        "crossings": [sum(s["crossings_matched"] for s in scores),
+                      sum(s["crossings_expected"] for s in scores),
+                      sum(s["crossings_extra"] for s in scores)],
+        "entry_latency_s_max": max(lat) if lat else None, "entries": len(lat),
+        "in_mask": sum(s["in_mask"] for s in scores), "errors": errors,
+        "load": os.getloadavg()[0]}
+
+
+def pick_backend(scene: Any, server: FileServer, state: str) -> str:
+    """Let the backend selector measure once (cached in ``state``) before anything is timed."""
+    from edgeinfer.pipeline import Pipeline
+
+    p = Pipeline.from_config(config("every", 1, scene, server, state, True), name="cam0")
+    p.start()
+    deadline = time.monotonic() + 300
+    try:
+        while p.model.selection is None or p.model.selecting:
+            if time.monotonic() > deadline:
+                raise SystemExit("the backend probe did not finish in 300 s")
+            time.sleep(0.2)
+        return str(p.model.selection.get("picked", p.model.provider))
+    finally:
+        p.close()
+
+
+# -- report ----------------------------------------------------------------------------------------
+def row(r: dict[str, Any]) -> str:
+    m, e, x = r["crossings"]
+    lat = r["entry_latency_s_max"]
+    lat_s = "-" if lat is None else ("never" if lat == float("inf") else f"{lat:.2f}")
+    return (f"| {TITLES[r['mode']]} | {r['cameras']} | {'yes' if r['realtime'] else 'no'} | "
+            f"{r['cpu_s_per_camera_min']:.1f} | {r['detector_runs_per_s']:.1f} | "
+            f"{m}/{e}{f' (+{x} extra)' if x else ''} | {lat_s} | {r['in_mask']} | "
+            f"{r['read_fps_min']:.1f} / {100 * r['dropped_max']:.1f} % / "
+            f"{r['lag_ms_max']:.0f} | {r['load']:.1f} |")
+
+
+def cpu_budget(r: dict[str, Any], cores: int, fps: float) -> str:
+    """How many cameras like this one the cores' CPU-seconds allow. A run that dropped frames
+    spent less than a full rate costs: scaling its CPU by the detector runs it missed gives a
+    bound the other way (too high: decoding was not skipped), so a range."""
+    per_min = r["cpu_s_per_camera_min"]
+    most = cores * 60 / per_min
+    if r["dropped_max"] <= REALTIME_DROP or r["detector_runs_per_s"] <= 0:
+        return f"{most:.1f}"
+    least = most * min(1.0, r["detector_runs_per_s"] / fps)
+    return f"{least:.1f}-{most:.1f} (frames were dropped)"
+
+
+HEAD = ("| mode | cameras | real time | CPU-s per camera-minute | detector runs per camera-s | "
+        "crossings right (of script) | worst entry -> first result, s | detections in the mask "
+        "| read fps min / dropped max / lag p50 ms max | load avg |\n"
+        "|---|---|---|---|---|---|---|---|---|---|")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true",
+                    help="11 s scene, 1 camera, one mode (the most complete this build has, "
+                    "unless --modes); no backend probe")
+    ap.add_argument("--modes", default=None, help=f"default: {','.join(MODES)}")
+    ap.add_argument("--cameras", default="1,2,4,6,8,10,12",
+                    help="N to try in order; a mode stops at its first N not real time")
+    ap.add_argument("--keep-going", action="store_true",
+                    help="try every N even after one that is not real time")
+    ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON lines")
+    args = ap.parse_args()
+    # Loopback RTSP over TCP: interleaved, no UDP loss when the box is busy (NVRs do the same).
+    os.environ.setdefault("OPENCV_FFMPEG_CAPTURE_OPTIONS", "rtsp_transport;tcp")
+    have = features()
+    missing = {m: [k for k in NEEDS[m] if have[k] is not None] for m in MODES}
+    if args.modes is None:
+        have_modes = [m for m in MODES if not missing[m]]
+        args.modes = have_modes[-1] if args.quick else ",".join(MODES)
+        if args.quick:
+            print(f"quick: mode {args.modes}, the most complete this edgeinfer has"
+                  + "".join(f"; {m} needs {', '.join(k)}" for m, k in missing.items() if k),
+                  file=sys.stderr)
+    counts = [1] if args.quick else [int(c) for c in args.cameras.split(",")]
+    scene, main_file, sub_file = scene_files(args.quick)
+    results: list[dict[str, Any]] = []
+    skipped: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="edgeinfer-cams-") as tmp, \
+            FileServer(main_file, sub_file) as server:
+        state = tmp if args.quick else str(CACHE / "cameras-state")
+        picked = "not measured (--quick)" if args.quick else pick_backend(scene, server, state)
+        for mode in args.modes.split(","):
+            if missing[mode]:
+                skipped.append(f"{mode} (this edgeinfer lacks: {', '.join(missing[mode])})")
+                print(f"skip {mode}: needs {', '.join(missing[mode])}", file=sys.stderr)
+                continue
+            for n in counts:
+                r = run(mode, n, scene, server, state, probe=not args.quick)
+                results.append(r)
+                print(json.dumps(r) if args.json else row(r), flush=True)
+                if not r["realtime"] and not args.keep_going:
+                    break
+    modes_run = list(dict.fromkeys(r["mode"] for r in results))
+    best = {m: max((r["cameras"] for r in results if r["mode"] == m and r["realtime"]),
+                   default=0) for m in modes_run}
+    cores = os.cpu_count() or 1
+    budget = {m: cpu_budget(next(r for r in results if r["mode"] == m), cores, scene.fps)
+              for m in modes_run}
+    body = "\n".join([
+        f"{scene.frames / scene.fps:.0f} s scripted scene (face walks in, crosses the line, "
+        f"dwells in the zone, walks out; moving {100 * scene.motion_fraction():.0f} % of the "
+        "time; a flickering lamp in a masked area), 1280x720 at 15 fps H.264, served over "
+        "RTSP/TCP on loopback by GStreamer's RTSP server (its CPU not counted); N pipelines in "
+        f"one process on a pooled {MODEL} (YOLOv8n-320), backend pick: {picked}. Each N runs "
+        "the whole scene; a mode stops at its first N that is not real time. "
+        f"{machine_facts()}", "", HEAD, *(row(r) for r in results), "",
+        "Largest real-time N: " + (", ".join(f"{TITLES[m]}: {n}" for m, n in best.items())
+                                   or "none measured") + ". "
+        f"Cameras the CPU alone would allow ({cores} cores x 60 CPU-s a minute over one "
+        "camera's CPU-s at the smallest N): "
+        + (", ".join(f"{TITLES[m]}: {b}" for m, b in budget.items()) or "-") + ".",
+        *([f"Not measured (feature not in this build): {'; '.join(skipped)}."] if skipped
+          else []),
+        *([f"The machine was busy with other work (load average at least {busiest:.1f} on "
+           f"{cores} CPUs, this run's own load included): frames dropped for want of CPU, so "
+           "the real-time verdicts are pessimistic and CPU per camera-minute is at the detector "
+           "rate reached."] if (busiest := min((r["load"] for r in results), default=0.0))
+          > cores + 1 else [])])
+    print(body)
+    if not args.no_write and not args.quick:
+        write_section(ROOT / "docs" / "benchmarks.md", "cameras", "How many cameras", body,
+                      f"python3 bench/cameras.py --modes {args.modes} --cameras {args.cameras}"
+                      + (" --keep-going" if args.keep_going else ""))
+    return 0 if all(not r["errors"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
