@@ -205,7 +205,21 @@ class PyAvSource(Source):
         return self._display
 
     def health(self) -> Health | None:
-        return self._outage.health(self._reader.backoff.next_at)
+        """The decoded stream's outage; with ``detect_uri``, else the main stream's: without
+        it no clip can be cut (and, until it first opens, the frames' main-stream size is not
+        known, so none are handed on), which must not read as ``running``."""
+        health = self._outage.health(self._reader.backoff.next_at)
+        main = self._main
+        if health is not None or main is None:
+            return health
+        down = main.outage.health(main.backoff.next_at)
+        if down is None:
+            return None
+        then = ("clips wait for it" if self._display is not None
+                else "no frame is handed on until it opens (its size is what boxes are in)")
+        return dataclasses.replace(
+            down, reason=f"main stream {main.name}: {down.reason}; the substream (detect_uri) "
+                         f"is read, {then}")
 
     def stop(self) -> None:
         super().stop()

@@ -189,6 +189,31 @@ def test_detect_uri_decodes_the_substream_in_main_stream_geometry(h264: RtspServ
     assert main["open"] and main["packets"]["packets"] > 0 and main["reason"] == ""
 
 
+def test_a_lost_main_stream_is_not_running_while_the_substream_is(h264: RtspServer) -> None:
+    with socket.socket() as s:  # a port nobody listens on: the main stream is refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    main = f"rtsp://admin:s3cret@127.0.0.1:{port}/main"
+    source = open_source(CameraConfig(uri=main, detect_uri=h264.sub_url, open_timeout_s=2,
+                                      reconnect=FAST))
+    assert isinstance(source, PyAvSource)
+    with source:
+        frames = iter(source)
+        reader = threading.Thread(target=lambda: next(frames, None), daemon=True)
+        reader.start()  # the substream is read (its frames wait for the main stream's size)
+        deadline = time.monotonic() + 10
+        health = source.health()
+        while (health is None or "main stream" not in health.reason) \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+            health = source.health()
+        source.stop()
+        reader.join(10)
+    assert health is not None and health.state in ("no_source", "reconnecting"), health
+    assert health.reason.startswith(f"main stream rtsp://admin:***@127.0.0.1:{port}/main: ")
+    assert "s3cret" not in health.reason and "substream (detect_uri) is read" in health.reason
+
+
 def test_a_file_is_served_looping_without_encoding(tmp_path: Path) -> None:
     _need("file")
     images = []
