@@ -34,7 +34,7 @@ __all__ = ["SceneAnalytics", "media_dir"]
 
 _NO_EVENTS: list[dict[str, Any]] = []
 _NO_MEDIA = dict.fromkeys(("snapshot", "snapshot_pending", "snapshot_missing", "clip",
-                           "clip_format", "clip_missing"))
+                           "clip_format", "clip_missing", "clip_remux"))
 RECENT_EVENTS = 200  # events kept in memory for the web view (all are on MQTT and in results)
 
 

@@ -99,7 +99,8 @@ def _schemas() -> dict[str, Any]:
                       "type": {"type": "string"},
                       "snapshot_url": {"type": ["string", "null"]},
                       "clip_url": {"type": ["string", "null"]},
-                      "clip_format": {"type": ["string", "null"]}}},
+                      "clip_format": {"type": ["string", "null"]},
+                      "clip_remux": {"type": ["boolean", "null"]}}},
         "InferResult": {"type": "object", "additionalProperties": True,
                         "required": ["pipeline", "model", "provider", "latency_ms", "image"],
                         "properties": {
