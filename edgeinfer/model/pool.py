@@ -15,6 +15,12 @@ handles that have a frame waiting, so a camera flooding the model cannot starve 
 pipeline's infer stage submits one and waits, and frames piling up behind it are dropped by
 its own capture queue and counted there. Errors go back to the pipeline whose frame raised.
 
+Where the model takes a batch and batching measured faster on its backend (``model.batch``,
+``model/batching.py``), the inference thread gathers the frames waiting (or arriving within
+``batch_window_ms``) from up to B sharers, runs them as one batch and hands each pipeline its
+row; frames of another shape run on their own, and a batch that raises is retried frame by
+frame, so a bad frame costs only its own pipeline. Otherwise, and until measured, round-robin.
+
 A worker process that dies (``isolation: process``) costs the frame that was in flight: its
 pipeline gets ``WorkerCrashedError`` and counts it; the inference thread starts a fresh worker
 before serving anyone else, so the other pipelines' frames wait for the restart and are then
@@ -35,6 +41,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ModelMemoryError, StateError, WorkerCrashedError
+from ..runtime.batching import BatchPolicy, Feeds
+from .batching import Batcher
 from .load import DEFAULT_MAX_MODEL_MB, load_model
 from .model import Model
 
@@ -150,14 +158,17 @@ class SharedModel(Model):
         """What the pipeline's stats say about the sharing."""
         e = self._shared_entry
         return {"pipelines": e.owners(), "runs": self.runs, "model_runs": e.runs,
-                "max_waited_runs": self.max_waited_runs, "worker_restarts": e.restarts}
+                "max_waited_runs": self.max_waited_runs, "worker_restarts": e.restarts,
+                "batch": e.batcher.stats()}
 
 
 class _Entry:
     """A pooled model, its users and its scheduler."""
 
-    def __init__(self, pool: ModelPool, key: tuple[str, str], model: Model) -> None:
+    def __init__(self, pool: ModelPool, key: tuple[str, str], model: Model,
+                 policy: BatchPolicy) -> None:
         self.pool, self.key, self.model = pool, key, model
+        self.batcher = Batcher(model, policy)
         self.clients: list[SharedModel] = []
         self.runs = 0
         self.restarts = 0
@@ -198,9 +209,7 @@ class _Entry:
 
     def _execute(self, client: SharedModel, request: _Request) -> None:
         """Run one request (holding the run lock)."""
-        start = time.perf_counter()
-        client.last_wait_ms = (start - request.queued) * 1000
-        client.max_waited_runs = max(client.max_waited_runs, self.runs - request.runs_before)
+        self._started(client, request)
         try:
             request.outputs = self.model.run(request.feeds)
         except WorkerCrashedError as exc:
@@ -212,6 +221,42 @@ class _Entry:
             self.runs += 1
             client.runs += 1
             request.done.set()
+
+    def _started(self, client: SharedModel, request: _Request) -> None:
+        client.last_wait_ms = (time.perf_counter() - request.queued) * 1000
+        client.max_waited_runs = max(client.max_waited_runs, self.runs - request.runs_before)
+
+    def _execute_group(self, group: list[tuple[SharedModel, _Request]]) -> None:
+        """Run what ``_gather`` took (holding the run lock): as one batch where enough frames
+        fit it, the others one by one; a batch that raises is retried one by one."""
+        batch: list[tuple[SharedModel, _Request]] = []
+        rows: list[Feeds] = []
+        alone: list[tuple[SharedModel, _Request]] = []
+        for client, request in group:
+            row = self.batcher.row(request.feeds) if len(group) > 1 else None
+            if row is None:
+                alone.append((client, request))
+            else:
+                batch.append((client, request))
+                rows.append(row)
+        if len(batch) < max(2, self.batcher.min_frames):
+            alone, batch = group, []
+        if batch:
+            for client, request in batch:
+                self._started(client, request)
+            try:
+                outputs = self.batcher.run(rows)
+            except Exception as exc:  # one bad frame must cost only its own pipeline
+                self.batcher.failed(exc)
+                alone = batch + alone
+            else:
+                for (client, request), out in zip(batch, outputs, strict=True):
+                    request.outputs = out
+                    self.runs += 1
+                    client.runs += 1
+                    request.done.set()
+        for client, request in alone:
+            self._execute(client, request)
 
     def _revive(self, exc: WorkerCrashedError) -> None:
         """Start a fresh worker before serving anyone else."""
@@ -242,17 +287,45 @@ class _Entry:
             self._thread.start()
 
     def _serve(self) -> None:
-        """The inference thread: round-robin over the clients with a request waiting."""
+        """The inference thread: round-robin over the clients with a request waiting, in
+        batches where the batcher decided so."""
         while True:
             with self._cond:
                 while not self._pending and not self._stopping:
                     self._cond.wait()
                 if not self._pending:
                     return
-                client = self._pick()
-                request = self._pending.pop(client)
+                sharers = len(self.clients)
+                first = self._take()
+            if self.batcher.due(sharers):
+                with self._run_lock:  # measured with the waiting frame; the others wait
+                    self.batcher.decide(sharers, first[1].feeds)
+            group = self._gather(first)
             with self._run_lock:
-                self._execute(client, request)
+                self._execute_group(group)
+
+    def _take(self) -> tuple[SharedModel, _Request]:
+        client = self._pick()
+        return client, self._pending.pop(client)
+
+    def _gather(self, first: tuple[SharedModel, _Request]) -> list[tuple[SharedModel, _Request]]:
+        """``first`` and, when batching, up to B - 1 more waiting frames, in round-robin order,
+        waiting at most ``batch_window_ms`` for sharers whose frame has not come yet."""
+        limit = self.batcher.limit
+        group = [first]
+        if limit < 2:
+            return group
+        deadline = time.perf_counter() + self.batcher.policy.window_ms / 1000
+        with self._cond:
+            while len(group) < limit:
+                if self._pending:
+                    group.append(self._take())
+                    continue
+                left = deadline - time.perf_counter()
+                if left <= 0 or self._stopping or len(group) >= len(self.clients):
+                    break
+                self._cond.wait(left)
+        return group
 
     def _pick(self) -> SharedModel:
         n = len(self.clients)
@@ -285,6 +358,8 @@ class _Entry:
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout)
+        with self._run_lock:
+            self.batcher.close()
         self.model.close()
 
 
@@ -303,9 +378,11 @@ class ModelPool:
         self._holds = 0
         self._idle: list[_Entry] = []  # unused while held, closed when the hold ends
 
-    def acquire(self, path: str | Path, **options: Any) -> Model:
+    def acquire(self, path: str | Path, batch: BatchPolicy | None = None, **options: Any
+                ) -> Model:
         """A model for ``load_model(path, **options)``: the loaded one with the same file and
-        options (a `SharedModel` handle), else a new load.
+        options (a `SharedModel` handle), else a new load. ``batch`` says whether its sharers'
+        frames may run as one batch (default: ``auto``, measured); it is part of the key.
 
         Raises:
             What ``load_model`` raises; the requester's ``max_model_mb`` is checked also when
@@ -320,7 +397,8 @@ class ModelPool:
         limit = options.get("max_model_mb")
         info = inspect_model(resolve_model(path),
                              max_model_mb=DEFAULT_MAX_MODEL_MB if limit is None else limit)
-        key = (info.sha256, _options_key(options))
+        policy = batch or BatchPolicy()
+        key = (info.sha256, _options_key(options, policy))
         handle = self._attach(key, name or info.path.stem, version)
         if handle is not None:
             return handle
@@ -329,7 +407,7 @@ class ModelPool:
             if handle is not None:
                 return handle
             model = self._load(path, options)
-            entry = _Entry(self, key, model)
+            entry = _Entry(self, key, model, policy)
             handle = SharedModel(entry, model.name, model.version)
             entry.attach(handle)
             with self._lock:
@@ -404,8 +482,9 @@ class ModelPool:
             return len(self._entries)
 
 
-def _options_key(options: Mapping[str, Any]) -> str:
+def _options_key(options: Mapping[str, Any], policy: BatchPolicy) -> str:
     keyed = {k: v for k, v in options.items() if k not in _NOT_KEYED}
+    keyed["batch"] = [*policy.key, policy.reason]
     return json.dumps(keyed, sort_keys=True, default=str)
 
 
