@@ -16,10 +16,9 @@ pipeline's infer stage submits one and waits, and frames piling up behind it are
 its own capture queue and counted there. Errors go back to the pipeline whose frame raised.
 
 Where the model takes a batch and batching measured faster on its backend (``model.batch``,
-``model/batching.py``), the inference thread gathers the frames waiting (or arriving within
-``batch_window_ms``) from up to B sharers, runs them as one batch and hands each pipeline its
-row; frames of another shape run on their own, and a batch that raises is retried frame by
-frame, so a bad frame costs only its own pipeline. Otherwise, and until measured, round-robin.
+``model/batching.py``), the inference thread (``model/scheduler.py``) runs the frames waiting
+from several sharers as one batch and hands each pipeline its row; otherwise, and until
+measured, round-robin.
 
 A worker process that dies (``isolation: process``) costs the frame that was in flight: its
 pipeline gets ``WorkerCrashedError`` and counts it; the inference thread starts a fresh worker
@@ -36,15 +35,15 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ModelMemoryError, StateError, WorkerCrashedError
-from ..runtime.batching import BatchPolicy, Feeds
+from ..runtime.batching import BatchPolicy
 from .batching import Batcher
 from .load import DEFAULT_MAX_MODEL_MB, load_model
 from .model import Model
+from .scheduler import Request, Scheduler
 
 if TYPE_CHECKING:
     import numpy as np
@@ -56,17 +55,6 @@ logger = logging.getLogger("edgeinfer.sharing")  # the name before the move
 # Options that do not change the loaded session: identity, and a size limit each requester
 # checks for itself.
 _NOT_KEYED = ("name", "version", "max_model_mb")
-
-
-@dataclass(slots=True)
-class _Request:
-    feeds: Any
-    queued: float
-    runs_before: int  # the entry's run count when it was queued
-    done: threading.Event = field(default_factory=threading.Event)
-    outputs: dict[str, np.ndarray] | None = None
-    error: BaseException | None = None
-    crash_gen: int | None = None  # the worker generation a crash happened in
 
 
 class SharedModel(Model):
@@ -162,44 +150,34 @@ class SharedModel(Model):
                 "batch": e.batcher.stats()}
 
 
-class _Entry:
-    """A pooled model, its users and its scheduler."""
+class _Entry(Scheduler[SharedModel]):
+    """A pooled model, its users and its inference thread (``model/scheduler.py``)."""
 
     def __init__(self, pool: ModelPool, key: tuple[str, str], model: Model,
                  policy: BatchPolicy) -> None:
+        super().__init__(Batcher(model, policy), f"edgeinfer-model-{model.name}")
         self.pool, self.key, self.model = pool, key, model
-        self.batcher = Batcher(model, policy)
-        self.clients: list[SharedModel] = []
-        self.runs = 0
         self.restarts = 0
         self.generation = 0  # worker restarts so far, to restart once per crash
-        self._cond = threading.Condition()
-        self._run_lock = threading.Lock()  # one run at a time, whichever thread runs it
-        self._pending: dict[SharedModel, _Request] = {}
-        self._next = 0  # where the round-robin looks first
-        self._thread: threading.Thread | None = None
-        self._stopping = False
 
     def owners(self) -> list[str]:
-        with self._cond:
+        with self.cond:
             return [c.owner or c.name for c in self.clients]
 
     # -- running --------------------------------------------------------------------------------
     def submit(self, client: SharedModel, inputs: Any) -> dict[str, np.ndarray]:
-        with self._cond:
-            if self._stopping:
+        with self.cond:
+            if self.stopping:
                 raise StateError(f"model {client.name!r} is closed")
-            request = _Request(inputs, time.perf_counter(), self.runs)
+            request = Request(inputs, time.perf_counter(), self.runs)
             queued = len(self.clients) > 1
             if queued:
-                self._pending[client] = request
-                self._start_thread()
-                self._cond.notify_all()
+                self.enqueue(client, request)
         if queued:
             request.done.wait()
         else:
-            with self._run_lock:  # alone: in the caller's thread, no hand-over
-                self._execute(client, request)
+            with self.run_lock:  # alone: in the caller's thread, no hand-over
+                self.execute(client, request)
         if request.error is not None:
             if isinstance(request.error, WorkerCrashedError):
                 client._shared_crash_gen = request.crash_gen
@@ -207,9 +185,9 @@ class _Entry:
         assert request.outputs is not None
         return request.outputs
 
-    def _execute(self, client: SharedModel, request: _Request) -> None:
+    def execute(self, client: SharedModel, request: Request) -> None:
         """Run one request (holding the run lock)."""
-        self._started(client, request)
+        self.started(client, request)
         try:
             request.outputs = self.model.run(request.feeds)
         except WorkerCrashedError as exc:
@@ -221,42 +199,6 @@ class _Entry:
             self.runs += 1
             client.runs += 1
             request.done.set()
-
-    def _started(self, client: SharedModel, request: _Request) -> None:
-        client.last_wait_ms = (time.perf_counter() - request.queued) * 1000
-        client.max_waited_runs = max(client.max_waited_runs, self.runs - request.runs_before)
-
-    def _execute_group(self, group: list[tuple[SharedModel, _Request]]) -> None:
-        """Run what ``_gather`` took (holding the run lock): as one batch where enough frames
-        fit it, the others one by one; a batch that raises is retried one by one."""
-        batch: list[tuple[SharedModel, _Request]] = []
-        rows: list[Feeds] = []
-        alone: list[tuple[SharedModel, _Request]] = []
-        for client, request in group:
-            row = self.batcher.row(request.feeds) if len(group) > 1 else None
-            if row is None:
-                alone.append((client, request))
-            else:
-                batch.append((client, request))
-                rows.append(row)
-        if len(batch) < max(2, self.batcher.min_frames):
-            alone, batch = group, []
-        if batch:
-            for client, request in batch:
-                self._started(client, request)
-            try:
-                outputs = self.batcher.run(rows)
-            except Exception as exc:  # one bad frame must cost only its own pipeline
-                self.batcher.failed(exc)
-                alone = batch + alone
-            else:
-                for (client, request), out in zip(batch, outputs, strict=True):
-                    request.outputs = out
-                    self.runs += 1
-                    client.runs += 1
-                    request.done.set()
-        for client, request in alone:
-            self._execute(client, request)
 
     def _revive(self, exc: WorkerCrashedError) -> None:
         """Start a fresh worker before serving anyone else."""
@@ -271,7 +213,7 @@ class _Entry:
         self.generation += 1
 
     def restart(self, client: SharedModel) -> None:
-        with self._run_lock:
+        with self.run_lock:
             seen = client._shared_crash_gen
             client._shared_crash_gen = None
             if seen is not None and self.generation > seen:
@@ -280,86 +222,23 @@ class _Entry:
             self.restarts += 1
             self.generation += 1
 
-    def _start_thread(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._serve, daemon=True,
-                                            name=f"edgeinfer-model-{self.model.name}")
-            self._thread.start()
-
-    def _serve(self) -> None:
-        """The inference thread: round-robin over the clients with a request waiting, in
-        batches where the batcher decided so."""
-        while True:
-            with self._cond:
-                while not self._pending and not self._stopping:
-                    self._cond.wait()
-                if not self._pending:
-                    return
-                sharers = len(self.clients)
-                first = self._take()
-            if self.batcher.due(sharers):
-                with self._run_lock:  # measured with the waiting frame; the others wait
-                    self.batcher.decide(sharers, first[1].feeds)
-            group = self._gather(first)
-            with self._run_lock:
-                self._execute_group(group)
-
-    def _take(self) -> tuple[SharedModel, _Request]:
-        client = self._pick()
-        return client, self._pending.pop(client)
-
-    def _gather(self, first: tuple[SharedModel, _Request]) -> list[tuple[SharedModel, _Request]]:
-        """``first`` and, when batching, up to B - 1 more waiting frames, in round-robin order,
-        waiting at most ``batch_window_ms`` for sharers whose frame has not come yet."""
-        limit = self.batcher.limit
-        group = [first]
-        if limit < 2:
-            return group
-        deadline = time.perf_counter() + self.batcher.policy.window_ms / 1000
-        with self._cond:
-            while len(group) < limit:
-                if self._pending:
-                    group.append(self._take())
-                    continue
-                left = deadline - time.perf_counter()
-                if left <= 0 or self._stopping or len(group) >= len(self.clients):
-                    break
-                self._cond.wait(left)
-        return group
-
-    def _pick(self) -> SharedModel:
-        n = len(self.clients)
-        for i in range(n):
-            at = (self._next + i) % n
-            client = self.clients[at]
-            if client in self._pending:
-                self._next = (at + 1) % n
-                return client
-        return next(iter(self._pending))  # a client that left meanwhile
-
     # -- users ----------------------------------------------------------------------------------
     def attach(self, client: SharedModel) -> None:
-        with self._cond:
+        with self.cond:
             self.clients.append(client)
 
     def detach(self, client: SharedModel) -> int:
         """Remove ``client`` (its waiting request fails); the number of clients left."""
-        with self._cond:
+        with self.cond:
             self.clients.remove(client)
-            request = self._pending.pop(client, None)
+            request = self.withdraw(client)
             if request is not None:
                 request.error = StateError(f"model {client.name!r} is closed")
                 request.done.set()
             return len(self.clients)
 
     def close(self, timeout: float = 5.0) -> None:
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout)
-        with self._run_lock:
-            self.batcher.close()
+        self.stop(timeout)
         self.model.close()
 
 
@@ -412,6 +291,18 @@ class ModelPool:
             entry.attach(handle)
             with self._lock:
                 self._entries[key] = entry
+        return handle
+
+    def adopt(self, model: Model, batch: BatchPolicy | None = None) -> SharedModel:
+        """Share a model the caller loaded itself (e.g. on one exact backend configuration,
+        ``load.open_model``): a handle scheduled like an acquired one; more handles come from
+        its ``another()``. Nothing acquires it by key; the last handle closed closes it."""
+        entry = _Entry(self, (model.sha256, f"adopted {id(model)}"), model,
+                       batch or BatchPolicy())
+        handle = SharedModel(entry, model.name, model.version)
+        entry.attach(handle)
+        with self._lock:
+            self._entries[entry.key] = entry
         return handle
 
     def _load(self, path: str | Path, options: dict[str, Any]) -> Model:
