@@ -151,6 +151,11 @@ class ModelConfig(ConfigStruct, frozen=True):
     batch: Literal["auto", "off"] | Annotated[int, Meta(ge=2, le=64)] = "auto"
     batch_window_ms: Annotated[float, Meta(ge=0, le=50)] = 5.0
 
+    def __post_init__(self) -> None:
+        if isinstance(self.batch, int) and self.isolation == "process":
+            raise ValueError(f"batch: {self.batch} needs isolation: none (a worker process "
+                             "runs one frame at a time); set batch: off, or isolation: none")
+
     def load_kwargs(self, *, default_max_model_mb: float | None = None) -> dict[str, Any]:
         """Keyword arguments for ``edgeinfer.load_model(self.path, **kwargs)``.
 

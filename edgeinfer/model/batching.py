@@ -75,9 +75,7 @@ class Batcher:
         refused = self._refusal()
         self.decision = round_robin(refused or "not decided: fewer than 2 sharers yet")
         self._refused = refused is not None
-        if refused and policy.mode != "off":
-            logger.info("model %s: frames of its sharers run one by one: %s", model.name,
-                        refused)
+        self._told = False  # the refusal logged (once, when sharing starts)
 
     def _refusal(self) -> str | None:
         if self.policy.mode == "off":
@@ -98,6 +96,11 @@ class Batcher:
     def due(self, sharers: int) -> bool:
         """Whether ``decide`` should run now (cheap; called before each serve)."""
         if self._refused or sharers < 2 or self.model.selecting:
+            if self._refused and sharers >= 2 and not self._told:
+                self._told = True
+                logger.log(logging.WARNING if self.policy.mode == "fixed" else logging.INFO,
+                           "model %s: its sharers' frames run one by one: %s",
+                           self.model.name, self.decision.reason)
             return False
         key = (self.model.generation, self.size(sharers))
         if key == self._decided:
@@ -170,9 +173,11 @@ class Batcher:
 
     def _set(self, decision: BatchDecision) -> None:
         self.decision = decision
-        logger.info("model %s: %s on %s: %s", self.model.name,
-                    f"batches of {decision.size}" if decision.batch else "round-robin",
-                    decision.backend, decision.reason)
+        asked = self.policy.mode == "fixed" and not decision.batch
+        logger.log(logging.WARNING if asked else logging.INFO, "model %s: %s on %s: %s",
+                   self.model.name,
+                   f"batches of {decision.size}" if decision.batch else "round-robin",
+                   decision.backend, decision.reason)
 
     # -- running ----------------------------------------------------------------------------------
     def row(self, feeds: Any) -> Feeds | None:

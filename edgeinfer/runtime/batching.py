@@ -27,8 +27,10 @@ from .base import Dim, TensorSpec
 
 SPEEDUP = 1.1  # batching is kept only this much faster than running the frames one by one
 MAX_AUTO = 8  # ``batch: auto`` batches at most this many sharers' frames
-ROUNDS = 5  # measuring: rounds of (B singles, one batch), order alternating
-MEASURE_BUDGET_S = 3.0  # measuring stops after this, with at least 2 rounds done
+ROUNDS = 7  # measuring: rounds of (B singles, one batch), order alternating
+MIN_ROUNDS = 3
+MEASURE_BUDGET_S = 4.0  # measuring stops after this, with at least MIN_ROUNDS done
+CONSISTENT = 2 / 3  # auto batches only if this share of the rounds was >= SPEEDUP on its own
 WINDOW_MS = 5.0  # default wait for more frames to fill a batch
 
 Feeds = dict[str, np.ndarray]
@@ -93,6 +95,9 @@ class BatchMeasurement:
         rounds: Rounds measured.
         max_diff: The largest difference between a batch row and the single run's output,
             relative to the output's range (float rounding: about 1e-6).
+        faster_rounds: Rounds whose own batch was >= ``SPEEDUP`` faster than their singles
+            (a round's two halves run back to back, so a load spell hits both); ``None``: not
+            counted (a measurement given, not made).
     """
 
     size: int
@@ -100,6 +105,12 @@ class BatchMeasurement:
     batch_ms: float
     rounds: int
     max_diff: float = 0.0
+    faster_rounds: int | None = None
+
+    @property
+    def consistent(self) -> bool:
+        """Enough rounds were faster on their own (``CONSISTENT``)."""
+        return self.faster_rounds is None or self.faster_rounds >= CONSISTENT * self.rounds
 
     @property
     def speedup(self) -> float:
@@ -109,7 +120,8 @@ class BatchMeasurement:
     def to_dict(self) -> dict[str, Any]:
         return {"size": self.size, "single_ms": round(self.single_ms, 3),
                 "batch_ms": round(self.batch_ms, 3), "rounds": self.rounds,
-                "speedup": round(self.speedup, 3), "max_diff": float(f"{self.max_diff:.3g}")}
+                "speedup": round(self.speedup, 3), "max_diff": float(f"{self.max_diff:.3g}"),
+                "faster_rounds": self.faster_rounds}
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +177,11 @@ def decide(policy: BatchPolicy, measurement: BatchMeasurement, backend: str = ""
     if m.speedup < SPEEDUP:
         return round_robin(f"batch of {size} is {m.speedup:.2f}x one by one, under "
                            f"{SPEEDUP}x", size, backend, m)
+    if not m.consistent:
+        return round_robin(f"batch of {size} is {m.speedup:.2f}x one by one, but only "
+                           f"{m.faster_rounds} of {m.rounds} rounds were >= {SPEEDUP}x (a busy "
+                           "box: measured again when the sharers or the backend change)",
+                           size, backend, m)
     least = max(2, min(size, math.ceil(size / m.speedup - 1e-9)))
     return BatchDecision(True, size, f"batch of {size} is {m.speedup:.2f}x one by one",
                          least, backend, m)
@@ -261,7 +278,8 @@ def measure(run_single: Callable[[Feeds], Feeds], run_batch: Callable[[Feeds], F
             budget_s: float = MEASURE_BUDGET_S) -> BatchMeasurement:
     """Time ``size`` single runs of ``row`` against one batch of ``size`` copies of it,
     interleaved (the order alternating each round, so load hits both alike), for ``rounds``
-    rounds or ``budget_s`` (at least 2 rounds). ``max_diff``: what ``check_rows`` found.
+    rounds or ``budget_s`` (at least ``MIN_ROUNDS``), and count the rounds that were
+    ``SPEEDUP`` faster on their own. ``max_diff``: what ``check_rows`` found.
 
     Raises:
         What the runs raise.
@@ -271,7 +289,7 @@ def measure(run_single: Callable[[Feeds], Feeds], run_batch: Callable[[Feeds], F
     batches: list[float] = []
     deadline = time.perf_counter() + budget_s
     for i in range(rounds):
-        if i >= 2 and time.perf_counter() > deadline:
+        if i >= MIN_ROUNDS and time.perf_counter() > deadline:
             break
         for first_batch in ((True, False) if i % 2 else (False, True)):
             t0 = time.perf_counter()
@@ -282,5 +300,6 @@ def measure(run_single: Callable[[Feeds], Feeds], run_batch: Callable[[Feeds], F
                 for _ in range(size):
                     run_single(row)
                 singles.append((time.perf_counter() - t0) / size)
+    faster = sum(size * one >= SPEEDUP * b for one, b in zip(singles, batches, strict=True))
     return BatchMeasurement(size, statistics.median(singles) * 1000,
-                            statistics.median(batches) * 1000, len(batches), max_diff)
+                            statistics.median(batches) * 1000, len(batches), max_diff, faster)

@@ -206,6 +206,9 @@ def test_auto_follows_the_measurement(tmp_path: Path) -> None:
     assert three.batch and three.min_frames == 3
     assert decide(batch_policy(4), SLOW).batch  # asked for: used, and the reason says slower
     assert "slower" in decide(batch_policy(4), SLOW).reason
+    spotty = BatchMeasurement(4, 10.0, 20.0, 6, faster_rounds=3)  # 2x, but in 3 rounds of 6
+    assert not decide(auto, spotty).batch and "3 of 6 rounds" in decide(auto, spotty).reason
+    assert decide(auto, BatchMeasurement(4, 10.0, 20.0, 6, faster_rounds=4)).batch
     wrong = BatchMeasurement(4, 10.0, 5.0, 3, max_diff=0.5)  # fast but its rows differ
     assert not decide(auto, wrong).batch and not decide(batch_policy(4), wrong).batch
 
@@ -237,6 +240,8 @@ def test_config_batch_keys_and_stateful_tasks() -> None:
         _config(model={"path": "m.onnx", "batch": 1})
     with pytest.raises(ConfigError, match=r"pipelines\[0\]\.model\.batch_window_ms"):
         _config(model={"path": "m.onnx", "batch_window_ms": 500})
+    with pytest.raises(ConfigError, match=r"model.*batch: 4 needs isolation: none"):
+        _config(model={"path": "m.onnx", "batch": 4, "isolation": "process"})
     assert _config(model={"path": "m.onnx", "batch": "off"}).pipelines[0].model.batch == "off"
     config = _config(model={"path": "silero-vad", "batch": 4, "probe": False},
                      source={"type": "audio", "command": "true"}, task={"type": "vad"})
