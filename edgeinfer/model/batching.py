@@ -124,7 +124,11 @@ class Batcher:
     def decide(self, sharers: int, sample: Any) -> None:
         """Open the batch session for the current backend and B, measure it against single
         runs of ``sample`` (a waiting frame's feeds), keep it or not. Never raises: a failure
-        is a round-robin decision with its reason."""
+        is a round-robin decision with its reason. A sample that does not fit the model (its
+        own run will say why) is not measured with: the next frame is."""
+        row = self.row_of(sample)
+        if row is None:
+            return
         size = self.size(sharers)
         key = (self.model.generation, size)
         self._decided, self._seen = key, None
@@ -132,10 +136,6 @@ class Batcher:
         choice = self.model.report.choice
         backend = choice.label() if choice is not None else self.model.provider
         try:
-            row = check_feeds(self.model.inputs, sample)
-            if row_key(row) != self._expected():
-                raise ValueError(f"the waiting frame's inputs {_shapes(row)} are not the "
-                                 f"model's {_shapes_of(self._expected())}")
             variant = self._open(size)
         except (EdgeInferError, ValueError) as exc:
             self._set(round_robin(f"the batch session did not open: {exc}", size, backend))
@@ -154,6 +154,17 @@ class Batcher:
         else:
             variant.close()
         self._set(decision)
+
+    def row_of(self, sample: Any) -> Feeds | None:
+        """``sample`` checked as a single frame of the model's served shapes, else ``None``."""
+        try:
+            row = check_feeds(self.model.inputs, sample)
+        except EdgeInferError:
+            return None
+        try:
+            return row if row_key(row) == self._expected() else None
+        except AttributeError:  # a value that is not an array
+            return None
 
     def _expected(self) -> RowKey:
         return tuple(sorted((s.name, (1, *(int(d) for d in s.shape[1:] if isinstance(d, int))),
@@ -229,11 +240,3 @@ class Batcher:
 
     def close(self) -> None:
         self._close_variant()
-
-
-def _shapes(feeds: Mapping[str, np.ndarray]) -> str:
-    return ", ".join(f"{k} {list(v.shape)} {v.dtype}" for k, v in feeds.items())
-
-
-def _shapes_of(key: RowKey) -> str:
-    return ", ".join(f"{k} {list(s)} {np.dtype(d)}" for k, s, d in key)
