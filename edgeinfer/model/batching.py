@@ -17,6 +17,7 @@ A model that cannot batch (a static batch in the file, scalar inputs, a stateful
 from __future__ import annotations
 
 import logging
+import statistics
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -28,6 +29,7 @@ from ..errors import EdgeInferError
 from ..runtime.base import check_feeds
 from ..runtime.batching import (
     MAX_AUTO,
+    SPEEDUP,
     BatchDecision,
     BatchPolicy,
     Feeds,
@@ -46,6 +48,7 @@ from .model import Model
 logger = logging.getLogger("edgeinfer.sharing")
 
 SETTLE_S = 1.0  # the sharers and backend must hold this long before a decision is measured
+LIVE_BATCHES = 16  # auto checks the cost per frame of this many live batches once
 
 RowKey = tuple[tuple[str, tuple[int, ...], str], ...]
 
@@ -72,6 +75,8 @@ class Batcher:
         self._decided: tuple[int, int] | None = None  # (model generation, batch) decided for
         self._seen: tuple[tuple[int, int], float] | None = None  # the key and since when
         self._row: RowKey | None = None
+        self._live: list[float] = []  # ms per frame of the live batches since the decision
+        self.live_ms = 0.0  # their median, once LIVE_BATCHES ran
         refused = self._refusal()
         self.decision = round_robin(refused or "not decided: fewer than 2 sharers yet")
         self._refused = refused is not None
@@ -133,6 +138,7 @@ class Batcher:
         key = (self.model.generation, size)
         self._decided, self._seen = key, None
         self._close_variant()
+        self._live, self.live_ms = [], 0.0
         choice = self.model.report.choice
         backend = choice.label() if choice is not None else self.model.provider
         try:
@@ -214,10 +220,29 @@ class Batcher:
         if variant is None:
             raise ValueError("no batch session")
         size = self.decision.size
+        t0 = time.perf_counter()
         out = split(variant.run(stack(rows, size)), len(rows), size)
         self.batches += 1
         self.frames += len(rows)
+        if len(self._live) < LIVE_BATCHES:
+            self._live.append((time.perf_counter() - t0) * 1000 / len(rows))
+            if len(self._live) == LIVE_BATCHES:
+                self._check_live()
         return out
+
+    def _check_live(self) -> None:
+        """The live batches against the measurement: what the waiting frames really cost a
+        batch (padding, a busier box) is not what B copies cost. ``auto`` goes back to
+        round-robin when a frame in a live batch costs more than 1 / ``SPEEDUP`` of a single
+        run as measured."""
+        self.live_ms = statistics.median(self._live)
+        d, m = self.decision, self.decision.measurement
+        if self.policy.mode != "auto" or m is None or self.live_ms * SPEEDUP <= m.single_ms:
+            return
+        self._close_variant()
+        self._set(round_robin(f"live batches of {d.size} cost {self.live_ms:.2f} ms a frame, "
+                              f"not {SPEEDUP}x under the {m.single_ms:.2f} ms of one frame "
+                              "alone as measured", d.size, d.backend, m))
 
     def failed(self, exc: BaseException) -> None:
         """A batch raised: its frames are retried one by one (counted, logged the first time)."""
@@ -231,6 +256,7 @@ class Batcher:
         """The decision and the counters, for ``shared_stats``."""
         return {**self.decision.to_dict(), "policy": self.policy.describe(),
                 "batches": self.batches, "batched_frames": self.frames,
+                "live_ms_per_frame": round(self.live_ms, 3),
                 "failures": self.failures, "last_error": self.last_error}
 
     def _close_variant(self) -> None:

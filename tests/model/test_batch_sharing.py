@@ -230,6 +230,33 @@ def test_auto_follows_the_measurement(tmp_path: Path) -> None:
                 h.close()
 
 
+def test_auto_goes_back_to_round_robin_when_live_batches_cost_more(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(batching, "LIVE_BATCHES", 3)
+    model = om.matmul_model(tmp_path / "mm.onnx", batch="N")
+    x = np.ones((1, 8), np.float32)
+    # measured 2x, but a single run "took" 1 ns: no live batch can be 1.1x under that
+    tiny = BatchMeasurement(2, 1e-6, 1e-6, 3)
+    handles = _handles(model, 2, BatchPolicy(window_ms=50, measurement=tiny),
+                       input_shapes={"x": [1, 8]})
+    try:
+        stats = _until_batched(handles, [x, x], lambda outs: None)
+        deadline = time.monotonic() + 30
+        while stats["mode"] == "batch":
+            assert time.monotonic() < deadline, stats
+            for got in _together(handles, [x, x]):
+                assert not isinstance(got, Exception), got
+            stats = handles[0].shared_stats()["batch"]
+        assert stats["batches"] == 3 and "live batches of 2 cost" in stats["reason"], stats
+        assert stats["live_ms_per_frame"] > 0
+        for got in _together(handles, [x, x]):  # served one by one from now on
+            np.testing.assert_allclose(got["y"], x @ om.matmul_weights(), rtol=1e-5)
+        assert handles[0].shared_stats()["batch"]["batches"] == 3
+    finally:
+        for h in handles:
+            h.close()
+
+
 def _config(**pipeline: Any) -> Config:
     base = {"name": "a", "source": {"type": "synthetic"}, "sinks": []}
     return parse_config(json.dumps({"pipelines": [{**base, **pipeline}]}))
