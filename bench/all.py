@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from _report import machine_facts
 
 SCRIPTS = ("runtime", "pipeline", "mqtt", "models", "quantized", "ota", "backends", "startup",
-           "memory", "e2e", "decode", "cameras")
+           "memory", "e2e", "decode", "cameras", "batching", "clip_remux")
 # Used only while a script has no section in the doc yet.
 DEFAULTS: dict[str, list[str]] = {
     "runtime": ["--rounds", "10", "--runs", "20"],

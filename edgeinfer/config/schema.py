@@ -132,6 +132,11 @@ class ModelConfig(ConfigStruct, frozen=True):
         warmup_inputs: Values for the warm-up by input name (scalars broadcast), where zeros
             are not valid input for the model, e.g. ``{sr: 16000}``.
         max_model_mb: Overrides ``runtime.max_model_mb`` for this model.
+        batch: Pipelines sharing this model may run their waiting frames as one batch:
+            ``auto`` measures batch vs one by one on the backend and batches only where it is
+            >= 1.1x faster; ``off``; or a batch size 2-64 (always batched when the model takes
+            it, padded with copies). Not a ``load_model`` keyword (``ModelPool.acquire``'s).
+        batch_window_ms: How long a batch waits for sharers whose frame has not come yet.
     """
 
     path: FilePath
@@ -151,6 +156,13 @@ class ModelConfig(ConfigStruct, frozen=True):
     warmup: bool = True
     warmup_inputs: dict[str, WarmupValue] = {}
     max_model_mb: MiB | None = None
+    batch: Literal["auto", "off"] | Annotated[int, Meta(ge=2, le=64)] = "auto"
+    batch_window_ms: Annotated[float, Meta(ge=0, le=50)] = 5.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.batch, int) and self.isolation == "process":
+            raise ValueError(f"batch: {self.batch} needs isolation: none (a worker process "
+                             "runs one frame at a time); set batch: off, or isolation: none")
 
     def load_kwargs(self, *, default_max_model_mb: float | None = None) -> dict[str, Any]:
         """Keyword arguments for ``edgeinfer.load_model(self.path, **kwargs)``.

@@ -104,6 +104,16 @@ class Model:
         return dict(self._info.onnx.metadata) if self._info.onnx is not None else {}
 
     @property
+    def spec(self) -> SessionSpec:
+        """How the session was asked for (a batch variant is opened from it, ``model.batching``)."""
+        return self._spec
+
+    @property
+    def file_info(self) -> ModelFileInfo:
+        """The model file's inspection (format, digest, ONNX graph facts)."""
+        return self._info
+
+    @property
     def quantization(self) -> str:
         """``int8-qdq``, ``int8-qoperator``, ``int8-dynamic``, ``int8``, ``float16``, ``float``."""
         return self._quantization

@@ -15,6 +15,11 @@ handles that have a frame waiting, so a camera flooding the model cannot starve 
 pipeline's infer stage submits one and waits, and frames piling up behind it are dropped by
 its own capture queue and counted there. Errors go back to the pipeline whose frame raised.
 
+Where the model takes a batch and batching measured faster on its backend (``model.batch``,
+``model/batching.py``), the inference thread (``model/scheduler.py``) runs the frames waiting
+from several sharers as one batch and hands each pipeline its row; otherwise, and until
+measured, round-robin.
+
 A worker process that dies (``isolation: process``) costs the frame that was in flight: its
 pipeline gets ``WorkerCrashedError`` and counts it; the inference thread starts a fresh worker
 before serving anyone else, so the other pipelines' frames wait for the restart and are then
@@ -30,13 +35,15 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ModelMemoryError, StateError, WorkerCrashedError
+from ..runtime.batching import BatchPolicy
+from .batching import Batcher
 from .load import DEFAULT_MAX_MODEL_MB, load_model
 from .model import Model
+from .scheduler import Request, Scheduler
 
 if TYPE_CHECKING:
     import numpy as np
@@ -48,17 +55,6 @@ logger = logging.getLogger("edgeinfer.sharing")  # the name before the move
 # Options that do not change the loaded session: identity, and a size limit each requester
 # checks for itself.
 _NOT_KEYED = ("name", "version", "max_model_mb")
-
-
-@dataclass(slots=True)
-class _Request:
-    feeds: Any
-    queued: float
-    runs_before: int  # the entry's run count when it was queued
-    done: threading.Event = field(default_factory=threading.Event)
-    outputs: dict[str, np.ndarray] | None = None
-    error: BaseException | None = None
-    crash_gen: int | None = None  # the worker generation a crash happened in
 
 
 class SharedModel(Model):
@@ -150,45 +146,38 @@ class SharedModel(Model):
         """What the pipeline's stats say about the sharing."""
         e = self._shared_entry
         return {"pipelines": e.owners(), "runs": self.runs, "model_runs": e.runs,
-                "max_waited_runs": self.max_waited_runs, "worker_restarts": e.restarts}
+                "max_waited_runs": self.max_waited_runs, "worker_restarts": e.restarts,
+                "batch": e.batcher.stats()}
 
 
-class _Entry:
-    """A pooled model, its users and its scheduler."""
+class _Entry(Scheduler[SharedModel]):
+    """A pooled model, its users and its inference thread (``model/scheduler.py``)."""
 
-    def __init__(self, pool: ModelPool, key: tuple[str, str], model: Model) -> None:
+    def __init__(self, pool: ModelPool, key: tuple[str, str], model: Model,
+                 policy: BatchPolicy) -> None:
+        super().__init__(Batcher(model, policy), f"edgeinfer-model-{model.name}")
         self.pool, self.key, self.model = pool, key, model
-        self.clients: list[SharedModel] = []
-        self.runs = 0
         self.restarts = 0
         self.generation = 0  # worker restarts so far, to restart once per crash
-        self._cond = threading.Condition()
-        self._run_lock = threading.Lock()  # one run at a time, whichever thread runs it
-        self._pending: dict[SharedModel, _Request] = {}
-        self._next = 0  # where the round-robin looks first
-        self._thread: threading.Thread | None = None
-        self._stopping = False
 
     def owners(self) -> list[str]:
-        with self._cond:
+        with self.cond:
             return [c.owner or c.name for c in self.clients]
 
     # -- running --------------------------------------------------------------------------------
     def submit(self, client: SharedModel, inputs: Any) -> dict[str, np.ndarray]:
-        with self._cond:
-            if self._stopping:
+        with self.cond:
+            if self.stopping:
                 raise StateError(f"model {client.name!r} is closed")
-            request = _Request(inputs, time.perf_counter(), self.runs)
+            request = Request(inputs, time.perf_counter(), self.runs)
             queued = len(self.clients) > 1
             if queued:
-                self._pending[client] = request
-                self._start_thread()
-                self._cond.notify_all()
+                self.enqueue(client, request)
         if queued:
             request.done.wait()
         else:
-            with self._run_lock:  # alone: in the caller's thread, no hand-over
-                self._execute(client, request)
+            with self.run_lock:  # alone: in the caller's thread, no hand-over
+                self.execute(client, request)
         if request.error is not None:
             if isinstance(request.error, WorkerCrashedError):
                 client._shared_crash_gen = request.crash_gen
@@ -196,11 +185,9 @@ class _Entry:
         assert request.outputs is not None
         return request.outputs
 
-    def _execute(self, client: SharedModel, request: _Request) -> None:
+    def execute(self, client: SharedModel, request: Request) -> None:
         """Run one request (holding the run lock)."""
-        start = time.perf_counter()
-        client.last_wait_ms = (start - request.queued) * 1000
-        client.max_waited_runs = max(client.max_waited_runs, self.runs - request.runs_before)
+        self.started(client, request)
         try:
             request.outputs = self.model.run(request.feeds)
         except WorkerCrashedError as exc:
@@ -226,7 +213,7 @@ class _Entry:
         self.generation += 1
 
     def restart(self, client: SharedModel) -> None:
-        with self._run_lock:
+        with self.run_lock:
             seen = client._shared_crash_gen
             client._shared_crash_gen = None
             if seen is not None and self.generation > seen:
@@ -235,56 +222,23 @@ class _Entry:
             self.restarts += 1
             self.generation += 1
 
-    def _start_thread(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._serve, daemon=True,
-                                            name=f"edgeinfer-model-{self.model.name}")
-            self._thread.start()
-
-    def _serve(self) -> None:
-        """The inference thread: round-robin over the clients with a request waiting."""
-        while True:
-            with self._cond:
-                while not self._pending and not self._stopping:
-                    self._cond.wait()
-                if not self._pending:
-                    return
-                client = self._pick()
-                request = self._pending.pop(client)
-            with self._run_lock:
-                self._execute(client, request)
-
-    def _pick(self) -> SharedModel:
-        n = len(self.clients)
-        for i in range(n):
-            at = (self._next + i) % n
-            client = self.clients[at]
-            if client in self._pending:
-                self._next = (at + 1) % n
-                return client
-        return next(iter(self._pending))  # a client that left meanwhile
-
     # -- users ----------------------------------------------------------------------------------
     def attach(self, client: SharedModel) -> None:
-        with self._cond:
+        with self.cond:
             self.clients.append(client)
 
     def detach(self, client: SharedModel) -> int:
         """Remove ``client`` (its waiting request fails); the number of clients left."""
-        with self._cond:
+        with self.cond:
             self.clients.remove(client)
-            request = self._pending.pop(client, None)
+            request = self.withdraw(client)
             if request is not None:
                 request.error = StateError(f"model {client.name!r} is closed")
                 request.done.set()
             return len(self.clients)
 
     def close(self, timeout: float = 5.0) -> None:
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        self.stop(timeout)
         self.model.close()
 
 
@@ -303,9 +257,11 @@ class ModelPool:
         self._holds = 0
         self._idle: list[_Entry] = []  # unused while held, closed when the hold ends
 
-    def acquire(self, path: str | Path, **options: Any) -> Model:
+    def acquire(self, path: str | Path, batch: BatchPolicy | None = None, **options: Any
+                ) -> Model:
         """A model for ``load_model(path, **options)``: the loaded one with the same file and
-        options (a `SharedModel` handle), else a new load.
+        options (a `SharedModel` handle), else a new load. ``batch`` says whether its sharers'
+        frames may run as one batch (default: ``auto``, measured); it is part of the key.
 
         Raises:
             What ``load_model`` raises; the requester's ``max_model_mb`` is checked also when
@@ -320,7 +276,8 @@ class ModelPool:
         limit = options.get("max_model_mb")
         info = inspect_model(resolve_model(path),
                              max_model_mb=DEFAULT_MAX_MODEL_MB if limit is None else limit)
-        key = (info.sha256, _options_key(options))
+        policy = batch or BatchPolicy()
+        key = (info.sha256, _options_key(options, policy))
         handle = self._attach(key, name or info.path.stem, version)
         if handle is not None:
             return handle
@@ -329,11 +286,23 @@ class ModelPool:
             if handle is not None:
                 return handle
             model = self._load(path, options)
-            entry = _Entry(self, key, model)
+            entry = _Entry(self, key, model, policy)
             handle = SharedModel(entry, model.name, model.version)
             entry.attach(handle)
             with self._lock:
                 self._entries[key] = entry
+        return handle
+
+    def adopt(self, model: Model, batch: BatchPolicy | None = None) -> SharedModel:
+        """Share a model the caller loaded itself (e.g. on one exact backend configuration,
+        ``load.open_model``): a handle scheduled like an acquired one; more handles come from
+        its ``another()``. Nothing acquires it by key; the last handle closed closes it."""
+        entry = _Entry(self, (model.sha256, f"adopted {id(model)}"), model,
+                       batch or BatchPolicy())
+        handle = SharedModel(entry, model.name, model.version)
+        entry.attach(handle)
+        with self._lock:
+            self._entries[entry.key] = entry
         return handle
 
     def _load(self, path: str | Path, options: dict[str, Any]) -> Model:
@@ -404,8 +373,9 @@ class ModelPool:
             return len(self._entries)
 
 
-def _options_key(options: Mapping[str, Any]) -> str:
+def _options_key(options: Mapping[str, Any], policy: BatchPolicy) -> str:
     keyed = {k: v for k, v in options.items() if k not in _NOT_KEYED}
+    keyed["batch"] = [*policy.key, policy.reason]
     return json.dumps(keyed, sort_keys=True, default=str)
 
 

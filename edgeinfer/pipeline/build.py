@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
+from ..runtime.batching import batch_policy
 from ..tasks import make_task, task_class
 from .gate import make_gate
 
@@ -72,13 +73,15 @@ def load_pipeline_model(pc: PipelineConfig, runtime: RuntimeConfig) -> Model:
     for key, value in task_load_options(pc, path).items():
         if not kwargs.get(key):  # what the config says explicitly wins
             kwargs[key] = value
+    tag = str(type(pc.task).__struct_config__.tag)
+    batch = batch_policy(mc.batch, mc.batch_window_ms, stateful=task_class(tag).stateful)
     if kwargs["probe"] and kwargs["isolation"] == "none":
         # Serve at once: a cached decision under the task's gate opens the winner now,
         # otherwise ``assemble`` starts measuring once the task (and its gate) exists.
         kwargs["probe"] = "background"
-        kwargs["gate"] = task_class(str(type(pc.task).__struct_config__.tag)).gate_key
+        kwargs["gate"] = task_class(tag).gate_key
     return model_pool().acquire(
-        path, **kwargs,
+        path, batch=batch, **kwargs,
         state_dir=runtime.resolved_state_dir(), cache_dir=runtime.resolved_cache_dir(),
         optimized_model_cache=runtime.optimized_model_cache,
     )

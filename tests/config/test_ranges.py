@@ -52,6 +52,7 @@ PARTNER = {"$.pipelines[0].track.high_threshold": ("low_threshold", 0.0),
 # Fields where 0 is meaningful (no minimum spacing, a class id, a threshold, an index).
 ZERO_OK = {
     "$.pipelines[0].source.camera",
+    "$.pipelines[0].model.batch_window_ms",
     "$.pipelines[0].source.uri",
     "$.pipelines[0].task.score_threshold",
     "$.pipelines[0].task.iou_threshold",
