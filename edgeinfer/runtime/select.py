@@ -10,8 +10,11 @@ the state directory under a key of the model's sha256, the backends' versions, t
 features and the options, so a later boot opens the winner directly.
 
 Measuring has a time budget (``probe_budget_s``): candidates are tried most promising first, each
-gets a slice, and the best three are timed again interleaved so a noisy moment does not decide
-(the stopwatch and the ranking are ``timing.py``'s).
+gets a slice, and the best three are timed again interleaved, in rotating rounds until their
+pick is stable, so a noisy moment does not decide (the stopwatch and the ranking are
+``timing.py``'s). The load is read meanwhile (``busy.py``): a decision measured while other
+processes kept the CPUs busy is ``measured_under_load``, provisional, and re-checked later
+while the model serves (``recheck.py``, ``remeasure.py``, driven by ``Model``).
 Models that run in a fraction of a millisecond are measured on onnxruntime alone: switching
 backend could save microseconds and compiling OpenVINO costs more than that gains.
 
