@@ -109,7 +109,7 @@ def _updated(decision: Decision, timed: dict[Choice, Row], winner: Choice) -> De
 
 def _note(trigger: str, current: Row, best: Row | None, switch: bool, stable: bool,
           updated: Decision) -> str:
-    why = "the box idle" if trigger == "idle" else "live latency drifted"
+    why = "the load fell under idle_share" if trigger == "idle" else "live latency drifted"
     if best is None or best.p50_ms is None or current.p50_ms is None:
         return f"re-checked ({why}): nothing timed"
     if switch:

@@ -21,7 +21,7 @@ from edgeinfer.runtime.busy import CpuTimes, Load, LoadMeter, RecheckSettings, l
     read_times
 from edgeinfer.runtime.decision import Decision, Row
 from edgeinfer.runtime.recheck import RecheckPolicy, Watch
-from edgeinfer.runtime.remeasure import recheck_choices
+from edgeinfer.runtime.remeasure import recheck_choices, remeasure
 from edgeinfer.runtime.timing import pick, time_interleaved
 from edgeinfer.testing import onnx_models as om
 
@@ -355,3 +355,34 @@ def test_no_recheck_when_turned_off_or_in_the_first_seconds(toy: str, tmp_path: 
             m.run(X)
             time.sleep(0.002)
         assert m.rechecks == 0 and not m.selecting
+
+
+def _decision_for(*rows: Row) -> Decision:
+    return Decision(rows[0].choice, list(rows), "outputs", "", load=Load(0.5, 0.0, 2),
+                    under_load=True)
+
+
+@pytest.mark.parametrize(("runner_up_ms", "switched"), [(1.0, True), (5.7, False)])
+def test_a_recheck_switches_only_to_a_clearly_faster_runner_up(runner_up_ms: float,
+                                                               switched: bool) -> None:
+    log: list[str] = []
+    slow = Choice("onnxruntime", CPU, threads=1)
+    fast = Choice("onnxruntime", CPU, threads=2)
+    ms = {slow: 6.0, fast: runner_up_ms}
+    decision = _decision_for(Row(slow, "picked", 5.0), Row(fast, "ok", 9.0))
+    spec = SessionSpec(path=Path("m.onnx"), format="onnx", sha256="0", threads=2)
+    outcome = remeasure(spec, decision, select.OutputsGate(), trigger="idle",
+                        settings=RecheckSettings(budget_s=0.5),
+                        opener=lambda s, c: SleepySession(ms[c], log, c.label()))
+    assert outcome is not None
+    new = outcome.decision
+    assert new.rechecks == 1 and new.load is not None and new.created > 0
+    if switched:
+        assert outcome.stable and outcome.session is not None
+        assert new.choice == fast and "switched from onnxruntime CPU fp32 1t" in new.recheck_note
+        outcome.session.close()
+    else:  # 5 % faster: under switch_gain, the serving choice stays
+        assert outcome.session is None and new.choice == slow
+        assert "kept onnxruntime CPU fp32 1t" in new.recheck_note
+    assert [r.status for r in new.rows].count("picked") == 1
+    assert all(r.final for r in new.rows)
