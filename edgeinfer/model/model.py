@@ -243,10 +243,9 @@ class Model:
                 decision, session = select.measure(
                     spec, gate_, budget_s=budget_s or spec.probe_budget_s, cancel=self._cancel)
             else:
-                outcome = select.remeasure(
+                outcome = select.recheck(
                     spec, select.Decision.from_dict(self.report.selection or {}), gate_,
-                    trigger=trigger, settings=spec.recheck, opener=select.open_choice,
-                    cancel=self._cancel)
+                    trigger=trigger, cancel=self._cancel)
                 if outcome is None:  # nothing to compare: no longer provisional
                     self._recheck_ended(None, False)
                     return None

@@ -11,13 +11,10 @@ time, the load and the live latency, so tests give it a fake clock):
   times the measured median for ``drift_for_s`` (any decision);
 
 never in the model's first ``after_s`` of serving, never while one runs, at most
-``max_rechecks`` times, ``min_interval_s`` apart. ``remeasure`` times the decision's best few
-candidates again (the serving pick, the fastest of each thread count and backend: at most
-``MAX_FINALISTS``), interleaved in rotating rounds until their ranking is stable or
-``budget_s`` ends. The model switches between two runs only when a runner-up is clearly
-faster: the serving choice's median at least ``switch_gain`` times the runner-up's, with a
-stable ranking. The updated decision replaces the cached one. Correctness is not measured
-again: every candidate timed here passed the gate against fp32 when the decision was made.
+``max_rechecks`` times, ``min_interval_s`` apart. How a re-check measures is
+``select.recheck``'s (``remeasure.py``: the best few timed again; or every candidate measured
+again when the busy boot did not reach them all); ``Model`` polls the watch from its run path
+and switches sessions between two runs.
 """
 
 from __future__ import annotations

@@ -290,6 +290,53 @@ def _short(exc: BaseException) -> str:
     return (text[0] if text else type(exc).__name__)[:240]
 
 
+# -- re-checking a served decision (when: recheck.py; Model drives it) ---------------------------
+def recheck(spec: SessionSpec, decision: Decision, gate: Gate, *, trigger: str,
+            cancel: threading.Event | None = None,
+            opener: Callable[[SessionSpec, Choice], Session] | None = None) -> Outcome | None:
+    """Measure ``decision`` again while its pick serves: its best few timed again
+    (``remeasure``), or, when the first measurement did not reach every candidate (its budget
+    spent under load) or found fewer than two correct ones, every candidate measured and
+    checked against fp32 again, as on a first boot (``probe_budget_s``). The runner-up wins
+    only when it is ``switch_gain`` times faster than the serving pick.
+
+    Raises:
+        Cancelled: ``cancel`` was set.
+        EdgeInferError: a candidate no longer opens or runs.
+    """
+    settings = spec.recheck
+    open_ = opener or (lambda s, c: open_choice(s, c))
+    correct = [r for r in decision.rows if r.status in ("ok", "picked")]
+    unreached = [r for r in decision.rows if r.status == "skipped" and "budget" in r.reason]
+    if len(correct) >= 2 and not unreached:
+        return remeasure(spec, decision, gate, trigger=trigger, settings=settings,
+                         opener=open_, cancel=cancel)
+    fresh, session = measure(spec, gate, budget_s=spec.probe_budget_s, opener=open_,
+                             cancel=cancel)
+    fresh.key, fresh.rechecks = decision.key, decision.rechecks + 1
+    best = next((r for r in fresh.rows if r.status == "picked"), None)
+    current = next((r for r in fresh.rows if r.choice == decision.choice
+                    and r.status in ("ok", "picked") and r.p50_ms is not None), None)
+    switch = best is not None and best.choice != decision.choice and (
+        current is None or (current.p50_ms or 0) >= settings.switch_gain * (best.p50_ms or 0))
+    if not switch and current is not None and best is not None and best is not current:
+        best.status, current.status, fresh.choice = "ok", "picked", decision.choice
+    if not switch and session is not None:
+        session.close()
+        session = None
+    if best is None or current is None:
+        what = f"measured every candidate again: {fresh.choice.label()}"
+    elif switch:
+        what = (f"measured every candidate again: switched from {current.choice.label()} "
+                f"({current.p50_ms:.2f} ms) to {best.choice.label()} ({best.p50_ms:.2f} ms)")
+    else:
+        what = f"measured every candidate again: kept {current.choice.label()}"
+    load = f", {fresh.load.describe()}" if fresh.load is not None else ""
+    why = "the load fell under idle_share" if trigger == "idle" else "live latency drifted"
+    fresh.recheck_note = f"re-checked ({why}{load}): {what}"
+    return Outcome(fresh, session, True)
+
+
 # -- what load_model calls -----------------------------------------------------------------------
 def open_selected(spec: SessionSpec, gate: Gate | None = None,
                   budget_s: float = DEFAULT_BUDGET_S) -> Session:
@@ -346,4 +393,4 @@ __all__ = ["TIE", "Cancelled", "Decision", "Gate", "OutputsGate", "Row", "annota
            "backend_available",
            "cache_key", "candidates", "compare_arrays", "default_choice", "forget",
            "load_cached", "measure", "measure_feeds", "pick", "open_choice",
-           "open_selected", "reference_choice", "remeasure", "Outcome", "store"]
+           "open_selected", "recheck", "reference_choice", "remeasure", "Outcome", "store"]

@@ -386,3 +386,30 @@ def test_a_recheck_switches_only_to_a_clearly_faster_runner_up(runner_up_ms: flo
         assert "kept onnxruntime CPU fp32 1t" in new.recheck_note
     assert [r.status for r in new.rows].count("picked") == 1
     assert all(r.final for r in new.rows)
+
+
+def test_a_recheck_measures_everything_again_when_the_busy_boot_did_not_reach_it(
+        tmp_path: Path) -> None:
+    # A busy first boot spent its budget on the reference alone: the re-check measures every
+    # candidate again (correctness against fp32 included) and switches to the clearly faster.
+    log: list[str] = []
+    spec = SessionSpec(path=tmp_path / "m.onnx", format="onnx", sha256="0", threads=2,
+                       providers=("cpu",), probe=True, probe_budget_s=3.0)
+    ref = select.reference_choice(spec)
+    cands, _ = select.candidates(spec)
+    fast = next(c for c in cands if c.threads == 1)
+
+    def opener(s: SessionSpec, c: Choice) -> SleepySession:
+        return SleepySession(1.0 if c == fast else 8.0, log, c.label())
+
+    rows = [Row(ref, "picked", 8.0, accuracy="reference")]
+    rows += [Row(c, "skipped", reason="probe budget 15 s spent") for c in cands if c != ref]
+    decision = _decision_for(*rows)
+    outcome = select.recheck(spec, decision, select.OutputsGate(), trigger="idle",
+                             opener=opener)
+    assert outcome is not None and outcome.session is not None
+    outcome.session.close()
+    new = outcome.decision
+    assert new.choice == fast and new.rechecks == 1
+    assert "measured every candidate again: switched from" in new.recheck_note
+    assert {r.choice for r in new.rows if r.status in ("ok", "picked")} >= {ref, fast}
