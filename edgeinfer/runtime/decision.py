@@ -82,6 +82,7 @@ class Decision:
     under_load: bool = False  # measured while load.others >= busy_share: provisional
     rechecks: int = 0  # times measured again after the first measurement
     recheck_note: str = ""  # what the last re-check found
+    stable: bool = True  # the finalists' ranking settled before the budget ended (not cached)
 
     def to_dict(self) -> dict[str, Any]:
         return {"version": SELECTOR_VERSION, "choice": self.choice.to_dict(),

@@ -166,10 +166,10 @@ def measure(
                 owned[choice] = session
                 keep_best(owned, rows, ref_choice)
         so_far = meter.since_start()  # busy: 2t candidates look slow; time each thread count
-        time_finalists(spec, rows, owned, open_, feeds,
-                       min(deadline, time.perf_counter() + 4 * SAMPLE_S) if small else deadline,
-                       cancel, extra=so_far is not None
-                       and so_far.others >= spec.recheck.busy_share)
+        stable = time_finalists(
+            spec, rows, owned, open_, feeds,
+            min(deadline, time.perf_counter() + 4 * SAMPLE_S) if small else deadline, cancel,
+            extra=so_far is not None and so_far.others >= spec.recheck.busy_share)
         if cancel is not None and cancel.is_set():
             raise Cancelled(f"measuring {spec.path.name} was cancelled")
         note = "runs in under 0.5 ms: only onnxruntime measured" if small and choices is None \
@@ -181,6 +181,7 @@ def measure(
                                                  "reference configuration"]))
         winner.status = "picked"
         decision = Decision(winner.choice, rows, gate_.key, inputs_note, note=note)
+        decision.stable = stable
         session = None
         if keep_winner:
             session = owned.pop(winner.choice, None) or open_(spec, winner.choice)
@@ -318,7 +319,8 @@ def recheck(spec: SessionSpec, decision: Decision, gate: Gate, *, trigger: str,
     current = next((r for r in fresh.rows if r.choice == decision.choice
                     and r.status in ("ok", "picked") and r.p50_ms is not None), None)
     switch = best is not None and best.choice != decision.choice and (
-        current is None or (current.p50_ms or 0) >= settings.switch_gain * (best.p50_ms or 0))
+        current is None or (fresh.stable and (current.p50_ms or 0)
+                            >= settings.switch_gain * (best.p50_ms or 0)))
     if not switch and current is not None and best is not None and best is not current:
         best.status, current.status, fresh.choice = "ok", "picked", decision.choice
     if not switch and session is not None:
@@ -330,11 +332,12 @@ def recheck(spec: SessionSpec, decision: Decision, gate: Gate, *, trigger: str,
         what = (f"measured every candidate again: switched from {current.choice.label()} "
                 f"({current.p50_ms:.2f} ms) to {best.choice.label()} ({best.p50_ms:.2f} ms)")
     else:
-        what = f"measured every candidate again: kept {current.choice.label()}"
+        why_kept = "" if fresh.stable else " (ranking not stable)"
+        what = f"measured every candidate again: kept {current.choice.label()}{why_kept}"
     load = f", {fresh.load.describe()}" if fresh.load is not None else ""
     why = "the load fell under idle_share" if trigger == "idle" else "live latency drifted"
     fresh.recheck_note = f"re-checked ({why}{load}): {what}"
-    return Outcome(fresh, session, True)
+    return Outcome(fresh, session, fresh.stable)
 
 
 # -- what load_model calls -----------------------------------------------------------------------
