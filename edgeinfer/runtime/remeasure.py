@@ -48,7 +48,8 @@ def recheck_choices(decision: Decision) -> list[Choice]:
 
 def remeasure(spec: SessionSpec, decision: Decision, gate: Gate, *, trigger: str,
               settings: RecheckSettings, opener: Callable[[SessionSpec, Choice], Session],
-              cancel: threading.Event | None = None) -> Outcome | None:
+              cancel: threading.Event | None = None,
+              meter: LoadMeter | None = None) -> Outcome | None:
     """Time ``decision``'s best few again (interleaved, ``settings.budget_s``) and return the
     updated decision; None when there is nothing to compare (one correct candidate).
 
@@ -59,7 +60,7 @@ def remeasure(spec: SessionSpec, decision: Decision, gate: Gate, *, trigger: str
     if len(choices) < 2:
         return None
     t0 = time.perf_counter()
-    meter = LoadMeter()
+    meter = meter or LoadMeter()
     opened: list[tuple[Row, Session]] = []
     keep: Session | None = None
     try:
@@ -73,11 +74,15 @@ def remeasure(spec: SessionSpec, decision: Decision, gate: Gate, *, trigger: str
         current, best = timed[decision.choice], pick(list(timed.values()))
         switch = stable and best is not None and best.choice != decision.choice \
             and (current.p50_ms or 0) >= settings.switch_gain * (best.p50_ms or float("inf"))
+        load = meter.since_start()
+        busy = trigger == "idle" and load is not None and load.others >= settings.busy_share
+        switch = switch and not busy  # the box got busy again: no better than the boot's
         winner = best if switch and best is not None else current
         updated = _updated(decision, timed, winner.choice)
         updated.elapsed_s = time.perf_counter() - t0
-        updated.mark_load(meter.since_start(), settings.busy_share)
-        updated.recheck_note = _note(trigger, current, best, switch, stable, updated)
+        updated.mark_load(load, settings.busy_share)
+        updated.recheck_note = _note(trigger, current, best, switch, stable and not busy,
+                                     updated)
         if switch:
             keep = next(s for r, s in opened if r.choice == winner.choice)
         return Outcome(updated, keep, stable)
@@ -118,7 +123,8 @@ def _note(trigger: str, current: Row, best: Row | None, switch: bool, stable: bo
     elif best.choice == current.choice or current.p50_ms <= best.p50_ms * TIE:
         what = f"kept {current.choice.label()} ({current.p50_ms:.2f} ms, the fastest)"
     else:
-        reason = "ranking not stable" if not stable else "gain under the switch threshold"
+        reason = "gain under the switch threshold" if stable else \
+            "ranking not stable, or the box busy again"
         what = (f"kept {current.choice.label()} ({current.p50_ms:.2f} ms; "
                 f"{best.choice.label()} {best.p50_ms:.2f} ms: {reason})")
     load = f", {updated.load.describe()}" if updated.load is not None else ""

@@ -294,12 +294,14 @@ def _short(exc: BaseException) -> str:
 # -- re-checking a served decision (when: recheck.py; Model drives it) ---------------------------
 def recheck(spec: SessionSpec, decision: Decision, gate: Gate, *, trigger: str,
             cancel: threading.Event | None = None,
-            opener: Callable[[SessionSpec, Choice], Session] | None = None) -> Outcome | None:
+            opener: Callable[[SessionSpec, Choice], Session] | None = None,
+            meter: LoadMeter | None = None) -> Outcome | None:
     """Measure ``decision`` again while its pick serves: its best few timed again
     (``remeasure``), or, when the first measurement did not reach every candidate (its budget
     spent under load) or found fewer than two correct ones, every candidate measured and
     checked against fp32 again, as on a first boot (``probe_budget_s``). The runner-up wins
-    only when it is ``switch_gain`` times faster than the serving pick.
+    only when it is ``switch_gain`` times faster than the serving pick, with a stable ranking,
+    and (for an ``"idle"`` re-check) only when the box stayed under ``busy_share`` meanwhile.
 
     Raises:
         Cancelled: ``cancel`` was set.
@@ -311,14 +313,16 @@ def recheck(spec: SessionSpec, decision: Decision, gate: Gate, *, trigger: str,
     unreached = [r for r in decision.rows if r.status == "skipped" and "budget" in r.reason]
     if len(correct) >= 2 and not unreached:
         return remeasure(spec, decision, gate, trigger=trigger, settings=settings,
-                         opener=open_, cancel=cancel)
+                         opener=open_, cancel=cancel, meter=meter)
     fresh, session = measure(spec, gate, budget_s=spec.probe_budget_s, opener=open_,
-                             cancel=cancel)
+                             cancel=cancel, meter=meter)
     fresh.key, fresh.rechecks = decision.key, decision.rechecks + 1
     best = next((r for r in fresh.rows if r.status == "picked"), None)
     current = next((r for r in fresh.rows if r.choice == decision.choice
                     and r.status in ("ok", "picked") and r.p50_ms is not None), None)
-    switch = best is not None and best.choice != decision.choice and (
+    # an idle-triggered re-check that ran busy again is no better than the boot: no switch
+    quiet = trigger != "idle" or not fresh.under_load
+    switch = quiet and best is not None and best.choice != decision.choice and (
         current is None or (fresh.stable and (current.p50_ms or 0)
                             >= settings.switch_gain * (best.p50_ms or 0)))
     if not switch and current is not None and best is not None and best is not current:
@@ -332,7 +336,8 @@ def recheck(spec: SessionSpec, decision: Decision, gate: Gate, *, trigger: str,
         what = (f"measured every candidate again: switched from {current.choice.label()} "
                 f"({current.p50_ms:.2f} ms) to {best.choice.label()} ({best.p50_ms:.2f} ms)")
     else:
-        why_kept = "" if fresh.stable else " (ranking not stable)"
+        why_kept = "" if fresh.stable and quiet else \
+            " (ranking not stable, or the box busy again)"
         what = f"measured every candidate again: kept {current.choice.label()}{why_kept}"
     load = f", {fresh.load.describe()}" if fresh.load is not None else ""
     why = "the load fell under idle_share" if trigger == "idle" else "live latency drifted"
