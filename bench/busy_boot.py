@@ -2,7 +2,8 @@
 option measured later on a quieter box (issue 25, "Done means": >= 0.95).
 
     python3 bench/busy_boot.py [--model nudenet-320n] [--repeats 2] [--threads 2] [--budget 15]
-                               [--baseline 6f60b30] [--idle-share 0.10] [--no-write]
+                               [--baseline 6f60b30] [--idle-share 0.10] [--busy-share 0.25]
+                               [--no-write]
 
 Per repeat, each step in a fresh process (``nice -n 5``), fresh state and cache directories:
 
@@ -63,13 +64,14 @@ def child_boot(model: str, state: str, threads: int, new: bool, budget_s: float
                 "load": sel.get("load"), "candidates": sel.get("candidates", [])}
 
 
-def child_serve(model: str, state: str, threads: int, idle_share: float) -> dict[str, Any]:
+def child_serve(model: str, state: str, threads: int, idle_share: float, busy_share: float
+                ) -> dict[str, Any]:
     from edgeinfer import load_model
     from edgeinfer.runtime.busy import LoadMeter
 
     meter = LoadMeter()
     knobs = {"after_s": 5.0, "idle_for_s": 5.0, "poll_s": 1.0, "idle_share": idle_share,
-             "busy_share": max(idle_share, 0.25)}
+             "busy_share": busy_share}
     with load_model(model, threads=threads, state_dir=state, recheck=knobs,
                     cache_dir=os.path.join(state, "cache")) as m:
         x = {m.inputs[0].name: _input(m.inputs[0].shape)}
@@ -127,7 +129,8 @@ def _child(args: argparse.Namespace) -> int:
         result = child_boot(args.model, args.state, args.threads, args.child == "new",
                             args.budget)
     elif args.child == "serve":
-        result = child_serve(args.model, args.state, args.threads, args.idle_share)
+        result = child_serve(args.model, args.state, args.threads, args.idle_share,
+                             args.busy_share)
     else:
         result = child_time(args.model, args.state, args.threads, json.loads(args.choices))
     print("RESULT " + json.dumps(result))
@@ -184,7 +187,8 @@ def one_repeat(args: argparse.Namespace, old_path: str) -> dict[str, Any]:
             h.wait()
         time.sleep(2.0)
         served = spawn("--child", "serve", "--state", s_new, "--idle-share",
-                       str(args.idle_share), *common, pythonpath=str(ROOT))
+                       str(args.idle_share), "--busy-share", str(args.busy_share), *common,
+                       pythonpath=str(ROOT))
         choices = {**correct(old), **correct(new), **correct(served)}
         timed = spawn("--child", "time", "--state", os.path.join(tmp, "t"), "--choices",
                       json.dumps(list(choices.values())), *common, pythonpath=str(ROOT))
@@ -256,6 +260,9 @@ def main() -> int:
     parser.add_argument("--baseline", default="6f60b30",
                         help="the commit whose selector is 'the old behaviour'")
     parser.add_argument("--idle-share", type=float, default=0.10)
+    parser.add_argument("--busy-share", type=float, default=0.25,
+                        help="the serving model's recheck.busy_share (an idle re-check that "
+                             "runs at or over it does not switch)")
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--child", choices=("old", "new", "serve", "time"))
     parser.add_argument("--state")
@@ -283,7 +290,7 @@ def main() -> int:
     if not args.no_write:
         command = (f"python3 bench/busy_boot.py --model {args.model} --repeats {args.repeats} "
                    f"--threads {args.threads} --budget {args.budget:g} "
-                   f"--idle-share {args.idle_share:g}")
+                   f"--idle-share {args.idle_share:g} --busy-share {args.busy_share:g}")
         write_section(DOC, "busy_boot", "A first boot under a CPU hog, and the re-check", body,
                       command)
     return 0
