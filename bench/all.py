@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from _report import machine_facts
 
 SCRIPTS = ("runtime", "pipeline", "mqtt", "models", "quantized", "ota", "backends", "startup",
-           "memory", "e2e", "decode", "cameras", "batching", "clip_remux")
+           "memory", "e2e", "decode", "busy_boot", "cameras", "batching", "clip_remux")
 # Used only while a script has no section in the doc yet.
 DEFAULTS: dict[str, list[str]] = {
     "runtime": ["--rounds", "10", "--runs", "20"],
@@ -40,6 +40,7 @@ DEFAULTS: dict[str, list[str]] = {
     "startup": ["--repeats", "5"],
     "memory": ["--repeats", "3", "--shared-frames", "100"],
     "e2e": ["--frames", "300", "--repeats", "3"],
+    "busy_boot": ["--repeats", "2"],
     "cameras": ["--cameras", "1,2,4,6,8,10,12"],
 }
 _REGENERATE = re.compile(r"^Regenerate: `python3? bench/(?P<script>[\w-]+)\.py(?P<args>[^`]*)`",

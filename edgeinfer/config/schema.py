@@ -30,6 +30,7 @@ from .motion import (
 )
 from .mqtt import MqttConfig
 from .ota import OtaConfig
+from .recheck import RecheckConfig
 from .pipeline import (
     TASK_CONFIGS,
     EmitConfig,
@@ -125,6 +126,8 @@ class ModelConfig(ConfigStruct, frozen=True):
             cached in the state directory. The daemon serves on the default meanwhile.
         precision: The lowest arithmetic a candidate may use: fp32, fp16 (also bf16), int8.
         probe_budget_s: How long measuring may take on the first load.
+        recheck: When a decision measured under load (other processes busy) is measured
+            again, and the model switched between frames to a clearly faster runner-up.
         input_shapes: Fixed shapes for dynamic inputs, by input name.
         arena: Memory arena policy of the runtime.
         delegates: TFLite delegates, tried in order.
@@ -150,6 +153,7 @@ class ModelConfig(ConfigStruct, frozen=True):
     probe: bool = True
     precision: Literal["fp32", "fp16", "int8"] = "fp16"
     probe_budget_s: Annotated[float, Meta(ge=0.1, le=600)] = 15.0
+    recheck: RecheckConfig = RecheckConfig()
     input_shapes: dict[str, list[Dim]] = {}
     arena: Literal["bounded", "off", "default"] = "bounded"
     delegates: list[DelegateConfig] = []
@@ -189,6 +193,7 @@ class ModelConfig(ConfigStruct, frozen=True):
             "probe": self.probe,
             "precision": self.precision,
             "probe_budget_s": self.probe_budget_s,
+            "recheck": self.recheck.to_dict(),
             "input_shapes": {k: list(v) for k, v in self.input_shapes.items()} or None,
             "arena": self.arena,
             "delegates": [

@@ -58,9 +58,12 @@ def device_stats(daemon: Host, device_id: str, started: float) -> dict[str, Any]
 
 
 def backend_of(model: Model) -> dict[str, Any]:
-    """What runs a pipeline's model: the exact choice, whether measuring is still under way, and
-    the decision's one-line summary (``None`` when nothing was measured)."""
+    """What runs a pipeline's model: the exact choice, whether measuring is still under way, the
+    decision's one-line summary (``None`` when nothing was measured), whether it was measured
+    under load (provisional until re-checked) and how often it was re-checked."""
     report = model.report
     selection = report.selection or {}
     return {"choice": report.choice.label() if report.choice is not None else report.provider,
-            "selecting": bool(model.selecting), "decision": selection.get("summary")}
+            "selecting": bool(model.selecting), "decision": selection.get("summary"),
+            "measured_under_load": bool(selection.get("measured_under_load")),
+            "rechecks": int(selection.get("rechecks") or 0)}

@@ -24,6 +24,7 @@ from ..errors import ConfigError, EdgeInferError, ModelMemoryError
 from ..runtime.backends import backend_options
 from ..runtime.backends.onnx import ARENAS, DEFAULT_ARENA
 from ..runtime.base import PRECISIONS, DelegateSpec, LoadReport, Session, SessionSpec
+from ..runtime.busy import RecheckSettings
 from ..runtime.memory import default_threads, process_budget, trim_heap
 from ..runtime.modelfile import ModelFileInfo, inspect_model
 from ..runtime.providers import normalize
@@ -55,6 +56,7 @@ def load_model(
     probe: bool | str = True,
     precision: str = "fp16",
     probe_budget_s: float = 15.0,
+    recheck: RecheckSettings | Mapping[str, Any] | bool | None = None,
     gate: Gate | str | None = None,
     input_shapes: Mapping[str, Iterable[int]] | None = None,
     arena: str = DEFAULT_ARENA,
@@ -94,6 +96,11 @@ def load_model(
         precision: the lowest arithmetic a candidate may use: ``"fp32"``, ``"fp16"`` (also
             bf16; default) or ``"int8"``. Every candidate still passes the accuracy gate.
         probe_budget_s: how long measuring may take.
+        recheck: when a decision measured while other processes kept the CPUs busy (it is
+            then marked ``measured_under_load``, provisional) is measured again, and when live
+            latency drifting from the measured one triggers that too:
+            ``runtime.busy.RecheckSettings``, a mapping of its fields, ``True``/``None`` (the
+            defaults: re-check after 30 s idle, never in the first 60 s) or ``False`` (off).
         gate: how candidates are checked against the reference (``runtime.select.Gate``);
             default: every output close (cosine >= 0.9999, error <= 1e-3 of its range).
             Pipelines pass their task's gate (detections, top-1 class). With
@@ -124,6 +131,7 @@ def load_model(
     check_options(isolation=isolation, threads=threads, memory_limit_mb=memory_limit_mb,
                   probe=probe, precision=precision, probe_budget_s=probe_budget_s, gate=gate)
     options = backend_options(arena=arena, delegates=delegates)  # each backend checks its own
+    recheck_settings = RecheckSettings.of(recheck)
     limit = DEFAULT_MAX_MODEL_MB if max_model_mb is None else max_model_mb
     info = inspect_model(resolve_model(path), max_model_mb=limit)
     if input_shapes is None and warmup_inputs is None:
@@ -140,6 +148,7 @@ def load_model(
         probe=bool(probe),
         precision=precision,
         probe_budget_s=float(probe_budget_s),
+        recheck=recheck_settings,
         input_shapes={k: tuple(int(d) for d in v) for k, v in (input_shapes or {}).items()},
         memory_limit_mb=memory_limit_mb,
         cache_dir=(Path(cache_dir) if cache_dir else paths.cache_dir())
@@ -223,7 +232,8 @@ def open_model(spec: SessionSpec, info: ModelFileInfo, name: str, version: str |
         info.onnx.quantization if info.onnx else "tflite", report.provider, report.load_ms, cost,
         "" if report.warmed_up else " (not warmed up)",
     )
-    model = Model(session, info, spec, name, version, key)
+    model = Model(session, info, spec, name, version, key,
+                  gate=None if isinstance(gate, str) else gate)
     if background and gate is not None and not isinstance(gate, str) \
             and session.report.selection is None:
         model.select_backend(gate, background=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,6 +24,7 @@ from ..runtime.base import (
 )
 from ..runtime.memory import process_budget
 from ..runtime.modelfile import ModelFileInfo
+from ..runtime.recheck import RecheckPolicy, Watch
 
 if TYPE_CHECKING:
     from ..runtime.select import Decision, Gate
@@ -56,7 +58,8 @@ class Model:
     """
 
     def __init__(self, session: Session, info: ModelFileInfo, spec: SessionSpec,
-                 name: str, version: str | None, budget_key: int) -> None:
+                 name: str, version: str | None, budget_key: int,
+                 gate: Gate | None = None) -> None:
         self._session: Session | None = session
         # Runs in flight per session, so a session swapped out by the backend selector is
         # closed only when the last run on it has returned.
@@ -78,6 +81,12 @@ class Model:
             info.onnx.quantization if info.onnx is not None
             else getattr(session, "quantization", "unknown")
         )
+        # Re-checking the backend decision (``runtime/recheck.py``): the gate it was made
+        # under, and the live latency and load read from the run path every few seconds.
+        self._gate = gate
+        self._born = time.monotonic()
+        self._watch: Watch | None = None
+        self._watch_decision()
 
     # -- identity -------------------------------------------------------------------------------
     @property
@@ -152,12 +161,18 @@ class Model:
         with self._swap_lock:  # two uncontended lock operations per run: ~0.3 us
             session = self._live()
             self._inflight[id(session)] = self._inflight.get(id(session), 0) + 1
+        t = time.perf_counter()
         try:
             return session.run(feeds)
         finally:
+            ms = (time.perf_counter() - t) * 1000
             with self._swap_lock:
                 self._inflight[id(session)] -= 1
                 self._close_retired()
+                watch = self._watch
+                due = watch is not None and session is self._session and watch.record(ms)
+            if due:
+                self._poll()
 
     def _close_retired(self) -> None:
         """(Under ``_swap_lock``.) Close swapped-out sessions nobody is running any more."""
@@ -209,6 +224,7 @@ class Model:
             raise StateError("a model with isolation='process' is measured in its worker at load")
         spec = self._spec
         gate_ = gate or select.OutputsGate()
+        self._gate = gate_
         cached = select.load_cached(spec, gate_.key)
         if cached is not None:
             self._adopt(cached, None)
@@ -224,24 +240,91 @@ class Model:
             return None
         return self._measure(gate_, budget_s)
 
-    def _measure(self, gate: Gate, budget_s: float | None) -> Decision | None:
+    def _measure(self, gate: Gate | None, budget_s: float | None,
+                 trigger: str | None = None) -> Decision | None:
+        """Measure the candidates (or, with ``trigger``, re-check the serving decision's best
+        few: ``runtime/remeasure.py``), cache the decision and serve on its winner."""
         from ..runtime import select
 
         spec = self._spec
+        gate_ = gate or select.OutputsGate()
         try:
-            decision, session = select.measure(
-                spec, gate, budget_s=budget_s or spec.probe_budget_s, cancel=self._cancel)
+            if trigger is None:
+                decision, session = select.measure(
+                    spec, gate_, budget_s=budget_s or spec.probe_budget_s, cancel=self._cancel)
+            else:
+                outcome = select.recheck(
+                    spec, select.Decision.from_dict(self.report.selection or {}), gate_,
+                    trigger=trigger, cancel=self._cancel)
+                if outcome is None:  # nothing to compare: no longer provisional
+                    self._recheck_ended(None, False)
+                    return None
+                decision, session = outcome.decision, outcome.session
         except select.Cancelled:
             logger.info("measuring backends for %s stopped: the model is closing", self.name)
+            self._recheck_ended(None, None)
             return None
         except Exception as exc:  # a background thread must not die silently
-            logger.warning("measuring backends for %s failed: %s", self.name, exc)
+            logger.warning("%s backends for %s failed: %s",
+                           "measuring" if trigger is None else "re-checking", self.name, exc)
+            self._recheck_ended(None, None)
             return None
-        decision.key = select.cache_key(spec, gate.key)
+        decision.key = decision.key or select.cache_key(spec, gate_.key)
         select.store(spec, decision)
-        logger.info("%s: picked %s", self.name, decision.summary())
+        logger.info("%s: %s %s", self.name, "picked" if trigger is None else "re-checked:",
+                    decision.summary())
         self._adopt(decision, session)
+        self._watch_decision()
         return decision
+
+    # -- re-checking the decision (runtime/recheck.py) -------------------------------------------
+    def _watch_decision(self) -> None:
+        """Watch the serving decision (live latency, load) for a re-check, or update the
+        watch after a new decision; nothing when re-checks are off or nothing was measured."""
+        selection = self._session.report.selection if self._session is not None else None
+        settings = self._spec.recheck
+        if not selection or not settings.enabled or not self._spec.probe \
+                or self.worker_pid is not None or not selection.get("candidates"):
+            return
+        picked: dict[str, Any] = next(
+            (r for r in selection["candidates"] if r.get("status") == "picked"), {})
+        measured = picked.get("p50_ms")
+        provisional = bool(selection.get("measured_under_load"))
+        if self._watch is None:
+            policy = RecheckPolicy(settings, started=self._born, measured_ms=measured,
+                                   provisional=provisional)
+            self._watch = Watch(policy, poll_s=settings.poll_s)
+            if provisional:
+                logger.info("%s: the backend decision was measured under load; it is "
+                            "re-checked when the box has been idle for %.0f s",
+                            self.name, settings.idle_for_s)
+        else:
+            self._recheck_ended(measured, provisional)
+
+    def _recheck_ended(self, measured_ms: float | None, provisional: bool | None) -> None:
+        watch = self._watch
+        if watch is not None and watch.policy.running:
+            watch.policy.done(measured_ms, watch.policy.provisional if provisional is None
+                              else provisional)
+
+    def _poll(self) -> None:
+        """(From the run path, every few seconds.) Start a re-check when the policy says so."""
+        watch = self._watch
+        if watch is None or self.selecting or self._cancel.is_set():
+            return
+        trigger = watch.poll()
+        if trigger is None:
+            return
+        t = threading.Thread(target=self._measure, args=(self._gate, None, trigger),
+                             name=f"recheck-{self.name}", daemon=True)
+        self._selector = t
+        _measuring.add(self)
+        t.start()
+
+    @property
+    def rechecks(self) -> int:
+        """How many times this process re-checked the backend decision."""
+        return self._watch.policy.count if self._watch is not None else 0
 
     def _adopt(self, decision: Decision, session: Session | None) -> None:
         """Serve on ``decision``'s winner: ``session`` if given (else opened), unless the

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..errors import InferenceError, InvalidInputError, ModelLoadError, ModelMemoryError
+from .busy import RecheckSettings
 from .choice import PRECISIONS, Choice
 
 __all__ = ["PRECISIONS", "Choice", "DelegateSpec", "Dim", "Fallback", "LoadReport", "Session",
@@ -92,6 +93,8 @@ class SessionSpec:
             ``format`` picks by its own ranking (``providers``).
         precision: the lowest arithmetic the selector may choose (see ``PRECISIONS``).
         probe_budget_s: how long measuring the candidates may take on a first load.
+        recheck: when a decision counts as measured under load and when it is measured again
+            (``busy.RecheckSettings``).
         options: each backend's own options by backend name: the struct its module defines
             (``onnxruntime``: ``OnnxOptions`` with ``arena``; ``litert``: ``LiteRTOptions`` with
             ``delegates``), built by ``backends.backend_options``; a backend not named here
@@ -117,6 +120,7 @@ class SessionSpec:
     choice: Choice | None = None
     precision: str = "fp16"
     probe_budget_s: float = 15.0
+    recheck: RecheckSettings = RecheckSettings()
     options: Mapping[str, Any] = field(default_factory=dict)
 
     def replace(self, **changes: Any) -> SessionSpec:

@@ -25,6 +25,7 @@ from typing import Any
 from ..errors import ConfigError
 from .backends import BACKENDS, decision_key
 from .base import Choice, SessionSpec
+from .busy import Load
 from .providers import cpu_features, cpu_features_digest, detect_platform
 
 logger = logging.getLogger(__name__)
@@ -77,6 +78,11 @@ class Decision:
     budget_s: float = DEFAULT_BUDGET_S
     cached: bool = False
     note: str = ""
+    load: Load | None = None  # other processes' share of the CPUs while measuring
+    under_load: bool = False  # measured while load.others >= busy_share: provisional
+    rechecks: int = 0  # times measured again after the first measurement
+    recheck_note: str = ""  # what the last re-check found
+    stable: bool = True  # the finalists' ranking settled before the budget ended (not cached)
 
     def to_dict(self) -> dict[str, Any]:
         return {"version": SELECTOR_VERSION, "choice": self.choice.to_dict(),
@@ -84,6 +90,9 @@ class Decision:
                 "gate": self.gate, "inputs": self.inputs, "key": self.key,
                 "created": self.created, "elapsed_s": round(self.elapsed_s, 2),
                 "budget_s": self.budget_s, "cached": self.cached, "note": self.note,
+                "measured_under_load": self.under_load,
+                "load": self.load.to_dict() if self.load is not None else None,
+                "rechecks": self.rechecks, "recheck": self.recheck_note,
                 "platform": describe_platform(),
                 "candidates": [r.to_dict() for r in self.rows]}
 
@@ -91,10 +100,30 @@ class Decision:
     def from_dict(cls, d: Mapping[str, Any]) -> Decision:
         if d.get("version") != SELECTOR_VERSION:
             raise ValueError("written by another selector version")
+        load = d.get("load")
         return cls(Choice.from_dict(d["choice"]), [Row.from_dict(r) for r in d["candidates"]],
                    str(d["gate"]), str(d.get("inputs", "")), str(d.get("key", "")),
                    float(d.get("created", 0)), float(d.get("elapsed_s", 0)),
-                   float(d.get("budget_s", DEFAULT_BUDGET_S)), True, str(d.get("note", "")))
+                   float(d.get("budget_s", DEFAULT_BUDGET_S)), True, str(d.get("note", "")),
+                   Load.from_dict(load) if isinstance(load, Mapping) else None,
+                   bool(d.get("measured_under_load", False)), int(d.get("rechecks") or 0),
+                   str(d.get("recheck") or ""))
+
+    def mark_load(self, load: Load | None, busy_share: float) -> None:
+        """Record the load this decision was measured under: ``measured_under_load`` when
+        other processes used ``busy_share`` of the CPUs or more (provisional)."""
+        self.load = load
+        self.under_load = load is not None and load.others >= busy_share
+
+    def load_note(self) -> str:
+        """``measured under load (other processes used 48 % of 2 CPUs): provisional``, or ""."""
+        if self.load is None or not self.under_load:
+            return ""
+        return f"measured under load ({self.load.describe()}): provisional"
+
+    def picked_row(self) -> Row | None:
+        """The picked candidate's row."""
+        return next((r for r in self.rows if r.status == "picked"), None)
 
     def summary(self) -> str:
         """One line: what was picked, how fast, against what."""
@@ -109,7 +138,9 @@ class Decision:
         if self.note.startswith("not measured"):
             return f"{self.choice.label()} ({self.note[:200]})"
         how = "cached decision" if self.cached else f"measured in {self.elapsed_s:.1f} s"
-        note = f"; {self.note}" if self.note else ""
+        if self.rechecks:
+            how += f", re-checked {self.rechecks}x"
+        note = "".join(f"; {n}" for n in (self.note, self.load_note(), self.recheck_note) if n)
         return (f"{self.choice.label()}{speed}{gain} ({how}: {n_ok} correct, {n_bad} refused of "
                 f"{len(self.rows)} candidates, gate {self.gate}, {self.inputs}{note})")
 

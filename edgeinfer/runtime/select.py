@@ -10,8 +10,11 @@ the state directory under a key of the model's sha256, the backends' versions, t
 features and the options, so a later boot opens the winner directly.
 
 Measuring has a time budget (``probe_budget_s``): candidates are tried most promising first, each
-gets a slice, and the best three are timed again interleaved so a noisy moment does not decide
-(the stopwatch and the ranking are ``timing.py``'s).
+gets a slice, and the best three are timed again interleaved, in rotating rounds until their
+pick is stable, so a noisy moment does not decide (the stopwatch and the ranking are
+``timing.py``'s). The load is read meanwhile (``busy.py``): a decision measured while other
+processes kept the CPUs busy is ``measured_under_load``, provisional, and re-checked later
+while the model serves (``recheck.py``, ``remeasure.py``, driven by ``Model``).
 Models that run in a fraction of a millisecond are measured on onnxruntime alone: switching
 backend could save microseconds and compiling OpenVINO costs more than that gains.
 
@@ -28,9 +31,10 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from ..errors import EdgeInferError, InvalidInputError
+from ..errors import EdgeInferError
 from .backends import BackendModule, module
-from .base import Choice, Fallback, Session, SessionSpec, warm_up, warmup_feeds
+from .base import Choice, Fallback, Session, SessionSpec, warm_up
+from .busy import LoadMeter
 from .candidates import (
     admissible,
     backend_available,
@@ -47,8 +51,10 @@ from .decision import (
     read_cached,
     store,
 )
+from .feeds import measure_feeds
 from .gate import Gate, OutputsGate, compare_arrays
 from .memory import MemoryMeter, trim_heap
+from .remeasure import Outcome, remeasure
 from .timing import (
     MIN_RUNS,
     TIE,
@@ -99,12 +105,16 @@ def measure(
     choices: Iterable[Choice] | None = None,
     keep_winner: bool = True,
     cancel: threading.Event | None = None,
+    meter: LoadMeter | None = None,
 ) -> tuple[Decision, Session | None]:
     """Measure the candidates and return the decision and, with ``keep_winner``, the winner's
     open session (the caller owns it). Never raises for a candidate's failure: each is a row.
 
     ``cancel`` set stops measuring between two candidates (and between two timed rounds):
-    ``Cancelled`` is raised and every session opened here is closed.
+    ``Cancelled`` is raised and every session opened here is closed. ``meter`` reads the
+    load while measuring (default: ``/proc``); a decision measured while other processes used
+    ``spec.recheck.busy_share`` of the CPUs or more is ``measured_under_load``, and then the
+    fastest of each thread count and backend is timed among the finalists too.
 
     Raises:
         ModelLoadError: not even the reference configuration opens (the model is broken).
@@ -113,6 +123,7 @@ def measure(
     gate_: Gate = gate or OutputsGate()
     open_ = opener or (lambda s, c: open_choice(s, c))
     t0 = time.perf_counter()
+    meter = meter or LoadMeter()  # other processes' share of the CPUs, from now to the decision
     # 5 % of the budget left for what follows measuring (opening and warming the winner), so
     # the whole load stays within it
     deadline = t0 + budget_s * 0.95
@@ -122,13 +133,13 @@ def measure(
     # the winner's, which is handed to the caller.
     owned: dict[Choice, Session] = {ref_choice: ref}
     try:
-        feeds, inputs_note = _inputs(spec, gate_, ref)
+        feeds, inputs_note = measure_feeds(spec, gate_, ref)
         if feeds is None:
             note = f"not measured: {inputs_note}"
             choice = default_choice(spec)
             decision = Decision(choice, [Row(choice, "picked", reason=note)], gate_.key,
                                 inputs_note, note=note)
-            return _finish(decision, t0, budget_s), None
+            return _finish(decision, t0, budget_s, meter, spec), None
         reference = [ref.run(f) for f in feeds]
         gate_ = _calibrated(spec, gate_, open_, feeds, reference)
         ref_row = Row(ref_choice, "ok", accuracy="reference")
@@ -154,9 +165,11 @@ def measure(
             if session is not None:
                 owned[choice] = session
                 keep_best(owned, rows, ref_choice)
-        time_finalists(spec, rows, owned, open_, feeds,
-                       min(deadline, time.perf_counter() + 4 * SAMPLE_S) if small else deadline,
-                       cancel)
+        so_far = meter.since_start()  # busy: 2t candidates look slow; time each thread count
+        stable = time_finalists(
+            spec, rows, owned, open_, feeds,
+            min(deadline, time.perf_counter() + 4 * SAMPLE_S) if small else deadline, cancel,
+            extra=so_far is not None and so_far.others >= spec.recheck.busy_share)
         if cancel is not None and cancel.is_set():
             raise Cancelled(f"measuring {spec.path.name} was cancelled")
         note = "runs in under 0.5 ms: only onnxruntime measured" if small and choices is None \
@@ -168,10 +181,11 @@ def measure(
                                                  "reference configuration"]))
         winner.status = "picked"
         decision = Decision(winner.choice, rows, gate_.key, inputs_note, note=note)
+        decision.stable = stable
         session = None
         if keep_winner:
             session = owned.pop(winner.choice, None) or open_(spec, winner.choice)
-        return _finish(decision, t0, budget_s), session
+        return _finish(decision, t0, budget_s, meter, spec), session
     finally:
         for s in owned.values():
             s.close()
@@ -209,39 +223,14 @@ def _calibrated(spec: SessionSpec, gate: Gate, open_: Callable[[SessionSpec, Cho
     return calibrated
 
 
-def _finish(decision: Decision, t0: float, budget_s: float) -> Decision:
+def _finish(decision: Decision, t0: float, budget_s: float, meter: LoadMeter,
+            spec: SessionSpec) -> Decision:
     decision.elapsed_s = time.perf_counter() - t0
     decision.budget_s = budget_s
     decision.created = time.time()
+    decision.mark_load(meter.since_start(), spec.recheck.busy_share)
     return decision
 
-
-def _inputs(spec: SessionSpec, gate: Gate, ref: Session
-            ) -> tuple[list[dict[str, np.ndarray]] | None, str]:
-    try:
-        samples = gate.sample_feeds(ref.inputs)
-    except EdgeInferError as exc:
-        logger.info("no sample inputs for %s (%s); using made-up ones", spec.path.name, exc)
-        samples = []
-    if samples:
-        return samples, f"{len(samples)} sample input{'s' if len(samples) != 1 else ''}"
-    try:
-        base, _ = warmup_feeds(ref.inputs, spec.input_shapes, spec.warmup_inputs)
-    except InvalidInputError as exc:
-        return None, f"no input can be made up ({exc})"
-    rng = np.random.default_rng(0)
-    feeds = {n: rng.random(v.shape, dtype=np.float32).astype(v.dtype)
-             if v.dtype.kind == "f" and n not in spec.warmup_inputs else v
-             for n, v in base.items()}
-    try:
-        ref.run(feeds)
-    except EdgeInferError:  # random values refused (a Reshape shape...): zeros as the warm-up
-        try:
-            ref.run(base)
-        except EdgeInferError as exc:
-            return None, f"the model refused made-up inputs ({str(exc)[:160]})"
-        return [base], "made-up inputs (zeros)"
-    return [feeds], "seeded random inputs"
 
 
 def _try(spec: SessionSpec, choice: Choice, open_: Callable[[SessionSpec, Choice], Session],
@@ -302,6 +291,60 @@ def _short(exc: BaseException) -> str:
     return (text[0] if text else type(exc).__name__)[:240]
 
 
+# -- re-checking a served decision (when: recheck.py; Model drives it) ---------------------------
+def recheck(spec: SessionSpec, decision: Decision, gate: Gate, *, trigger: str,
+            cancel: threading.Event | None = None,
+            opener: Callable[[SessionSpec, Choice], Session] | None = None,
+            meter: LoadMeter | None = None) -> Outcome | None:
+    """Measure ``decision`` again while its pick serves: its best few timed again
+    (``remeasure``), or, when the first measurement did not reach every candidate (its budget
+    spent under load) or found fewer than two correct ones, every candidate measured and
+    checked against fp32 again, as on a first boot (``probe_budget_s``). The runner-up wins
+    only when it is ``switch_gain`` times faster than the serving pick, with a stable ranking,
+    and (for an ``"idle"`` re-check) only when the box stayed under ``busy_share`` meanwhile.
+
+    Raises:
+        Cancelled: ``cancel`` was set.
+        EdgeInferError: a candidate no longer opens or runs.
+    """
+    settings = spec.recheck
+    open_ = opener or (lambda s, c: open_choice(s, c))
+    correct = [r for r in decision.rows if r.status in ("ok", "picked")]
+    unreached = [r for r in decision.rows if r.status == "skipped" and "budget" in r.reason]
+    if len(correct) >= 2 and not unreached:
+        return remeasure(spec, decision, gate, trigger=trigger, settings=settings,
+                         opener=open_, cancel=cancel, meter=meter)
+    fresh, session = measure(spec, gate, budget_s=spec.probe_budget_s, opener=open_,
+                             cancel=cancel, meter=meter)
+    fresh.key, fresh.rechecks = decision.key, decision.rechecks + 1
+    best = next((r for r in fresh.rows if r.status == "picked"), None)
+    current = next((r for r in fresh.rows if r.choice == decision.choice
+                    and r.status in ("ok", "picked") and r.p50_ms is not None), None)
+    # an idle-triggered re-check that ran busy again is no better than the boot: no switch
+    quiet = trigger != "idle" or not fresh.under_load
+    switch = quiet and best is not None and best.choice != decision.choice and (
+        current is None or (fresh.stable and (current.p50_ms or 0)
+                            >= settings.switch_gain * (best.p50_ms or 0)))
+    if not switch and current is not None and best is not None and best is not current:
+        best.status, current.status, fresh.choice = "ok", "picked", decision.choice
+    if not switch and session is not None:
+        session.close()
+        session = None
+    if best is None or current is None:
+        what = f"measured every candidate again: {fresh.choice.label()}"
+    elif switch:
+        what = (f"measured every candidate again: switched from {current.choice.label()} "
+                f"({current.p50_ms:.2f} ms) to {best.choice.label()} ({best.p50_ms:.2f} ms)")
+    else:
+        why_kept = "" if fresh.stable and quiet else \
+            " (ranking not stable, or the box busy again)"
+        what = f"measured every candidate again: kept {current.choice.label()}{why_kept}"
+    load = f", {fresh.load.describe()}" if fresh.load is not None else ""
+    why = "the load fell under idle_share" if trigger == "idle" else "live latency drifted"
+    fresh.recheck_note = f"re-checked ({why}{load}): {what}"
+    return Outcome(fresh, session, fresh.stable)
+
+
 # -- what load_model calls -----------------------------------------------------------------------
 def open_selected(spec: SessionSpec, gate: Gate | None = None,
                   budget_s: float = DEFAULT_BUDGET_S) -> Session:
@@ -357,5 +400,5 @@ def annotate_decision(session: Session, decision: Decision) -> None:
 __all__ = ["TIE", "Cancelled", "Decision", "Gate", "OutputsGate", "Row", "annotate_decision",
            "backend_available",
            "cache_key", "candidates", "compare_arrays", "default_choice", "forget",
-           "load_cached", "measure", "pick", "open_choice", "open_selected", "reference_choice",
-           "store"]
+           "load_cached", "measure", "measure_feeds", "pick", "open_choice",
+           "open_selected", "recheck", "reference_choice", "remeasure", "Outcome", "store"]

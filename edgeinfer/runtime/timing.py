@@ -20,8 +20,9 @@ from ..errors import EdgeInferError
 from .base import Choice, Session, SessionSpec
 from .decision import Row
 
-__all__ = ["BLOCK", "FINALISTS", "MAX_RUNS", "MIN_RUNS", "TIE", "Cancelled", "keep_best", "pick",
-           "summarize", "time_finalists", "time_runs"]
+__all__ = ["BLOCK", "FINALISTS", "MAX_FINALISTS", "MAX_RUNS", "MIN_ROUNDS", "MIN_RUNS",
+           "STABLE_ROUNDS", "TIE", "Cancelled", "finalists", "keep_best", "pick", "summarize",
+           "time_finalists", "time_interleaved", "time_runs"]
 
 logger = logging.getLogger("edgeinfer.runtime.select")  # its messages were select's: kept
 
@@ -29,7 +30,10 @@ TIE = 1.03  # within 3 % of the fastest, the cheaper candidate wins
 MAX_RUNS = 2000  # a 10 us model gets 20 ms of samples, not 0.5 ms (noise decided before)
 MIN_RUNS = 3
 FINALISTS = 3
+MAX_FINALISTS = 4  # with the best of each thread count and backend added under load
 BLOCK = 6  # runs per finalist per interleaved round, the first untimed
+MIN_ROUNDS = 5  # interleaved rounds before the ranking may be called stable
+STABLE_ROUNDS = 4  # the same pick this many rounds in a row: stable
 
 
 class Cancelled(Exception):
@@ -76,19 +80,35 @@ def summarize(row: Row) -> None:
     row.p99_ms = s[min(len(s) - 1, int(math.ceil(0.99 * len(s))) - 1)]
 
 
+def finalists(rows: Sequence[Row], extra: bool = False) -> list[Row]:
+    """The rows to time again together: the ``FINALISTS`` fastest correct ones; with ``extra``
+    (the first pass ran under load, which slows multi-threaded candidates most) also the
+    fastest of each thread count and of each backend not among them, up to ``MAX_FINALISTS``."""
+    ok = sorted((r for r in rows if r.status in ("ok", "picked") and r.p50_ms is not None),
+                key=lambda r: r.p50_ms or math.inf)
+    out = ok[:FINALISTS]
+    if extra:
+        for field in ("threads", "backend"):
+            seen = {getattr(r.choice, field) for r in out}
+            for r in ok:
+                if len(out) >= MAX_FINALISTS:
+                    break
+                if getattr(r.choice, field) not in seen:
+                    out.append(r)
+                    seen.add(getattr(r.choice, field))
+    return out
+
+
 def time_finalists(spec: SessionSpec, rows: list[Row], owned: dict[Choice, Session],
                    open_: Callable[[SessionSpec, Choice], Session],
                    feeds: list[dict[str, np.ndarray]], deadline: float,
-                   cancel: threading.Event | None = None) -> None:
-    """Time the best few again, interleaved, replacing their numbers and marking them
-    ``final`` (the pick is made among them): a noisy moment during one candidate's own slice
-    must not decide. Each round runs every finalist for a block of ``BLOCK`` runs (the first
-    untimed), as steady serving does: one run per switch let cache and thread-pool wake-ups
-    decide (OpenVINO 2t over 1t: 1-5 % in single-run rounds, 15-18 % in steady runs)."""
-    ok = sorted((r for r in rows if r.status == "ok" and r.p50_ms is not None),
-                key=lambda r: r.p50_ms or math.inf)[:FINALISTS]
+                   cancel: threading.Event | None = None, *, extra: bool = False) -> bool:
+    """Time the best few again, interleaved (``time_interleaved``), replacing their numbers
+    and marking them ``final`` (the pick is made among them): a noisy moment during one
+    candidate's own slice must not decide. Returns whether their ranking became stable."""
+    ok = finalists(rows, extra)
     if len(ok) < 2:
-        return
+        return True
     sessions: list[tuple[Row, Session]] = []
     try:
         for r in ok:
@@ -96,30 +116,65 @@ def time_finalists(spec: SessionSpec, rows: list[Row], owned: dict[Choice, Sessi
             if s is None:
                 s = open_(spec, r.choice)
                 owned[r.choice] = s
-            s.run(feeds[0])
             sessions.append((r, s))
-        rounds: list[list[float]] = [[] for _ in sessions]
-        order = list(range(len(sessions)))
-        n = 0
-        last_round = 0.0  # a round that would end past the deadline is not started
-        while n < MAX_RUNS and (n < 5 * BLOCK or time.perf_counter() + last_round < deadline) \
-                and not (cancel is not None and cancel.is_set()):
-            started = time.perf_counter()
-            for i in order if (n // BLOCK) % 2 == 0 else order[::-1]:
-                session = sessions[i][1]
-                session.run(feeds[0])  # the switch's cost is not the candidate's
-                for _ in range(BLOCK - 1):
-                    t = time.perf_counter()
-                    session.run(feeds[0])
-                    rounds[i].append((time.perf_counter() - t) * 1000)
-            n += BLOCK
-            last_round = time.perf_counter() - started
-        for (r, _), samples in zip(sessions, rounds):
-            r.samples = samples
-            r.final = True
-            summarize(r)
+        return time_interleaved(sessions, feeds[0], deadline, cancel)
     except EdgeInferError as exc:
         logger.warning("interleaved timing of %s stopped: %s", spec.path.name, exc)
+        return False
+
+
+def time_interleaved(sessions: Sequence[tuple[Row, Session]], feeds: Mapping[str, np.ndarray],
+                     deadline: float, cancel: threading.Event | None = None, *,
+                     min_rounds: int = MIN_ROUNDS, stable_rounds: int = STABLE_ROUNDS) -> bool:
+    """Time ``sessions`` in rounds (A B C, B C A, C A B...: the order rotates each round), each
+    candidate a block of ``BLOCK`` runs per round (the first untimed: the switch's cost is not
+    the candidate's), as steady serving runs (one run per switch let cache and thread-pool
+    wake-ups decide: OpenVINO 2t over 1t 1-5 % in single-run rounds, 15-18 % in steady runs).
+
+    After ``min_rounds`` it stops as soon as the pick among them (``pick``: the fastest median
+    of all their samples, a near-tie to the cheaper) has been the same for ``stable_rounds``
+    rounds in a row, else when the next round would end past ``deadline`` (or ``MAX_RUNS``).
+    Each row's samples are replaced by its interleaved ones, marked ``final``. Returns whether
+    the ranking was stable.
+
+    Raises:
+        EdgeInferError: a run failed (the rows keep their earlier numbers).
+    """
+    for _, session in sessions:
+        session.run(feeds)  # caches, lazy allocations: before any timed round
+    samples: list[list[float]] = [[] for _ in sessions]
+    trial = [Row(r.choice, "ok") for r, _ in sessions]
+    n_rounds = streak = 0
+    leader: Choice | None = None
+    last_round = 0.0  # a round that would end past the deadline is not started
+    while n_rounds * BLOCK < MAX_RUNS and \
+            (n_rounds < min_rounds or time.perf_counter() + last_round < deadline) \
+            and not (cancel is not None and cancel.is_set()):
+        started = time.perf_counter()
+        k = n_rounds % len(sessions)
+        for i in [*range(k, len(sessions)), *range(k)]:
+            session = sessions[i][1]
+            session.run(feeds)
+            for _ in range(BLOCK - 1):
+                t = time.perf_counter()
+                session.run(feeds)
+                samples[i].append((time.perf_counter() - t) * 1000)
+        n_rounds += 1
+        last_round = time.perf_counter() - started
+        for row, got in zip(trial, samples):
+            row.samples = got
+            summarize(row)
+        best = pick(trial)
+        now = best.choice if best is not None else None
+        streak = streak + 1 if now == leader else 1
+        leader = now
+        if n_rounds >= min_rounds and streak >= stable_rounds:
+            break
+    for (r, _), got in zip(sessions, samples):
+        r.samples = got
+        r.final = True
+        summarize(r)
+    return streak >= stable_rounds
 
 
 def _cost(c: Choice) -> tuple[int, int, int, int]:

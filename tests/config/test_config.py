@@ -11,6 +11,7 @@ import pytest
 
 from edgeinfer import paths
 import edgeinfer.config
+from edgeinfer.config.recheck import RecheckConfig
 from edgeinfer.config import (
     AudioSource,
     CameraSource,
@@ -180,6 +181,7 @@ def test_full_config_round_trips_into_typed_structs(tmp_path: Path) -> None:
         "probe": True,
         "precision": "fp16",
         "probe_budget_s": 15.0,
+        "recheck": RecheckConfig().to_dict(),
         "input_shapes": {"images": [1, 3, 320, 320]},
         "arena": "off",
         "delegates": [{"library": "libedgetpu.so.1", "options": {"device": "usb"}}],

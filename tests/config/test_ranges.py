@@ -75,6 +75,11 @@ ZERO_OK = {
     "$.pipelines[0].lines[0].classes[0]",
     "$.pipelines[0].record.clips.pre_s",
     "$.pipelines[0].record.clips.post_s",
+    "$.pipelines[0].model.recheck.idle_for_s",
+    "$.pipelines[0].model.recheck.after_s",
+    "$.pipelines[0].model.recheck.drift_for_s",
+    "$.pipelines[0].model.recheck.min_interval_s",
+    "$.pipelines[0].model.recheck.max_rechecks",
 }
 # ... and where a negative value is too (a mean to subtract, a model input).
 NEGATIVE_OK = {
