@@ -624,9 +624,14 @@ def _backend(model: Model) -> dict[str, Any] | None:
     """The exact backend choice and whether measuring is under way (None: model closed)."""
     if model.closed:
         return None
-    choice = model.report.choice
+    report = model.report
+    choice = report.choice
+    selection = report.selection or {}
     return {"choice": choice.label() if choice is not None else model.provider,
-            "selecting": model.selecting}
+            "selecting": model.selecting,
+            # provisional until re-checked on an idle box (runtime/recheck.py)
+            "measured_under_load": bool(selection.get("measured_under_load")),
+            "rechecks": int(selection.get("rechecks") or 0)}
 
 
 def _bind(model: Model, pipeline: str) -> None:
