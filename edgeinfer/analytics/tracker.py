@@ -44,6 +44,7 @@ _W_POS = 1.0 / 20.0
 _W_VEL = 1.0 / 160.0
 _LOST_PENALTY = 0.02
 _LOST_PENALTY_FRAMES = 10
+_GATE_LOST = 2  # detections a moving track may miss and still keep a detection gate open
 _NO_IDS = np.empty(0, dtype=np.int64)
 _STILL_IOU = 0.8  # IoU with the box where it stopped, at or above which a track has not moved
 
@@ -160,10 +161,14 @@ class ByteTracker:
         return len(woken)
 
     def live_boxes(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(moving, stationary)`` xyxy boxes (``(K, 4)`` each) of every track now, tentative
-        and lost ones among the moving: what a detection gate must keep an eye on."""
+        """``(moving, stationary)`` xyxy boxes (``(K, 4)`` each) of the tracks a detection gate
+        must keep an eye on: tentative ones and those missed by at most ``_GATE_LOST``
+        detections among the moving. A track missed for longer (an object that left, or that
+        the model no longer finds) does not keep the model running at ``detect.fps``: motion
+        or the keep-alive finds it again, and it ages as before until ``max_lost``."""
         boxes = _xyxy(self._mean)
-        return boxes[~self._stationary], boxes[self._stationary]
+        moving = ~self._stationary & (self._lost <= _GATE_LOST)
+        return boxes[moving], boxes[self._stationary]
 
     def update(self, boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray, *,
                recheck: bool = True) -> TrackUpdate:

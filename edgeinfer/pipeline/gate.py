@@ -127,7 +127,7 @@ class DetectGate:
         if t - self._looked < _FPS_SLACK * self.period and not keepalive:
             return _SKIP  # motion is looked for at the model's rate, no more often
         self._looked = t
-        found = detector.detect(frame.data)
+        found = detector.detect(frame.data, frame.display)  # boxes: frame.width's pixels
         self.judged += 1
         self.moving += found.moving
         tracks = self._tracks
@@ -220,3 +220,4 @@ def crop_region(boxes: npt.NDArray[np.float64], width: int, height: int,
     top = min(max(cy - h / 2, 0.0), height - h)
     return (math.floor(left), math.floor(top), min(width, math.ceil(left + w)),
             min(height, math.ceil(top + h)))
+

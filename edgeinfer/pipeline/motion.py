@@ -70,7 +70,8 @@ class MotionDetector:
         import cv2
 
         self._cfg = config
-        self._size: tuple[int, int] | None = None  # source (width, height)
+        self._key: tuple[int, int, tuple[int, int] | None] | None = None  # image, display
+        self._size: tuple[int, int] | None = None  # (width, height) boxes are in
         self._small = (0, 0)
         self._scale = (1.0, 1.0)
         self._background: npt.NDArray[np.float32] | None = None
@@ -80,15 +81,24 @@ class MotionDetector:
         self._kernel = cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (5, 5))
         self.reseeds = 0
 
-    def detect(self, image: npt.NDArray[np.uint8]) -> MotionResult:
+    def detect(self, image: npt.NDArray[np.uint8],
+               display: tuple[int, int] | None = None) -> MotionResult:
         """The moving regions of ``image`` (BGR or grey uint8), and learn it into the
         background. The first frame, and the first after a size change, seeds the background
-        and reports no motion."""
+        and reports no motion.
+
+        Args:
+            image: The frame's pixels.
+            display: ``(width, height)`` of the picture ``image`` is a scaled copy of
+                (``Frame.display``: a substream): boxes and a mask in pixel coordinates are in
+                its pixels, as zones and track boxes are; ``None``: ``image``'s own.
+        """
         import cv2
 
         h, w = image.shape[:2]
-        if self._size != (w, h):
-            self._prepare(w, h)
+        if self._key != (w, h, display):
+            self._key = (w, h, display)
+            self._prepare(w, h, display or (w, h))
         small = cv2.resize(image, self._small, interpolation=cv2.INTER_LINEAR)
         grey = cv2.cvtColor(small, cv2.COLOR_BGR2GRAY) if small.ndim == 3 else small
         grey = cv2.GaussianBlur(grey, (5, 5), 0)
@@ -148,12 +158,13 @@ class MotionDetector:
         np.clip(boxes[:, 1::2], 0, h, out=boxes[:, 1::2])
         return merge_boxes(boxes, _MERGE_GAP * max(w, h))
 
-    def _prepare(self, w: int, h: int) -> None:
+    def _prepare(self, w: int, h: int, display: tuple[int, int]) -> None:
         import cv2
 
         cfg = self._cfg
         sw = min(cfg.width, w)
         sh = max(1, round(h * sw / w))
+        w, h = display  # from here on: the pixels boxes and pixel masks are in
         self._size, self._small = (w, h), (sw, sh)
         self._scale = (w / sw, h / sh)
         self._background = None

@@ -4,6 +4,7 @@ source-image pixels."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -152,11 +153,17 @@ class DetectTask(Task):
         """The model's input for the crop ``region`` (x0, y0, x1, y1) of ``frame``, and the
         transform from the model's input to the whole frame's pixels (the crop's offset is in
         its padding), so boxes, keypoints and masks come out in full-frame pixels."""
-        x0, y0, x1, y1 = region
+        h, w = frame.data.shape[:2]
+        fx, fy = w / frame.width, h / frame.height  # region: frame.width's pixels (display's)
+        x0, y0 = max(math.floor(region[0] * fx), 0), max(math.floor(region[1] * fy), 0)
+        x1, y1 = min(math.ceil(region[2] * fx), w), min(math.ceil(region[3] * fy), h)
+        if x1 - x0 < 2 or y1 - y0 < 2:  # nothing left to look at: the whole frame
+            return self.preprocess(frame)
         tensor, t = self.preprocessor(frame.data[y0:y1, x0:x1])
         shifted = dataclasses.replace(t, pad_x=t.pad_x - t.scale_x * x0,
-                                      pad_y=t.pad_y - t.scale_y * y0, width=frame.width,
-                                      height=frame.height)
+                                      pad_y=t.pad_y - t.scale_y * y0, width=w, height=h)
+        if frame.display is not None:  # a substream: boxes in the main stream's pixels
+            shifted = shifted.for_display(*frame.display)
         if self._fixed:
             return {self._input: tensor, **self._fixed}, shifted
         return {self._input: tensor}, shifted

@@ -92,3 +92,19 @@ def test_a_slow_drift_is_movement() -> None:
     for f in range(40):  # 2 px per detection: each small, but the box leaves where it stopped
         _update(tracker, [_box(100 + 2 * f, 200)])
     assert tracker.stationary == 0
+
+
+def test_a_track_missed_by_a_few_detections_stops_holding_the_gate_open() -> None:
+    """A moving track keeps a motion gate's model running at detect.fps; once detections have
+    missed it a few times (the object left) it no longer does, though it lives until
+    max_lost."""
+    tracker = ByteTracker(TrackConfig(max_lost=30))
+    for f in range(6):
+        _update(tracker, [_box(100 + 10 * f, 200)])
+    assert len(tracker.live_boxes()[0]) == 1
+    misses = 0
+    while len(tracker.live_boxes()[0]):
+        _update(tracker, [])
+        misses += 1
+        assert misses <= 3, "a lost track held the gate open"
+    assert tracker.active == 1  # still alive (lost), ends only after max_lost misses

@@ -17,7 +17,7 @@ import cv2
 import numpy as np
 import pytest
 
-from edgeinfer.frames import Result
+from edgeinfer.frames import Frame, Result
 from edgeinfer.pipeline import Pipeline
 from edgeinfer.testing.scene_video import SceneTruth, astronaut_face_box, background, make_scene_video
 
@@ -149,3 +149,41 @@ def test_an_untracked_pipeline_repeats_its_last_detections_between_runs(
         else:
             assert r.task.value == last and last, r.frame.index
     assert 0 < stats["detect"]["frames"] < 0.5 * truth.frames
+
+
+def test_a_region_of_a_substream_frame_gives_boxes_in_main_stream_pixels(
+        truth: SceneTruth, blazeface_path: Path, tmp_path: Path) -> None:
+    """``Frame.display`` (detect_uri): the gate's regions are in main-stream pixels and the
+    frame's data is the half-size substream; the crop is taken in the substream's pixels and
+    the face comes out where it is in the main stream."""
+    config = {"runtime": {"state_dir": str(tmp_path / "state")}, "pipelines": [{
+        "name": "crop", "source": {"type": "video", "uri": str(truth.path)},
+        "model": {"path": str(blazeface_path), "threads": 1, "probe": False},
+        "task": {"type": "detect", "decoder": "blazeface", "score_threshold": 0.6},
+        "sinks": []}]}
+    path = tmp_path / "crop.json"
+    path.write_text(json.dumps(config))
+    pipe = Pipeline.from_config(str(path))
+    try:
+        cap = cv2.VideoCapture(str(truth.path))
+        ok, image = cap.read()
+        cap.release()
+        assert ok
+        h, w = image.shape[:2]
+        sub = cv2.resize(image, (w // 2, h // 2), interpolation=cv2.INTER_AREA)
+        frame = Frame(0, 0.0, 0.0, sub, display=(w, h))
+        x1, y1, x2, y2 = truth.boxes[0]
+        side = max(x2 - x1, y2 - y1) * 2.5  # a crop around the face, in main-stream pixels
+        cx, cy = (x1 + x2) / 2, (y1 + y2) / 2
+        region = (max(int(cx - side / 2), 0), max(int(cy - side / 2), 0),
+                  min(int(cx + side / 2), w), min(int(cy + side / 2), h))
+        feeds, context = pipe.task.preprocess_region(frame, region)
+        part = pipe.task.postprocess(pipe.model.run(feeds), frame, context)
+        boxes = [d.box for d in part.value]
+        assert boxes and max(_iou(b, truth.boxes[0]) for b in boxes) > 0.6, (boxes, region)
+        # A region that shrinks to nothing in the substream's pixels: the whole frame instead.
+        feeds, context = pipe.task.preprocess_region(frame, (10, 10, 11, 11))
+        part = pipe.task.postprocess(pipe.model.run(feeds), frame, context)
+        assert max(_iou(d.box, truth.boxes[0]) for d in part.value) > 0.6
+    finally:
+        pipe.close()

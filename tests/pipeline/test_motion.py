@@ -136,3 +136,28 @@ def test_motion_costs_little_next_to_a_detector(size: tuple[int, int]) -> None:
     per_frame_ms = (time.perf_counter() - t0) / 20 * 1000
     print(f"motion at {w}x{h}: {per_frame_ms:.2f} ms per frame")
     assert per_frame_ms < 50
+
+
+def test_a_substream_frame_gives_regions_and_takes_pixel_masks_in_main_stream_pixels() -> None:
+    """``Frame.display``: the image is a half-size copy of a 1280x960 main stream; the region
+    and a mask in pixel coordinates are in the main stream's pixels (as zones and boxes are)."""
+    rng = np.random.default_rng(3)
+    base = scene()
+    display = (2 * W, 2 * H)
+    mask = [[[0, 0], [2 * 192, 0], [2 * 192, 2 * 120], [0, 2 * 120]]]  # main-stream pixels
+    motion = MotionDetector(MotionConfig(mask=mask, coordinates="pixels"))
+    for _ in range(5):
+        motion.detect(noisy(base, rng), display)
+    for step in range(8):
+        frame = noisy(base, rng)
+        x, y = 300 + 12 * step, 200
+        frame[y:y + 60, x:x + 60] = (250, 250, 250)
+        frame[0:100, 0:150] = 255 if step % 2 else 20  # a lamp inside the mask
+        result = motion.detect(frame, display)
+        if step == 0:
+            continue
+        assert len(result.boxes) == 1, (step, result.boxes)
+        x1, y1, x2, y2 = result.boxes[0]
+        assert x1 <= 2 * x + 4 and y1 <= 2 * y + 4, result.boxes
+        assert x2 >= 2 * (x + 58) and y2 >= 2 * (y + 58), result.boxes
+        assert x2 <= display[0] and y2 <= display[1]
