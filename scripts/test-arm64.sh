@@ -34,6 +34,8 @@ BASE_INCLUDE=python3,python3-venv,python3-pip,ca-certificates
 ARMNN_INCLUDE=python3-pyarmnn,libarmnn-cpuacc-backend33,libarmnntfliteparser24t64
 # Installed into every venv beside edgeinfer[dev] (ai-edge-litert is a dependency already).
 EXTRA_PIP=openvino
+# Bump the number to make every cached venv anew (a change of dependencies only updates it).
+VENV_RECIPE="venv-recipe 2 $EXTRA_PIP"
 VENV=/opt/venv
 SELF=$(readlink -f "${BASH_SOURCE[0]}")
 SRC=$(cd "$(dirname "$SELF")/.." && pwd)
@@ -131,7 +133,7 @@ build_rootfs() {
 deps_hash() {
     local py=${PYTHON:-python3}
     {
-        echo "venv-recipe 2 $EXTRA_PIP"
+        echo "$VENV_RECIPE"
         "$py" - "$SRC/pyproject.toml" <<'EOF' 2>/dev/null || cat "$SRC/pyproject.toml"
 import json, sys, tomllib
 with open(sys.argv[1], "rb") as f:
@@ -324,7 +326,7 @@ in_namespace() {
         esac
     done
     chroot "$ROOT" /usr/bin/env -i "${env[@]}" /bin/bash -c "$INSIDE" inside \
-        "$DEPS" "$SHELL_MODE" "$EXTRA_PIP" "$SUITE" "$@"
+        "$DEPS" "$SHELL_MODE" "$EXTRA_PIP" "$SUITE" "$VENV_RECIPE" "$@"
 }
 
 # A real mosquitto on the host's loopback for the MQTT test inside (the chroot shares the
@@ -357,7 +359,7 @@ start_broker() {
 # shellcheck disable=SC2016  # expanded inside the chroot
 INSIDE='
 set -euo pipefail
-deps=$1 shell_mode=$2 extra_pip=$3 suite=$4; shift 4
+deps=$1 shell_mode=$2 extra_pip=$3 suite=$4 venv_recipe=$5; shift 5
 log() { printf "== arm64 %s: %s\n" "$suite" "$*"; }
 # pip, without its note for every project that a configured local index does not hold.
 pipq() {
@@ -365,14 +367,25 @@ pipq() {
         { grep -v "is ignored: it is neither a file nor a directory" >&2 || true; }; } 3>&1
 }
 stamp=/opt/venv/.edgeinfer-deps
+recipe=/opt/venv/.edgeinfer-recipe
 t0=$SECONDS
-if [[ ! -f $stamp || $(<"$stamp") != "$deps" ]]; then
+if [[ -f $stamp && $(<"$stamp") != "$deps" && -f $recipe && $(<"$recipe") == "$venv_recipe" ]]; then
+    # Only pyproject'"'"'s dependencies changed: pip brings the venv up to them (what is already
+    # installed and still fits stays), minutes less under emulation than a new venv. A
+    # dependency dropped from pyproject stays installed; --rebuild starts from nothing.
+    log "dependencies changed: updating /opt/venv to edgeinfer[dev] of this tree"
+    # shellcheck disable=SC2086  # a list of requirements
+    pipq install "/tmp/src[dev]" $extra_pip
+    echo "$deps" >"$stamp"
+    log "venv updated in $((SECONDS - t0)) s"
+elif [[ ! -f $stamp || $(<"$stamp") != "$deps" ]]; then
     log "creating /opt/venv and installing edgeinfer[dev] with its dependencies (a few minutes)"
     rm -rf /opt/venv
     python3 -m venv /opt/venv
     pipq install --upgrade setuptools wheel
     # shellcheck disable=SC2086  # a list of requirements
     pipq install "/tmp/src[dev]" $extra_pip
+    echo "$venv_recipe" >"$recipe"
     # Debian'"'"'s pyarmnn (trixie) into the venv, alone: --system-site-packages would hand the venv
     # Debian'"'"'s numpy and others in place of the wheels every other root tests.
     if [[ -d /usr/lib/python3/dist-packages/pyarmnn ]]; then
