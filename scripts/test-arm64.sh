@@ -11,6 +11,7 @@
 #   scripts/test-arm64.sh --cpu cortex-a76  # a Raspberry Pi 5 instead of a Pi 4, in every root
 #   scripts/test-arm64.sh --suite trixie --shell   # a shell inside instead of the tests
 #   scripts/test-arm64.sh --rebuild         # throw the cached root filesystems away first
+#   scripts/test-arm64.sh --build-only      # only build (or reuse) the root filesystems
 #
 # Without --cpu, bookworm runs as a Pi 4 (cortex-a72: no FP16 arithmetic) and trixie as a Pi 5
 # (cortex-a76: FP16, dot product), so both kinds of CPU are covered in one run.
@@ -72,8 +73,9 @@ ensure_host_tools() {
     ((${#need[@]})) || return 0
     command -v apt-get >/dev/null || die "please install: ${need[*]}"
     log "installing host packages: ${need[*]}"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" \
+    # the lock timeout: .ci/run runs this beside test-systemd.sh --build-only, which may install too
+    apt-get -o DPkg::Lock::Timeout=300 update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends "${need[@]}" \
         >/dev/null
 }
 
@@ -424,11 +426,13 @@ CPU=${EDGEINFER_ARM64_CPU:-}
 WANT=${EDGEINFER_ARM64_SUITE:-all}
 SHELL_MODE=0
 REBUILD=0
+BUILD_ONLY=0
 PYTEST_ARGS=()
 while (($#)); do
     case $1 in
         --shell) SHELL_MODE=1 ;;
         --rebuild) REBUILD=1 ;;
+        --build-only) BUILD_ONLY=1 ;;
         --cpu) CPU=${2:?--cpu needs a value}; shift ;;
         --cpu=*) CPU=${1#*=} ;;
         --suite) WANT=${2:?--suite needs a value}; shift ;;
@@ -466,7 +470,7 @@ if [[ -f $ROOT_BASE/.edgeinfer-rootfs ]]; then
     mkdir -p "$ROOT_BASE"
     mv "$ROOT_BASE.moving" "$ROOT_BASE/bookworm"
 fi
-start_broker
+if ((!BUILD_ONLY)); then start_broker; fi
 
 # run_suite SUITE: build (or reuse) its root and run the tests there; the first failing
 # pytest exit code goes to RC.
@@ -478,6 +482,7 @@ run_suite() {
     flock -n 9 || { log "waiting for another test-arm64.sh using $ROOT"; flock 9; }
     if ((REBUILD)); then log "removing $ROOT"; remove_root "$ROOT"; fi
     build_rootfs
+    if ((BUILD_ONLY)); then exec 9>&-; return; fi
     log "running under qemu as $cpu (source $SRC)"
     _EDGEINFER_ARM64_NS=1 ROOT=$ROOT CPU=$cpu DEPS=$(deps_hash) SHELL_MODE=$SHELL_MODE \
         SUITE=$SUITE MODELS=$MODELS ARMNN=$ARMNN unshare --mount --propagation private -- "$SELF" "${PYTEST_ARGS[@]}" || rc=$?
