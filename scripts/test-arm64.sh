@@ -407,8 +407,10 @@ if ((shell_mode)); then
     log "/src the live tree (read-only); run: python -m pytest -m arm64 -p no:cacheprovider"
     exec bash -i
 fi
-log "python -m pytest -m arm64 -q -p no:cacheprovider $*"
-exec python -m pytest -m arm64 -q -p no:cacheprovider "$@"
+# -n 0: in one process, as before pyproject'"'"'s -n auto: under emulation every xdist worker would
+# import and collect the whole suite again, for a subset of a few dozen tests (-n 2 overrides)
+log "python -m pytest -m arm64 -q -p no:cacheprovider -n 0 $*"
+exec python -m pytest -m arm64 -q -p no:cacheprovider -n 0 "$@"
 '
 
 # --- main --------------------------------------------------------------------------------------
