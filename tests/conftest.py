@@ -42,6 +42,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         rel = item.path.relative_to(root) if item.path.is_relative_to(root) else item.path
         group = _SHARED_GROUPS.get(rel.parts[0], str(rel)) if len(rel.parts) > 1 else str(rel)
         item.add_marker(pytest.mark.xdist_group(group))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # The workers hand out groups in this order (addopts: --no-loadscope-reorder): the groups
+        # with a test marked slow first, so that no long one is left for the end with the
+        # other worker idle. A serial run keeps the files' order.
+        def group_of(item: pytest.Item) -> str:
+            mark = item.get_closest_marker("xdist_group")
+            return str(mark.args[0] if mark and mark.args else "")
+
+        slow = {group_of(item) for item in items if item.get_closest_marker("slow")}
+        items.sort(key=lambda item: group_of(item) not in slow)  # stable: order within kept
 
 
 @pytest.fixture(scope="session")

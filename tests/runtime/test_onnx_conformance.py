@@ -154,7 +154,8 @@ def run_suite(tmp: Path, shard: int = 0, shards: int = 1) -> tuple[int, dict[str
 
 
 @pytest.mark.parametrize("shard", [
-    pytest.param(i, marks=pytest.mark.xdist_group(f"onnx-conformance-{i}")) for i in range(SHARDS)])
+    pytest.param(i, marks=[pytest.mark.slow, pytest.mark.xdist_group(f"onnx-conformance-{i}")])
+    for i in range(SHARDS)])
 def test_every_model_onnxruntime_runs_runs_through_load_model(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, shard: int
 ) -> None:
