@@ -11,6 +11,7 @@
 #   scripts/test-arm64.sh --cpu cortex-a76  # a Raspberry Pi 5 instead of a Pi 4, in every root
 #   scripts/test-arm64.sh --suite trixie --shell   # a shell inside instead of the tests
 #   scripts/test-arm64.sh --rebuild         # throw the cached root filesystems away first
+#   scripts/test-arm64.sh --build-only      # only build (or reuse) the root filesystems
 #
 # Without --cpu, bookworm runs as a Pi 4 (cortex-a72: no FP16 arithmetic) and trixie as a Pi 5
 # (cortex-a76: FP16, dot product), so both kinds of CPU are covered in one run.
@@ -34,6 +35,8 @@ BASE_INCLUDE=python3,python3-venv,python3-pip,ca-certificates
 ARMNN_INCLUDE=python3-pyarmnn,libarmnn-cpuacc-backend33,libarmnntfliteparser24t64
 # Installed into every venv beside edgeinfer[dev] (ai-edge-litert is a dependency already).
 EXTRA_PIP=openvino
+# Bump the number to make every cached venv anew (a change of dependencies only updates it).
+VENV_RECIPE="venv-recipe 2 $EXTRA_PIP"
 VENV=/opt/venv
 SELF=$(readlink -f "${BASH_SOURCE[0]}")
 SRC=$(cd "$(dirname "$SELF")/.." && pwd)
@@ -70,8 +73,9 @@ ensure_host_tools() {
     ((${#need[@]})) || return 0
     command -v apt-get >/dev/null || die "please install: ${need[*]}"
     log "installing host packages: ${need[*]}"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" \
+    # the lock timeout: .ci/run runs this beside test-systemd.sh --build-only, which may install too
+    apt-get -o DPkg::Lock::Timeout=300 update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends "${need[@]}" \
         >/dev/null
 }
 
@@ -131,7 +135,7 @@ build_rootfs() {
 deps_hash() {
     local py=${PYTHON:-python3}
     {
-        echo "venv-recipe 2 $EXTRA_PIP"
+        echo "$VENV_RECIPE"
         "$py" - "$SRC/pyproject.toml" <<'EOF' 2>/dev/null || cat "$SRC/pyproject.toml"
 import json, sys, tomllib
 with open(sys.argv[1], "rb") as f:
@@ -324,7 +328,7 @@ in_namespace() {
         esac
     done
     chroot "$ROOT" /usr/bin/env -i "${env[@]}" /bin/bash -c "$INSIDE" inside \
-        "$DEPS" "$SHELL_MODE" "$EXTRA_PIP" "$SUITE" "$@"
+        "$DEPS" "$SHELL_MODE" "$EXTRA_PIP" "$SUITE" "$VENV_RECIPE" "$@"
 }
 
 # A real mosquitto on the host's loopback for the MQTT test inside (the chroot shares the
@@ -357,7 +361,7 @@ start_broker() {
 # shellcheck disable=SC2016  # expanded inside the chroot
 INSIDE='
 set -euo pipefail
-deps=$1 shell_mode=$2 extra_pip=$3 suite=$4; shift 4
+deps=$1 shell_mode=$2 extra_pip=$3 suite=$4 venv_recipe=$5; shift 5
 log() { printf "== arm64 %s: %s\n" "$suite" "$*"; }
 # pip, without its note for every project that a configured local index does not hold.
 pipq() {
@@ -365,14 +369,25 @@ pipq() {
         { grep -v "is ignored: it is neither a file nor a directory" >&2 || true; }; } 3>&1
 }
 stamp=/opt/venv/.edgeinfer-deps
+recipe=/opt/venv/.edgeinfer-recipe
 t0=$SECONDS
-if [[ ! -f $stamp || $(<"$stamp") != "$deps" ]]; then
+if [[ -f $stamp && $(<"$stamp") != "$deps" && -f $recipe && $(<"$recipe") == "$venv_recipe" ]]; then
+    # Only pyproject'"'"'s dependencies changed: pip brings the venv up to them (what is already
+    # installed and still fits stays), minutes less under emulation than a new venv. A
+    # dependency dropped from pyproject stays installed; --rebuild starts from nothing.
+    log "dependencies changed: updating /opt/venv to edgeinfer[dev] of this tree"
+    # shellcheck disable=SC2086  # a list of requirements
+    pipq install "/tmp/src[dev]" $extra_pip
+    echo "$deps" >"$stamp"
+    log "venv updated in $((SECONDS - t0)) s"
+elif [[ ! -f $stamp || $(<"$stamp") != "$deps" ]]; then
     log "creating /opt/venv and installing edgeinfer[dev] with its dependencies (a few minutes)"
     rm -rf /opt/venv
     python3 -m venv /opt/venv
     pipq install --upgrade setuptools wheel
     # shellcheck disable=SC2086  # a list of requirements
     pipq install "/tmp/src[dev]" $extra_pip
+    echo "$venv_recipe" >"$recipe"
     # Debian'"'"'s pyarmnn (trixie) into the venv, alone: --system-site-packages would hand the venv
     # Debian'"'"'s numpy and others in place of the wheels every other root tests.
     if [[ -d /usr/lib/python3/dist-packages/pyarmnn ]]; then
@@ -392,8 +407,10 @@ if ((shell_mode)); then
     log "/src the live tree (read-only); run: python -m pytest -m arm64 -p no:cacheprovider"
     exec bash -i
 fi
-log "python -m pytest -m arm64 -q -p no:cacheprovider $*"
-exec python -m pytest -m arm64 -q -p no:cacheprovider "$@"
+# -n 0: in one process, as before pyproject'"'"'s -n auto: under emulation every xdist worker would
+# import and collect the whole suite again, for a subset of a few dozen tests (-n 2 overrides)
+log "python -m pytest -m arm64 -q -p no:cacheprovider -n 0 $*"
+exec python -m pytest -m arm64 -q -p no:cacheprovider -n 0 "$@"
 '
 
 # --- main --------------------------------------------------------------------------------------
@@ -411,11 +428,13 @@ CPU=${EDGEINFER_ARM64_CPU:-}
 WANT=${EDGEINFER_ARM64_SUITE:-all}
 SHELL_MODE=0
 REBUILD=0
+BUILD_ONLY=0
 PYTEST_ARGS=()
 while (($#)); do
     case $1 in
         --shell) SHELL_MODE=1 ;;
         --rebuild) REBUILD=1 ;;
+        --build-only) BUILD_ONLY=1 ;;
         --cpu) CPU=${2:?--cpu needs a value}; shift ;;
         --cpu=*) CPU=${1#*=} ;;
         --suite) WANT=${2:?--suite needs a value}; shift ;;
@@ -453,7 +472,7 @@ if [[ -f $ROOT_BASE/.edgeinfer-rootfs ]]; then
     mkdir -p "$ROOT_BASE"
     mv "$ROOT_BASE.moving" "$ROOT_BASE/bookworm"
 fi
-start_broker
+if ((!BUILD_ONLY)); then start_broker; fi
 
 # run_suite SUITE: build (or reuse) its root and run the tests there; the first failing
 # pytest exit code goes to RC.
@@ -465,6 +484,7 @@ run_suite() {
     flock -n 9 || { log "waiting for another test-arm64.sh using $ROOT"; flock 9; }
     if ((REBUILD)); then log "removing $ROOT"; remove_root "$ROOT"; fi
     build_rootfs
+    if ((BUILD_ONLY)); then exec 9>&-; return; fi
     log "running under qemu as $cpu (source $SRC)"
     _EDGEINFER_ARM64_NS=1 ROOT=$ROOT CPU=$cpu DEPS=$(deps_hash) SHELL_MODE=$SHELL_MODE \
         SUITE=$SUITE MODELS=$MODELS ARMNN=$ARMNN unshare --mount --propagation private -- "$SELF" "${PYTEST_ARGS[@]}" || rc=$?

@@ -49,8 +49,9 @@ ensure_host_tools() {
     ((${#need[@]})) || return 0
     command -v apt-get >/dev/null || die "please install: ${need[*]}"
     log "installing host packages: ${need[*]}"
-    timeout 300 apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq --no-install-recommends \
+    # the lock timeout: .ci/run runs this beside test-arm64.sh --build-only, which may install too
+    timeout 300 apt-get -o DPkg::Lock::Timeout=240 update -qq
+    DEBIAN_FRONTEND=noninteractive timeout 300 apt-get -o DPkg::Lock::Timeout=240 install -y -qq --no-install-recommends \
         "${need[@]}" >/dev/null
 }
 

@@ -18,6 +18,41 @@ from edgeinfer import catalog
 # Keep fetched example models where they are; everything else a test writes goes to tmp.
 os.environ.setdefault("EDGEINFER_MODELS", str(catalog.models_dir()))
 
+# Test files whose tests share one xdist group across files (their session fixtures are costly):
+# the web tests share one looping scene pipeline (tests/web/conftest.py).
+_SHARED_GROUPS = {"web": "web"}
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto`` (pyproject's addopts): one worker per CPU this process may run on. Most tests
+    wait on real parts (brokers, servers, subprocesses), so two workers on two CPUs nearly halve
+    the run; more workers than CPUs would make the tests that measure real-time rates race."""
+    return max(1, len(os.sched_getaffinity(0)))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``--dist loadgroup`` (pyproject's addopts) each test file runs whole on one worker,
+    in its order, so module fixtures (a browser, built models) are made once; the folders in
+    ``_SHARED_GROUPS`` run whole on one worker. An explicit ``xdist_group`` mark wins."""
+    root = config.rootpath / "tests"
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        rel = item.path.relative_to(root) if item.path.is_relative_to(root) else item.path
+        group = _SHARED_GROUPS.get(rel.parts[0], str(rel)) if len(rel.parts) > 1 else str(rel)
+        item.add_marker(pytest.mark.xdist_group(group))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # The workers hand out groups in this order (addopts: --no-loadscope-reorder): the groups
+        # with a test marked slow first, so that no long one is left for the end with the
+        # other worker idle. A serial run keeps the files' order.
+        def group_of(item: pytest.Item) -> str:
+            mark = item.get_closest_marker("xdist_group")
+            return str(mark.args[0] if mark and mark.args else "")
+
+        slow = {group_of(item) for item in items if item.get_closest_marker("slow")}
+        items.sort(key=lambda item: group_of(item) not in slow)  # stable: order within kept
+
 
 @pytest.fixture(scope="session")
 def _decisions(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -4,6 +4,10 @@ Every model that raw onnxruntime loads and runs to the suite's expected outputs 
 suite's own rtol/atol) must load through ``edgeinfer.load_model`` and give the same outputs.
 Models raw onnxruntime refuses or gets wrong are not edgeinfer's to fix and are left out.
 One session per model, ``threads=1``. Run as a script for a per-category summary.
+
+Each model is measured (``load_model``'s defaults), which makes the suite minutes long: the test
+runs it in ``SHARDS`` parts (every ``SHARDS``-th model), each its own xdist group, so that the
+workers share it; together they run every model.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import edgeinfer  # noqa: E402
 from edgeinfer.errors import EdgeInferError  # noqa: E402
 
 DIR_KINDS = ("simple", "pytorch-converted", "pytorch-operator")
+SHARDS = 4
 
 Case = tuple[str, str, Any, list[tuple[list[np.ndarray], list[np.ndarray]]], float, float]
 
@@ -122,14 +127,17 @@ def _edgeinfer(path: Path, sets: list[Any], rtol: float, atol: float, tmp: Path)
     return ""
 
 
-def run_suite(tmp: Path) -> tuple[int, dict[str, str], dict[str, int]]:
-    """Returns (models raw onnxruntime passes, {name: why edgeinfer failed}, passes per kind)."""
+def run_suite(tmp: Path, shard: int = 0, shards: int = 1) -> tuple[int, dict[str, str], dict[str, int]]:
+    """Returns (models raw onnxruntime passes, {name: why edgeinfer failed}, passes per kind)
+    for every ``shards``-th suite model from the ``shard``-th (default: all of them)."""
     models = tmp / "models"
     models.mkdir(parents=True, exist_ok=True)
     passed = 0
     failed: dict[str, str] = {}
     per_kind: dict[str, int] = {}
-    for kind, name, model, sets, rtol, atol in cases():
+    for i, (kind, name, model, sets, rtol, atol) in enumerate(cases()):
+        if i % shards != shard:
+            continue
         if isinstance(model, Path):
             path = model
         else:
@@ -145,13 +153,18 @@ def run_suite(tmp: Path) -> tuple[int, dict[str, str], dict[str, int]]:
     return passed, failed, per_kind
 
 
+@pytest.mark.parametrize("shard", [
+    pytest.param(i, marks=[pytest.mark.slow, pytest.mark.xdist_group(f"onnx-conformance-{i}")])
+    for i in range(SHARDS)])
 def test_every_model_onnxruntime_runs_runs_through_load_model(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, shard: int
 ) -> None:
     caplog.set_level(logging.ERROR, logger="edgeinfer")
-    passed, failed, per_kind = run_suite(tmp_path)
-    # the suite is real: a broken loader (no cases) must not pass by default
-    assert passed > 1000 and all(per_kind.get(k, 0) > 10 for k in ("node", *DIR_KINDS)), per_kind
+    passed, failed, per_kind = run_suite(tmp_path, shard, SHARDS)
+    # the suite is real: a broken loader (no cases) must not pass by default (1,688 models and
+    # over 10 of each kind in all, so over 1000 / SHARDS and 10 / SHARDS in each part)
+    assert passed > 1000 // SHARDS and all(
+        per_kind.get(k, 0) > 10 // SHARDS for k in ("node", *DIR_KINDS)), per_kind
     assert not failed, f"{len(failed)} of {passed} fail through load_model:\n" + "\n".join(
         f"{k}: {v}" for k, v in sorted(failed.items()))
 
