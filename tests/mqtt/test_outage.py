@@ -201,8 +201,11 @@ def _wait(cond, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped
 def test_every_seq_arrives_in_order_through_broker_and_publisher_crashes(tmp_path: Path) -> None:
     broker = Mosquitto(persistence=True, autosave_interval_s=1,
                        # unbounded queues: mosquitto drops QoS 1 messages queued for a slow
-                       # subscriber past max_queued_messages (1000), which a busy box reaches
-                       extra_config="max_inflight_messages 0\nmax_queued_messages 0")
+                       # subscriber past max_queued_messages (1000), which a busy box reaches;
+                       # saved at every change: a message it acked and then lost in a kill -9
+                       # before its next timed save would be the broker's loss, not ours
+                       extra_config="max_inflight_messages 0\nmax_queued_messages 0\n"
+                                    "autosave_on_changes true")
     broker.start()
     proxy = StallingProxy(broker.port)
     sub = PersistentSubscriber(broker.port)

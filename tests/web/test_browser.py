@@ -312,7 +312,8 @@ def test_the_live_view_moves_and_boxes_the_face(page: Page, daemon: Daemon,
                                                 truth: SceneTruth) -> None:
     page.goto(f"{daemon.url}/live/{PIPELINE}")
     page.wait_for_function("() => document.querySelector('#live').naturalWidth > 0", timeout=10_000)
-    assert _changes(page, 1.0) > 1.0, "the live image did not change"
+    # 3 s: longer than the scene's stillest stretch (1.6 s held at the end + 0.4 s at the start)
+    assert _changes(page, 3.0) > 1.0, "the live image did not change"
     best = (0.0, 0.0)
     for _ in range(10):  # the face is boxed in every frame; a few tries for a clean match
         frame = _frame(page)
@@ -379,7 +380,7 @@ def test_pause_stops_the_frames_and_resume_restarts_them(page: Page, context: Br
         page.click("#resume")
     page.wait_for_function("() => document.querySelector('#state').textContent === 'running'",
                            timeout=10_000)
-    assert _changes(page, 1.5) > 1.0, "the live image did not move again after resume"
+    assert _changes(page, 3.0) > 1.0, "the live image did not move again after resume"
 
 
 def test_the_events_page_shows_events_with_snapshots_and_clips(page: Page,
