@@ -142,6 +142,9 @@ class Mosquitto:
         persistence: keep retained messages and persistent sessions on disk (saved every
             ``autosave_interval_s``), so that they survive ``kill()`` and ``start()``.
         autosave_interval_s: how often the persistence file is written.
+        persistence_folder: where the persistence file goes (default: the broker's own folder).
+            mosquitto fsyncs every save, so a test that saves often on a box whose disk is busy
+            puts it on a tmpfs (``/dev/shm``): it outlives ``kill()`` all the same.
     """
 
     def __init__(self, extra_config: str = "", port: int | None = None,
@@ -149,7 +152,8 @@ class Mosquitto:
                  acl: str | None = None, tls: bool = False,
                  tls_hosts: Iterable[str] = ("localhost", "127.0.0.1"),
                  tls_version: str | None = None, require_certificate: bool = False,
-                 persistence: bool = False, autosave_interval_s: int = 1) -> None:
+                 persistence: bool = False, autosave_interval_s: int = 1,
+                 persistence_folder: str | Path | None = None) -> None:
         self.host = "127.0.0.1"
         self.port = port or free_port()
         self.binary = binary or shutil.which("mosquitto") or "/usr/sbin/mosquitto"
@@ -162,6 +166,7 @@ class Mosquitto:
         self._require_certificate = require_certificate
         self._persistence = persistence
         self._autosave = autosave_interval_s
+        self._persistence_folder = persistence_folder
         self._dir: tempfile.TemporaryDirectory[str] | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self.ca: TestCA | None = None
@@ -213,7 +218,8 @@ class Mosquitto:
     def _config(self, folder: Path) -> str:
         lines = [f"listener {self.port} {self.host}",
                  f"allow_anonymous {'false' if self._users else 'true'}",
-                 f"persistence_location {folder}/", "log_dest stderr",
+                 f"persistence_location {self._persistence_folder or folder}/",
+                 "log_dest stderr",
                  "log_type error", "log_type warning", "log_type notice", "log_type information",
                  # mosquitto's default (1000 queued per client) drops QoS 1 messages for a
                  # subscriber that lags, as a test's can on a loaded machine: not what is tested.
@@ -264,7 +270,7 @@ class Mosquitto:
         if not self._persistence:
             raise RuntimeError("wait_saved() needs Mosquitto(persistence=True)")
         since = time.time()
-        db = self.folder / "mosquitto.db"
+        db = Path(self._persistence_folder or self.folder) / "mosquitto.db"
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if db.exists() and db.stat().st_mtime >= since:

@@ -1,19 +1,23 @@
-"""The outage test of issue 4: 10,000 results published while the broker is killed (``kill -9``)
-and restarted twice and the publishing process is killed (``kill -9``) and restarted once; a
-subscriber with a persistent session receives every seq at least once, in order per pipeline.
+"""The outage test of issue 4: 10,000 results published while the broker is killed (``kill -9``,
+once it has saved what it acked: see ``crash_broker``) and restarted twice and the publishing
+process is killed (``kill -9``) and restarted once; a subscriber with a persistent session
+receives every seq at least once, in order per pipeline.
 
 The publisher is a real subprocess (MqttPlumbing + the MQTT sink, as the daemon wires them)
 that continues each pipeline's seq from the outbox after its restart. The broker keeps
-sessions on disk (saved every second), so the subscriber's session outlives the kills.
+sessions on disk (saved every second, on a tmpfs where there is one), so the subscriber's
+session outlives the kills.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -79,6 +83,8 @@ class StallingProxy:
         self._server = socket.create_server(("127.0.0.1", self.port))
         self._stalled: set[socket.socket] = set()
         self._open: set[socket.socket] = set()
+        self._upstream_ports: list[int] = []
+        self._lock = threading.Lock()  # a pump forwards a chunk whole, or not at all once stalled
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -93,14 +99,16 @@ class StallingProxy:
                 down.close()
                 continue
             self._open.add(down)
+            self._upstream_ports.append(up.getsockname()[1])
             threading.Thread(target=self._pump, args=(down, up, down), daemon=True).start()
             threading.Thread(target=self._pump, args=(up, down, down), daemon=True).start()
 
     def _pump(self, src: socket.socket, dst: socket.socket, client: socket.socket) -> None:
         try:
             while data := src.recv(65536):
-                if client not in self._stalled:
-                    dst.sendall(data)
+                with self._lock:
+                    if client not in self._stalled:
+                        dst.sendall(data)
         except OSError:
             pass
         for s in (src, dst):
@@ -110,7 +118,22 @@ class StallingProxy:
                 pass
 
     def stall(self) -> None:
-        self._stalled |= self._open
+        with self._lock:
+            self._stalled |= self._open
+
+    def broker_has_read_all(self) -> bool:
+        """Whether the broker has read every byte relayed to it: its ends of our upstream
+        connections have empty receive queues (/proc/net/tcp). mosquitto reads a packet's
+        bytes only to handle that packet, so what it has read it has handled (and acked)."""
+        ports = {f"{port:04X}" for port in self._upstream_ports}
+        broker = f"0100007F:{self._upstream:04X}"
+        for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+            fields = line.split()
+            local, remote, queues = fields[1], fields[2], fields[4]
+            if local == broker and remote.split(":")[1] in ports \
+                    and int(queues.split(":")[1], 16) > 0:
+                return False
+        return True
 
     def close(self) -> None:
         self._server.close()
@@ -199,13 +222,16 @@ def _wait(cond, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped
 
 @pytest.mark.slow
 def test_every_seq_arrives_in_order_through_broker_and_publisher_crashes(tmp_path: Path) -> None:
-    broker = Mosquitto(persistence=True, autosave_interval_s=1,
+    # mosquitto fsyncs each save, which a disk other jobs keep busy makes slow; a tmpfs outlives
+    # a kill -9 just the same.
+    shm = Path("/dev/shm")
+    saves = Path(tempfile.mkdtemp(prefix="edgeinfer-outage-", dir=shm)) \
+        if shm.is_dir() and os.access(shm, os.W_OK) else tmp_path / "broker"
+    saves.mkdir(exist_ok=True)
+    broker = Mosquitto(persistence=True, autosave_interval_s=1, persistence_folder=saves,
                        # unbounded queues: mosquitto drops QoS 1 messages queued for a slow
-                       # subscriber past max_queued_messages (1000), which a busy box reaches;
-                       # saved at every change: a message it acked and then lost in a kill -9
-                       # before its next timed save would be the broker's loss, not ours
-                       extra_config="max_inflight_messages 0\nmax_queued_messages 0\n"
-                                    "autosave_on_changes true")
+                       # subscriber past max_queued_messages (1000), which a busy box reaches
+                       extra_config="max_inflight_messages 0\nmax_queued_messages 0\n")
     broker.start()
     proxy = StallingProxy(broker.port)
     sub = PersistentSubscriber(broker.port)
@@ -222,12 +248,23 @@ def test_every_seq_arrives_in_order_through_broker_and_publisher_crashes(tmp_pat
             assert child is not None
             return puts_before_restart + child.puts
 
+        def crash_broker() -> None:
+            # The publisher's link goes quiet mid-stream (what it sends now is never acked) and
+            # the broker is killed once it has saved what it did ack: mosquitto acks QoS 1 before
+            # its next save, so a kill -9 between the two loses acked messages on the broker's
+            # side (seen in CI: seqs 748-750, acked, gone after the restart), which no publisher
+            # can help. What this test holds us to: nothing the broker did not keep is lost.
+            proxy.stall()
+            _wait(proxy.broker_has_read_all, 10, "the broker to read what reached it")
+            broker.wait_saved()
+            broker.kill()
+
         _wait(lambda: puts() >= total * 0.15, 30, "the first results")
-        broker.kill()  # 1: the broker crashes mid-stream; results pile up in the outbox ...
+        crash_broker()  # 1: the broker crashes mid-stream; results pile up in the outbox ...
         time.sleep(1.0)
         broker.start()  # ... and it comes back with what it had saved
         _wait(lambda: puts() >= total * 0.45, 30, "results after the first broker crash")
-        broker.kill()  # 2: a backlog builds up again ...
+        crash_broker()  # 2: a backlog builds up again ...
         time.sleep(1.0)
         before = len(sub.received)
         broker.start()
@@ -252,6 +289,7 @@ def test_every_seq_arrives_in_order_through_broker_and_publisher_crashes(tmp_pat
         proxy.close()
         broker.stop()
         broker.__exit__(None, None, None)
+        shutil.rmtree(saves, ignore_errors=True)
     order = sub.first_seen()
     for pipeline in PIPELINES:
         missing = sorted(set(range(1, PER_PIPELINE + 1)) - set(order[pipeline]))
