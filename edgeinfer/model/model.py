@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import EdgeInferError, StateError
+from ..errors import EdgeInferError, ModelMemoryError, StateError
 from ..runtime.base import (
     LoadReport,
     Session,
@@ -22,6 +22,7 @@ from ..runtime.base import (
     TensorSpec,
     check_feeds,
 )
+from ..runtime.charged import ChargedOpener, ChargedSession
 from ..runtime.memory import process_budget
 from ..runtime.modelfile import ModelFileInfo
 from ..runtime.recheck import RecheckPolicy, Watch
@@ -248,20 +249,31 @@ class Model:
 
         spec = self._spec
         gate_ = gate or select.OutputsGate()
+        # Every candidate opened while this model serves is charged to the memory budget.
+        opener = self._side_opener()
         try:
             if trigger is None:
                 decision, session = select.measure(
-                    spec, gate_, budget_s=budget_s or spec.probe_budget_s, cancel=self._cancel)
+                    spec, gate_, budget_s=budget_s or spec.probe_budget_s, cancel=self._cancel,
+                    opener=opener)
             else:
                 outcome = select.recheck(
                     spec, select.Decision.from_dict(self.report.selection or {}), gate_,
-                    trigger=trigger, cancel=self._cancel)
+                    trigger=trigger, cancel=self._cancel, opener=opener)
                 if outcome is None:  # nothing to compare: no longer provisional
                     self._recheck_ended(None, False)
                     return None
                 decision, session = outcome.decision, outcome.session
         except select.Cancelled:
             logger.info("measuring backends for %s stopped: the model is closing", self.name)
+            self._recheck_ended(None, None)
+            return None
+        except ModelMemoryError as exc:
+            logger.warning("%s backends for %s stopped, %s kept: %s. Raise "
+                           "runtime.memory_budget_mb, or set the model's recheck.enabled: "
+                           "false", "measuring" if trigger is None else "re-checking",
+                           self.name, choice.label() if (choice := self.report.choice)
+                           else self.provider, exc)
             self._recheck_ended(None, None)
             return None
         except Exception as exc:  # a background thread must not die silently
@@ -276,6 +288,14 @@ class Model:
         self._adopt(decision, session)
         self._watch_decision()
         return decision
+
+    def _side_opener(self) -> ChargedOpener:
+        """Opens a candidate beside the serving session, charged what this model was admitted
+        at (the same model on another backend costs about as much) while it is open."""
+        from ..runtime import select
+
+        mb = process_budget().charged_mb(self._budget_key) or 0.0
+        return ChargedOpener(select.open_choice, self.name, mb)
 
     # -- re-checking the decision (runtime/recheck.py) -------------------------------------------
     def _watch_decision(self) -> None:
@@ -343,7 +363,7 @@ class Model:
             return
         if session is None:
             try:
-                session = select.open_choice(self._spec, decision.choice)
+                session = self._side_opener()(self._spec, decision.choice)
             except EdgeInferError as exc:
                 logger.warning("%s: the picked %s does not open (%s); staying on %s", self.name,
                                decision.choice.label(), exc, current.provider)
@@ -354,6 +374,8 @@ class Model:
                            decision.choice.label(), current.provider)
             session.close()
             return
+        if isinstance(session, ChargedSession):  # this model's own charge covers it now
+            session = session.detach()
         select.annotate_decision(session, decision)
         session.report.fallbacks[:0] = current.report.fallbacks
         with self._swap_lock:

@@ -205,6 +205,12 @@ class MemoryBudget:
                 f"({used:.1f} MiB used by {len(self._charges)} loaded model(s))"
             )
 
+    def charged_mb(self, key: int) -> float | None:
+        """What ``key`` was admitted at, or ``None`` when it holds no charge."""
+        with self._lock:
+            charge = self._charges.get(key)
+            return charge.mb if charge is not None else None
+
     def charge(self, key: int, name: str, mb: float) -> None:
         """Admit a model costing ``mb``; raises ``ModelMemoryError`` if it does not fit."""
         with self._lock:

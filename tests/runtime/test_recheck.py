@@ -20,6 +20,7 @@ from edgeinfer.runtime.base import Choice, LoadReport, SessionSpec, TensorSpec
 from edgeinfer.runtime.busy import CpuTimes, Load, LoadMeter, RecheckSettings, load_between, \
     read_times
 from edgeinfer.runtime.decision import Decision, Row
+from edgeinfer.runtime.memory import process_budget
 from edgeinfer.runtime.recheck import RecheckPolicy, Watch
 from edgeinfer.runtime.remeasure import recheck_choices, remeasure
 from edgeinfer.runtime.timing import pick, time_interleaved
@@ -322,6 +323,7 @@ def test_a_provisional_pick_is_rechecked_and_swapped_between_runs(toy: str, tmp_
         assert m.report.choice.backend == "onnxruntime"
         assert m.selection is not None and m.selection["measured_under_load"]
         gen = m.generation
+        charged = process_budget().used_mb
         errors: list[BaseException] = []
         deadline = time.monotonic() + 60
         while m.report.choice.backend != "toy" and time.monotonic() < deadline:
@@ -340,8 +342,47 @@ def test_a_provisional_pick_is_rechecked_and_swapped_between_runs(toy: str, tmp_
         if t is not None:
             t.join(10)
         assert not m._retired  # the swapped-out session was closed after its last run
+        # the candidates' charges were released; the adopted one is the model's own charge
+        assert process_budget().used_mb == pytest.approx(charged)
     cached = json.loads(file.read_text())  # the cache has the re-checked pick
     assert cached["choice"]["backend"] == "toy" and cached["rechecks"] == 1
+
+
+def test_a_recheck_the_memory_budget_has_no_room_for_is_refused_and_the_pick_kept(
+        toy: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # A re-check opens its candidates beside the serving session: each is charged what the
+    # model was admitted at, so memory_budget_mb holds while it measures.
+    path = _chain(tmp_path / "chain.onnx")
+    state = tmp_path / "state"
+    file, expected = _provisional(path, state, toy, measured_ms=0.001)
+    knobs = {"after_s": 0.3, "drift_for_s": 0.0, "idle_share": 0.01, "busy_share": 1.0,
+             "poll_s": 0.1, "budget_s": 2.0}
+    budget = process_budget()
+    limit = budget.limit_mb
+    caplog.set_level("WARNING", logger="edgeinfer")
+    with edgeinfer.load_model(path, providers=[toy], threads=1, state_dir=state,
+                              recheck=knobs) as m:
+        own = budget.charged_mb(m._budget_key)
+        assert own is not None and own > 0
+        used = budget.used_mb
+        budget.set_limit(used + own / 2)  # room for this model, not for a second copy of it
+        try:
+            deadline = time.monotonic() + 60
+            while "re-checking backends" not in caplog.text and m.generation == 0 \
+                    and time.monotonic() < deadline:
+                np.testing.assert_allclose(m.run(X)["y"], expected, rtol=1e-4, atol=1e-5)
+            t = m._selector
+            if t is not None:
+                t.join(10)
+        finally:
+            budget.set_limit(limit)
+        assert "re-checking backends for chain stopped, onnxruntime" in caplog.text, caplog.text
+        assert "memory_budget_mb" in caplog.text and "Raise runtime.memory_budget_mb" \
+            in caplog.text
+        assert m.report.choice.backend == "onnxruntime" and m.generation == 0
+        np.testing.assert_allclose(m.run(X)["y"], expected, rtol=1e-4, atol=1e-5)
+        assert budget.used_mb == pytest.approx(used)  # nothing of the refused re-check is left
+    assert json.loads(file.read_text())["choice"]["backend"] == "onnxruntime"
 
 
 def test_no_recheck_when_turned_off_or_in_the_first_seconds(toy: str, tmp_path: Path) -> None:
