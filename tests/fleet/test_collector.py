@@ -223,23 +223,22 @@ def test_database_failures_keep_the_batch_and_ack_nothing_before_the_commit() ->
 
 def test_full_queue_holds_the_source_back_until_the_database_returns() -> None:
     db = MemoryDatabase()
-    db.down = True
+    # Connecting works, every write fails from the first (a database that went away after
+    # the connect; set before the start, so a fast collector cannot write all in between).
+    db.fail = 10**9
     deliveries = _deliveries(_messages(devices=1, results=40, events=0))
     source = ListSource(deliveries, db)
     collector = Collector(_config(max_rows=5, max_age_s=0.01, queue=8), source, db)
-    db.down = False  # connect succeeds; writes fail from here on
     thread = _run(collector)
     assert collector.wait_started(5)
-    db.down = True
-    time.sleep(0.5)
-    acked = len(source.acked)
+    _wait(lambda: collector.stats()["queue_depth"] == 8)
+    delivered = source.delivered
     time.sleep(0.5)
     # nothing acked while down; one batch in hand (<= 5) + a full queue (8) + the one the
     # source's thread is blocked on: the source is held back
-    assert len(source.acked) == acked < len(deliveries)
-    assert source.delivered - acked <= 5 + 8 + 1
+    assert source.acked == [] and source.delivered == delivered <= 5 + 8 + 1
     assert collector.stats()["queue_depth"] == 8
-    db.down = False
+    db.fail = 0
     _wait(lambda: len(source.acked) == len(deliveries))
     collector.stop()
     thread.join(5)
