@@ -270,10 +270,10 @@ class Model:
             return None
         except ModelMemoryError as exc:
             logger.warning("%s backends for %s stopped, %s kept: %s. Raise "
-                           "runtime.memory_budget_mb, or set the model's recheck.enabled: "
-                           "false", "measuring" if trigger is None else "re-checking",
-                           self.name, choice.label() if (choice := self.report.choice)
-                           else self.provider, exc)
+                           "runtime.memory_budget_mb, or set the model's %s: false",
+                           "measuring" if trigger is None else "re-checking", self.name,
+                           choice.label() if (choice := self.report.choice) else self.provider,
+                           exc, "probe" if trigger is None else "recheck.enabled")
             self._recheck_ended(None, None)
             return None
         except Exception as exc:  # a background thread must not die silently

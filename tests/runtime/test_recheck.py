@@ -15,7 +15,7 @@ import pytest
 
 import edgeinfer
 from edgeinfer.errors import ConfigError
-from edgeinfer.runtime import backends, select
+from edgeinfer.runtime import backends, select, timing
 from edgeinfer.runtime.base import Choice, LoadReport, SessionSpec, TensorSpec
 from edgeinfer.runtime.busy import CpuTimes, Load, LoadMeter, RecheckSettings, load_between, \
     read_times
@@ -204,6 +204,28 @@ class SleepySession:
         pass
 
 
+class FakeClock:
+    """``perf_counter`` for ``runtime.timing``, moved on only by ``ClockedSession`` runs: the
+    timings are exactly the sessions' (a sleep on a loaded box oversleeps by milliseconds)."""
+
+    def __init__(self) -> None:
+        self.now = time.perf_counter()
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+class ClockedSession(SleepySession):
+    def __init__(self, ms: float, log: list[str], name: str, clock: FakeClock) -> None:
+        super().__init__(ms, log, name)
+        self.clock = clock
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.log.append(self.name)
+        self.clock.now += self.ms / 1000
+        return {"y": np.zeros(1, np.float32)}
+
+
 def test_interleaved_rounds_rotate_and_stop_when_the_pick_is_stable() -> None:
     log: list[str] = []
     rows = [Row(Choice("onnxruntime", CPU, threads=t), "ok") for t in (1, 2, 3)]
@@ -377,12 +399,35 @@ def test_a_recheck_the_memory_budget_has_no_room_for_is_refused_and_the_pick_kep
         finally:
             budget.set_limit(limit)
         assert "re-checking backends for chain stopped, onnxruntime" in caplog.text, caplog.text
-        assert "memory_budget_mb" in caplog.text and "Raise runtime.memory_budget_mb" \
+        assert "memory_budget_mb" in caplog.text and "recheck.enabled: false" \
             in caplog.text
         assert m.report.choice.backend == "onnxruntime" and m.generation == 0
         np.testing.assert_allclose(m.run(X)["y"], expected, rtol=1e-4, atol=1e-5)
         assert budget.used_mb == pytest.approx(used)  # nothing of the refused re-check is left
     assert json.loads(file.read_text())["choice"]["backend"] == "onnxruntime"
+
+
+def test_measuring_beside_a_serving_model_is_charged_to_the_budget(
+        toy: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = _chain(tmp_path / "chain.onnx")
+    budget = process_budget()
+    limit = budget.limit_mb
+    caplog.set_level("WARNING", logger="edgeinfer")
+    with edgeinfer.load_model(path, providers=[toy], threads=1, state_dir=tmp_path / "s",
+                              probe=False) as m:
+        expected = m.run(X)["y"]
+        own = budget.charged_mb(m._budget_key)
+        assert own is not None and own > 0
+        used = budget.used_mb
+        budget.set_limit(used + own / 2)
+        try:
+            assert m.select_backend() is None  # refused before a candidate was opened
+        finally:
+            budget.set_limit(limit)
+        assert "measuring backends for chain stopped" in caplog.text, caplog.text
+        assert "or set the model's probe: false" in caplog.text
+        assert budget.used_mb == pytest.approx(used) and m.generation == 0
+        np.testing.assert_allclose(m.run(X)["y"], expected)
 
 
 def test_no_recheck_when_turned_off_or_in_the_first_seconds(toy: str, tmp_path: Path) -> None:
@@ -408,17 +453,19 @@ def _decision_for(*rows: Row) -> Decision:
 
 
 @pytest.mark.parametrize(("runner_up_ms", "switched"), [(1.0, True), (5.7, False)])
-def test_a_recheck_switches_only_to_a_clearly_faster_runner_up(runner_up_ms: float,
-                                                               switched: bool) -> None:
+def test_a_recheck_switches_only_to_a_clearly_faster_runner_up(
+        runner_up_ms: float, switched: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     log: list[str] = []
     slow = Choice("onnxruntime", CPU, threads=1)
     fast = Choice("onnxruntime", CPU, threads=2)
     ms = {slow: 6.0, fast: runner_up_ms}
     decision = _decision_for(Row(slow, "picked", 5.0), Row(fast, "ok", 9.0))
     spec = SessionSpec(path=Path("m.onnx"), format="onnx", sha256="0", threads=2)
+    clock = FakeClock()  # 5.7 against 6.0 ms is 1.05x: sleeps under load could make it 1.1x
+    monkeypatch.setattr(timing, "time", clock)
     outcome = remeasure(spec, decision, select.OutputsGate(), trigger="idle",
                         settings=RecheckSettings(budget_s=0.5),
-                        opener=lambda s, c: SleepySession(ms[c], log, c.label()),
+                        opener=lambda s, c: ClockedSession(ms[c], log, c.label(), clock),
                         meter=LoadMeter(FakeTimes(0.02)))
     assert outcome is not None
     new = outcome.decision
