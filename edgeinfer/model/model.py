@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import EdgeInferError, ModelMemoryError, StateError
+from ..runtime import select
 from ..runtime.base import (
     LoadReport,
     Session,
@@ -219,8 +220,6 @@ class Model:
         runs in a daemon thread (``selecting`` tells) and this returns None; the model keeps
         serving meanwhile. Not for ``isolation="process"`` (its worker measures at load).
         """
-        from ..runtime import select
-
         if self.worker_pid is not None:
             raise StateError("a model with isolation='process' is measured in its worker at load")
         spec = self._spec
@@ -245,8 +244,6 @@ class Model:
                  trigger: str | None = None) -> Decision | None:
         """Measure the candidates (or, with ``trigger``, re-check the serving decision's best
         few: ``runtime/remeasure.py``), cache the decision and serve on its winner."""
-        from ..runtime import select
-
         spec = self._spec
         gate_ = gate or select.OutputsGate()
         # Every candidate opened while this model serves is charged to the memory budget.
@@ -292,8 +289,6 @@ class Model:
     def _side_opener(self) -> ChargedOpener:
         """Opens a candidate beside the serving session, charged what this model was admitted
         at (the same model on another backend costs about as much) while it is open."""
-        from ..runtime import select
-
         mb = process_budget().charged_mb(self._budget_key) or 0.0
         return ChargedOpener(select.open_choice, self.name, mb)
 
@@ -349,8 +344,6 @@ class Model:
     def _adopt(self, decision: Decision, session: Session | None) -> None:
         """Serve on ``decision``'s winner: ``session`` if given (else opened), unless the
         current session already is that choice (then only the report changes)."""
-        from ..runtime import select
-
         current = self._session
         if current is None:
             if session is not None:
