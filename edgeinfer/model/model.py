@@ -286,11 +286,11 @@ class Model:
         self._watch_decision()
         return decision
 
-    def _side_opener(self) -> ChargedOpener:
+    def _side_opener(self, doing: str = "measuring") -> ChargedOpener:
         """Opens a candidate beside the serving session, charged what this model was admitted
         at (the same model on another backend costs about as much) while it is open."""
         mb = process_budget().charged_mb(self._budget_key) or 0.0
-        return ChargedOpener(select.open_choice, self.name, mb)
+        return ChargedOpener(select.open_choice, self.name, mb, doing=doing)
 
     # -- re-checking the decision (runtime/recheck.py) -------------------------------------------
     def _watch_decision(self) -> None:
@@ -356,7 +356,12 @@ class Model:
             return
         if session is None:
             try:
-                session = self._side_opener()(self._spec, decision.choice)
+                session = self._side_opener("switching to")(self._spec, decision.choice)
+            except ModelMemoryError as exc:  # the pick is sound: no room for it beside this one
+                logger.warning("%s: staying on %s, the picked %s is kept for the next start: %s. "
+                               "Raise runtime.memory_budget_mb to switch while serving",
+                               self.name, current.provider, decision.choice.label(), exc)
+                return
             except EdgeInferError as exc:
                 logger.warning("%s: the picked %s does not open (%s); staying on %s", self.name,
                                decision.choice.label(), exc, current.provider)

@@ -61,18 +61,20 @@ class ChargedOpener:
         name: The model's name, for the refusal's message.
         mb: What one side session is charged.
         budget: Default: the process budget.
+        doing: What the session is opened for, for the refusal's message.
     """
 
     def __init__(self, opener: Callable[[SessionSpec, Choice], Session], name: str, mb: float,
-                 budget: MemoryBudget | None = None) -> None:
+                 budget: MemoryBudget | None = None, *, doing: str = "measuring") -> None:
         self._opener = opener
         self._name = name
+        self._doing = doing
         self._mb = mb
         self._budget = budget or process_budget()
 
     def __call__(self, spec: SessionSpec, choice: Choice) -> Session:
         key = next(_keys)
-        self._budget.charge(key, f"{self._name} (measuring {choice.label()} beside the "
+        self._budget.charge(key, f"{self._name} ({self._doing} {choice.label()} beside the "
                                  "session serving it)", self._mb)
         try:
             session = self._opener(spec, choice)

@@ -430,6 +430,35 @@ def test_measuring_beside_a_serving_model_is_charged_to_the_budget(
         np.testing.assert_allclose(m.run(X)["y"], expected)
 
 
+def test_a_cached_pick_the_budget_has_no_room_for_beside_the_serving_one_is_kept(
+        toy: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = _chain(tmp_path / "chain.onnx")
+    state = tmp_path / "state"
+    file, expected = _provisional(path, state, toy)  # cached: onnxruntime (opt basic) picked
+    picked = Decision.from_dict(json.loads(file.read_text())).choice
+    budget = process_budget()
+    limit = budget.limit_mb
+    caplog.set_level("WARNING", logger="edgeinfer")
+    with edgeinfer.load_model(path, providers=[toy], threads=1, state_dir=state,
+                              probe=False) as m:
+        serving = m.report.choice  # probe=False: onnxruntime's defaults, not the cached pick
+        assert serving is not None and serving != picked
+        own = budget.charged_mb(m._budget_key)
+        assert own is not None and own > 0
+        used = budget.used_mb
+        budget.set_limit(used + own / 2)
+        try:
+            m.select_backend()  # the cached pick would open beside the serving session
+        finally:
+            budget.set_limit(limit)
+        assert "staying on" in caplog.text and "kept for the next start" in caplog.text, \
+            caplog.text
+        assert m.report.choice == serving and m.generation == 0
+        assert budget.used_mb == pytest.approx(used)
+        np.testing.assert_allclose(m.run(X)["y"], expected, rtol=1e-4, atol=1e-5)
+    assert file.exists()  # the decision is not forgotten: the next start opens it
+
+
 def test_no_recheck_when_turned_off_or_in_the_first_seconds(toy: str, tmp_path: Path) -> None:
     path = _chain(tmp_path / "chain.onnx")
     state = tmp_path / "s"
