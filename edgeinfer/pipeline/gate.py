@@ -220,4 +220,3 @@ def crop_region(boxes: npt.NDArray[np.float64], width: int, height: int,
     top = min(max(cy - h / 2, 0.0), height - h)
     return (math.floor(left), math.floor(top), min(width, math.ceil(left + w)),
             min(height, math.ceil(top + h)))
-

@@ -4,8 +4,8 @@ source-image pixels."""
 from __future__ import annotations
 
 import dataclasses
-import math
 import logging
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
