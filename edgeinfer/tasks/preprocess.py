@@ -11,7 +11,7 @@ a fresh array, so it may be handed to another thread.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -25,6 +25,8 @@ from ..runtime.base import Dim, TensorSpec, format_shape
 __all__ = ["Anchor", "Preprocessor", "Transform", "infer_layout"]
 
 Layout = Literal["nchw", "nhwc"]
+# cv2.multiply and cv2.add with a per-channel scalar (a tuple); typed loosely on purpose (see _convert).
+_CV_SCALAR_OPS: tuple[Callable[..., Any], Callable[..., Any]] = (cv2.multiply, cv2.add)
 Anchor = Literal["center", "top-left"]
 
 
@@ -243,9 +245,11 @@ class Preprocessor:
         if self._uniform:
             self._scale_into(src, 0, out[0])
         elif self.dtype == np.float32:
-            # Tuples are OpenCV scalars, one value per channel (the stubs only know arrays).
-            cv2.multiply(src, self.alpha, dst=out[0], dtype=cv2.CV_32F)  # type: ignore[call-overload]
-            cv2.add(out[0], self.beta, dst=out[0])  # type: ignore[call-overload]
+            # Tuples are OpenCV scalars, one value per channel. OpenCV 4's stubs know only arrays
+            # there and 5's know scalars too: through _CV_SCALAR_OPS one source type-checks on both.
+            multiply, add = _CV_SCALAR_OPS
+            multiply(src, self.alpha, dst=out[0], dtype=cv2.CV_32F)
+            add(out[0], self.beta, dst=out[0])
         else:
             out[0] = _cast(src * np.asarray(self.alpha, np.float32) + np.asarray(self.beta, np.float32),
                            self.dtype)
