@@ -84,7 +84,8 @@ class YoloV8Decoder(_GridDecoder):
         raise self._refuse(f"1 x N x {cols} is the transposed YOLOv8 layout only if the model has "
                            f"{cols - 4} classes; it is also YOLOv5/v7's 1 x N x (5+C) (decoder: "
                            f"yolov5) and YOLOX's (decoder: yolox). Give the labels ({cols - 4} "
-                           "entries) to read it as YOLOv8, or name the decoder that made it")
+                           "entries) to read it as YOLOv8, or name the decoder that made it",
+                           unconfirmed=n is None)
 
     def _check_classes(self, rows: int, meta: ModelMeta) -> None:
         n = len(meta.names) if meta.names is not None else None
