@@ -20,15 +20,18 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import cv2
 import numpy as np
 import pytest
 
 import edgeinfer
 from edgeinfer.config.pipeline import DetectTask as DetectConfig
-from edgeinfer.errors import ConfigError
+from edgeinfer.errors import ConfigError, OutputLayoutError
 from edgeinfer.frames import Detection, Frame
 from edgeinfer.model import samples
 from edgeinfer.tasks.decoders import DECODERS
+from edgeinfer.tasks.decoders.grids import grid_centres
+from edgeinfer.tasks.decoders.sanity import OutputCheck
 from edgeinfer.tasks.detect import DetectTask
 from edgeinfer.testing import export_layouts as el
 from edgeinfer.testing import ultralytics_layouts as ul
@@ -147,7 +150,7 @@ def test_a_named_decoder_refuses_a_lookalike_too(tmp_path: Path) -> None:
     assert "regressors 18 wide" in message and "a MediaPipe detector of something else" in message
 
 
-# --- helpers ----------------------------------------------------------------------------------
+# --- a named decoder on the wrong head: the first frames' check ----------------------------------
 
 
 def _picture(size: tuple[int, int] = el.FRAME) -> np.ndarray:
@@ -172,6 +175,104 @@ def _yolox(size: int, big: bool = False) -> Callable[[Path], Path]:
             dets = [el.Planted((10.0, 10.0, size - 10.0, size * 0.55), 0, 0.9)]
         return el.yolox_model(path, dets, size=s)
     return build
+
+
+def _pixel_boxes_as_ssd(path: Path) -> Path:
+    # SSD's four outputs and shapes, all float, holding pixel x1, y1, x2, y2 boxes (as
+    # YOLO-NAS's renamed outputs do): a person at the input's top-left edge. Read as SSD's
+    # fractions her box starts inside the input and runs hundreds of input sizes past it.
+    boxes = np.zeros((1, 10, 4), np.float32)
+    boxes[0, 0] = [0, 0, 300, 500]
+    outs = {"StatefulPartitionedCall:0": boxes,
+            "StatefulPartitionedCall:1": np.zeros((1, 10), np.float32),
+            "StatefulPartitionedCall:2": np.array([[0.9] + [0] * 9], np.float32),
+            "StatefulPartitionedCall:3": np.array([1], np.float32)}
+    return el.const_model(path, outs, size=(640, 640))
+
+
+def _end2end_pixels(path: Path) -> Path:
+    boxes = np.array([el.to_input(PERSON, (640, 640))], np.float32)
+    planted = ul.Planted(boxes, np.zeros(1, np.intp), np.array([0.9], np.float32))
+    return ul.end2end_model(path, planted)
+
+
+def _rtdetr_pairs(path: Path) -> Path:
+    boxes = np.array([el.to_input(PERSON, (640, 640))], np.float32)
+    planted = ul.Planted(boxes, np.zeros(1, np.intp), np.array([0.9], np.float32))
+    return ul.rtdetr_model(path, planted, 80, pairs=True)
+
+
+# (model, the wrong decoder, the right one where one reads it, what the refusal must name)
+WRONG: dict[str, tuple[Callable[[Path], Path], str, str | None, str]] = {
+    # one row per cell of the grid: YOLOX's offsets do not follow the cells, decoded boxes do
+    "yolox-640-as-yolov5": (_yolox(640), "yolov5", "yolox",
+                            r"do not follow their grid cells.*decoder: yolox"),
+    "yolox-416-as-yolov5": (_yolox(416), "yolov5", "yolox",  # read as fractions: big boxes
+                            r"do not follow their grid cells.*decoder: yolox"),
+    # 600 x 600: YOLOX's floor(600 / s) cells are no YOLO grid, so the values decide
+    "yolox-600-as-yolov5": (_yolox(600), "yolov5", "yolox",
+                            r"under 2 px wide or tall.*decoder: yolox"),
+    "yolox-600-big-box-as-yolov5": (_yolox(600, big=True), "yolov5", "yolox",
+                                    r"within 6 px of the top-left corner.*decoder: yolox"),
+    "pixel-boxes-as-ssd": (_pixel_boxes_as_ssd, "ssd", None,
+                           r"more than 20 input sizes past the 640x640 input.*another unit"),
+    "end2end-pixels-as-ultralytics-rtdetr": (_end2end_pixels, "ultralytics-rtdetr",
+                                             "yolo-end2end", r"decoder: yolo-end2end"),
+    "rtdetr-pairs-as-end2end": (_rtdetr_pairs, "yolo-end2end", "ultralytics-rtdetr",
+                                r"x2 < x1.*decoder: ultralytics-rtdetr"),
+}
+
+
+@pytest.mark.parametrize("case", WRONG)
+def test_a_wrong_decoder_is_refused_on_the_first_frame_naming_the_right_one(
+        case: str, tmp_path: Path) -> None:
+    """Before: YOLOX's raw head read by ``decoder: yolov5`` gave boxes like [0, 0, 1.4, 0] and
+    no error; the same planted model read by the right decoder passes the same check."""
+    build, wrong, right, match = WRONG[case]
+    path = build(tmp_path / f"{case}.onnx")
+    with edgeinfer.load_model(path, probe=False) as m:
+        labels = "coco91" if wrong == "ssd" else "coco"
+        task = DetectTask(DetectConfig(decoder=wrong, labels=labels, score_threshold=0.5), m)
+        with pytest.raises(OutputLayoutError, match=f"(?s)decoder {wrong}: .*{match}"):
+            _detect(task, _picture())
+        if right is None:
+            return
+        task = DetectTask(DetectConfig(decoder=right, labels="coco", score_threshold=0.5), m)
+        found = _detect(task, _picture())
+    assert found and found[0].label == "person", found
+
+
+def _pictures() -> list[tuple[str, np.ndarray]]:
+    """Every sample picture as it is, turned a quarter, and cropped wide."""
+    out = []
+    for path in [samples.pull_sample("astronaut", _SAMPLES), *samples.sample_images(_SAMPLES)]:
+        img = cv2.imread(str(path))
+        h = img.shape[0]
+        out += [(path.stem, img),
+                (f"{path.stem}-turned", cv2.rotate(img, cv2.ROTATE_90_CLOCKWISE)),
+                (f"{path.stem}-wide", img[h // 4: h - h // 4])]
+    return out
+
+
+@pytest.mark.parametrize(("fixture", "decoder"), [("yolo_path", "yolov8"),
+                                                  ("blazeface_path", "blazeface"),
+                                                  ("person_path", "blazepose")])
+def test_the_check_is_quiet_on_right_decoders_real_models_and_real_pictures(
+        request: pytest.FixtureRequest, fixture: str, decoder: str) -> None:
+    """Every sample picture (and turned, and cropped) at every threshold from 0.001: the
+    check sees the candidates of each and refuses none."""
+    path = request.getfixturevalue(fixture)
+    shapes = {"images": (1, 3, 320, 320)} if decoder == "yolov8" else None
+    checked = 0
+    with edgeinfer.load_model(path, probe=False, input_shapes=shapes) as m:
+        for threshold in (0.001, 0.05, 0.25, 0.5):
+            task = DetectTask(DetectConfig(decoder=decoder, score_threshold=threshold), m)
+            for _, img in _pictures():
+                feeds, _ = task.preprocess(Frame(index=0, ts=0.0, wall=0.0, data=img))
+                candidates = task.decoder(task.model.run(feeds), threshold)
+                OutputCheck(task.decoder, task.labels)(candidates)  # raises if it refuses
+                checked += len(candidates.scores) > 0
+    assert checked >= 3 * 4, f"{checked} pictures had candidates: the test proves little"
 
 
 # --- the refusal's length, and edgeinfer info's full account -------------------------------------
@@ -212,3 +313,27 @@ def test_info_task_detect_gives_every_decoders_account(tmp_path: Path) -> None:
     for name in DECODERS:
         assert any(line.startswith(f"  {name} ") for line in lines), (name, done.stdout)
 
+
+def test_a_decoded_one_row_per_cell_head_still_reads_as_yolov5(tmp_path: Path) -> None:
+    """The other side of YOLOX's case: a decoded anchor-free head (YOLOv6, YOLOv5 variants),
+    every row's box at its own cell, is what ``decoder: yolov5`` reads there: no refusal."""
+    size = (640, 640)
+    cells = grid_centres(8400, size)
+    assert cells is not None
+    rng = np.random.default_rng(1)
+    rows = np.zeros((8400, 85), np.float32)
+    rows[:, :2] = cells + rng.normal(0, 3, cells.shape)
+    rows[:, 2:4] = rng.uniform(8, 60, (8400, 2))
+    rows[:, 4], rows[:, 5] = 0.01, 0.5
+    person = el.to_input(PERSON, size)
+    cx, cy = (person[0] + person[2]) / 2, (person[1] + person[3]) / 2
+    at = int(np.argmin(np.hypot(*(cells - [cx, cy]).T)))  # the cell holding her centre
+    rows[at, :6] = [cx, cy, person[2] - person[0], person[3] - person[1], 0.98, 0.0]
+    rows[at, 5] = 0.95
+    path = el.const_model(tmp_path / "yolov6.onnx", {"outputs": rows[None]}, size=size)
+    with edgeinfer.load_model(path, probe=False) as m:
+        task = DetectTask(DetectConfig(decoder="yolov5", labels="coco", score_threshold=0.5), m)
+        found = _detect(task, _picture())
+    assert [d.label for d in found] == ["person"]
+    x1, y1, x2, y2 = found[0].box
+    assert abs(x1 - PERSON[0]) < 2 and abs(y2 - PERSON[3]) < 2

@@ -127,7 +127,7 @@ class RfDetrDecoder(Decoder):
         self._shift = label_shift(1, read_meta(self.metadata).names)
         self.num_classes = cols + self._shift
         self._dets, self._logits, self._cols = dets.name, logits.name, cols
-        self._units = BoxUnits(self.name, self.input_size, "normalized")
+        self._units = BoxUnits(self.name, self.input_size, "normalized", self.hint)
 
     def __call__(self, outputs: Mapping[str, np.ndarray], score_threshold: float) -> Decoded:
         logits = outputs[self._logits].reshape(-1, self._cols)[:, 1:]
