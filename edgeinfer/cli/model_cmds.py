@@ -58,7 +58,8 @@ def add_info_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task", metavar="TYPE",
                    help="also say how `task: {type: TYPE}` (detect, pose, segment, classify...) "
                         "reads the model with its defaults: the decoder picked and why, the labels "
-                        "and where they come from, or why it is refused (exit 65)")
+                        "and where they come from, or why it is refused (exit 65); for detect, "
+                        "pose and segment, every decoder with why it fits or not")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -86,7 +87,7 @@ def _task_reading(kind: str, model: Any) -> dict[str, Any]:
     """How a ``task: {type: KIND}`` with its defaults reads ``model`` (``Task.describe``), or
     ``{"type": kind, "refused": why}``."""
     from ..config.pipeline import TASK_CONFIGS  # inside: with the tasks, numpy and OpenCV
-    from ..tasks import make_task
+    from ..tasks import make_task, task_class
 
     struct = TASK_CONFIGS.members.get(kind)
     if struct is None:
@@ -95,8 +96,28 @@ def _task_reading(kind: str, model: Any) -> dict[str, Any]:
     try:
         task = make_task(struct(), model)
     except ConfigError as exc:
-        return {"type": kind, "refused": str(exc)}
-    return {"type": kind, **task.describe()}
+        return {"type": kind, "refused": str(exc),
+                **_task_account(task_class(kind), struct(), model)}
+    return {"type": kind, **task.describe(), **_task_account(task_class(kind), struct(), model)}
+
+
+def _task_account(task: Any, config: Any, model: Any) -> dict[str, Any]:
+    """``Task.account``: how each alternative of the task (detect's decoders) reads the model."""
+    try:
+        account: dict[str, Any] = task.account(config, model)
+    except ConfigError as exc:
+        return {"account_refused": str(exc)}
+    return account
+
+
+def _print_task_account(task: dict[str, Any]) -> None:
+    """``--task detect``'s every decoder, one line each: fits, or why not in full."""
+    if task.get("decoders"):
+        print(f"{'decoders':<13} each one on this model: fits, or why not")
+    for row in task.get("decoders", ()):
+        print(f"  {row['decoder']:<19} {row['verdict']}")
+    if "account_refused" in task:
+        print(f"{'decoders':<13} {task['account_refused']}")
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -157,11 +178,13 @@ def cmd_info(args: argparse.Namespace) -> int:
         return 0
     if "refused" in task:
         print(f"{'task ' + task['type']:<13} refused: {task['refused']}")
+        _print_task_account(task)
         return 65
     print(f"{'task':<13} {task['type']}")
     for key, value in task.items():
-        if key != "type":
+        if key not in ("type", "decoders"):
             print(f"{'':<13} {key}: {value}")
+    _print_task_account(task)
     return 0
 
 

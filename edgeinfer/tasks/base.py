@@ -111,6 +111,17 @@ class Task(ABC):
         from), for the stats topic and ``edgeinfer info --task``; empty by default."""
         return {}
 
+    @classmethod
+    def account(cls, config: Any, model: Model) -> dict[str, Any]:
+        """How every alternative the task has would read ``model`` under ``config`` (a
+        detector's decoders, each with why it fits or not), for ``edgeinfer info --task``;
+        works where the task refuses the model. Empty by default.
+
+        Raises:
+            ConfigError: the model cannot be read this way at all (no image input).
+        """
+        return {}
+
     def accuracy_gate(self) -> Gate:
         """What a candidate backend must agree on with the reference to be picked (see
         ``tasks.gates``); by default every output close. A task that gives a kind of answer

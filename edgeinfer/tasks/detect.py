@@ -25,6 +25,7 @@ from .decoders import (
     Decoder,
     Registry,
     decoder_class,
+    explain_decoders,
     make_decoder,
     pick_decoder,
 )
@@ -113,7 +114,7 @@ class DetectTask(Task):
         size = _input_size(config, model, image)
         hints = _decoder_hints(metadata, self.labels, size)
         name, why = (config.decoder, "configured") if config.decoder != "auto" \
-            else pick_decoder(model.outputs, hints, self.decoders)
+            else pick_decoder(model.outputs, hints, self.decoders, str(model.path))
         self.decoder_choice = (name, why)
         family = decoder_class(name, self.decoders)
         self.preprocessor = Preprocessor(_preprocess_config(config, family), image,
@@ -131,6 +132,24 @@ class DetectTask(Task):
         self.labels_from = labels_from
         self._allowed = _class_ids(config.classes, self.labels, self.decoder.num_classes)
         self._check = OutputCheck(self.decoder, self.labels)
+
+    @classmethod
+    def account(cls, config: DetectConfig, model: Model) -> dict[str, Any]:
+        """``decoders``: every decoder of the task's registry on ``model`` as ``config`` would
+        bind it (its input size, labels and metadata): ``fits``, ``never picked by decoder:
+        auto``, or why not, in full (``edgeinfer info MODEL --task detect``; ``decoder:
+        auto``'s refusal names only the closest).
+
+        Raises:
+            ConfigError: the model has no one image input, or its labels cannot be read.
+        """
+        image = _image_input(model)
+        metadata = file_metadata(model.path, model.format, model.metadata)
+        labels, _ = find_labels(config.labels, model.path, model.format, metadata)
+        hints = _decoder_hints(metadata, labels, _input_size(config, model, image))
+        words = {True: "fits", False: "never picked by decoder: auto"}
+        return {"decoders": [{"decoder": name, "verdict": words[v] if isinstance(v, bool) else v}
+                             for name, v in explain_decoders(model.outputs, hints, cls.decoders)]}
 
     def describe(self) -> dict[str, Any]:
         """The decoder picked and why, and the labels' source and count."""

@@ -47,10 +47,15 @@ def test_real_ultralytics_export_picks_yolov8_and_its_own_names(yolo: Model) -> 
     assert task.decoder.num_classes == 18
 
 
-def test_auto_names_every_reason_when_nothing_fits() -> None:
-    with pytest.raises(ConfigError, match=r"no decoder for the outputs y \[1, 4\].*"
-                                          r"decoder yolov8 expects.*decoder ssd expects"):
-        pick_decoder([TensorSpec("y", (1, 4), "float32")], {})
+def test_auto_says_when_nothing_comes_near_and_names_info_for_every_reason() -> None:
+    """Every decoder's expectations in turn (about 2,500 characters) moved to `edgeinfer info
+    MODEL --task detect`; the refusal says what to do (tests/tasks/test_decoder_lookalikes.py
+    has the closest layouts leading)."""
+    with pytest.raises(ConfigError, match=r"no decoder for the outputs y \[1, 4\]: none reads "
+                                          r"outputs of these ranks.*Is it a detector\?.*"
+                                          r"edgeinfer info m.onnx --task detect$") as caught:
+        pick_decoder([TensorSpec("y", (1, 4), "float32")], {}, model="m.onnx")
+    assert "decoder yolov8 expects" not in str(caught.value)
 
 
 def ssd_model(path: Path, dynamic: bool = False) -> Path:

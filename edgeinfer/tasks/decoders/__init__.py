@@ -15,14 +15,14 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from ..._importer import import_from_string
 from ...errors import ConfigError
 from ...runtime.base import TensorSpec, format_shape
-from .base import Decoded, Decoder
+from .base import FAR, NEAR, Decoded, Decoder, Mismatch
 from .blazeface import BlazeFaceDecoder, blazeface_anchors
 from .ssd import SsdDecoder
 from .yolo import YoloV5Decoder, YoloV8Decoder
 
 __all__ = ["DECODERS", "BlazeFaceDecoder", "Decoded", "Decoder", "Registry", "SsdDecoder",
-           "YoloV5Decoder", "YoloV8Decoder", "blazeface_anchors", "decoder_class", "make_decoder",
-           "pick_decoder", "register_decoder"]
+           "YoloV5Decoder", "YoloV8Decoder", "blazeface_anchors", "decoder_class",
+           "explain_decoders", "make_decoder", "pick_decoder", "register_decoder"]
 
 logger = logging.getLogger(__name__)
 
@@ -94,35 +94,65 @@ def make_decoder(name: str, outputs: Sequence[TensorSpec], input_size: tuple[int
 
 
 def pick_decoder(outputs: Sequence[TensorSpec], metadata: Mapping[str, str],
-                 registry: Registry = DECODERS) -> tuple[str, str]:
+                 registry: Registry = DECODERS, model: str = "MODEL") -> tuple[str, str]:
     """``decoder: auto``: the one decoder of ``registry`` whose ``matches`` accepts ``outputs``.
+
+    Args:
+        model: The model's path or catalog name, for the command the refusal names.
 
     Returns:
         The decoder's name and why it was picked (for the log and ``edgeinfer info``).
 
     Raises:
-        ConfigError: none fits (each one's reason is given), or several do (they are named).
+        ConfigError: none fits (the one or two closest layouts lead, and ``edgeinfer info
+            MODEL --task detect`` is named for every decoder's account), or several do (they
+            are named).
     """
-    fits: list[str] = []
-    reasons: list[str] = []
-    for name in registry:
-        try:
-            verdict = decoder_class(name, registry).matches(outputs, metadata)
-        except ImportError as exc:  # a plug-in whose package is missing cannot be the one
-            reasons.append(f"decoder {name} cannot be imported: {exc}")
-            continue
-        if verdict is True:
-            fits.append(name)
-        elif isinstance(verdict, str):
-            reasons.append(verdict)
+    verdicts = explain_decoders(outputs, metadata, registry)
+    fits = [name for name, verdict in verdicts if verdict is True]
     have = ", ".join(f"{s.name} {format_shape(s.shape)}" for s in outputs) or "none"
     if len(fits) == 1:
         return fits[0], f"the only decoder whose layout fits {have}{_meta_note(metadata)}"
     if fits:
         raise _several(fits, have)
-    raise ConfigError(f"decoder: auto found no decoder for the outputs {have}; set decoder: "
-                      "(or the task type) to the one that made this model. "
-                      + "; ".join(reasons))
+    raise _none_fits([v for _, v in verdicts if isinstance(v, str)], have, model)
+
+
+def explain_decoders(outputs: Sequence[TensorSpec], metadata: Mapping[str, str],
+                     registry: Registry = DECODERS) -> list[tuple[str, bool | str]]:
+    """Every decoder of ``registry`` with its ``matches`` verdict on ``outputs`` (``True``,
+    why not, or ``False``: never picked by ``auto``), in the registry's order: what ``edgeinfer
+    info MODEL --task detect`` prints."""
+    verdicts: list[tuple[str, bool | str]] = []
+    for name in registry:
+        try:
+            verdict = decoder_class(name, registry).matches(outputs, metadata)
+        except ImportError as exc:  # a plug-in whose package is missing cannot be the one
+            verdict = Mismatch(f"decoder {name} cannot be imported: {exc}", name,
+                               f"cannot be imported: {exc}", FAR)
+        verdicts.append((name, verdict))
+    return verdicts
+
+
+def _none_fits(reasons: list[str], have: str, model: str) -> ConfigError:
+    """The refusal of ``decoder: auto``: the one or two closest layouts and the fix first; the
+    full account is ``edgeinfer info``'s."""
+    near = sorted((r for r in reasons if _nearness(r) > FAR), key=lambda r: -_nearness(r))[:2]
+    account = f"every decoder's reason: edgeinfer info {model} --task detect"
+    if not near:
+        return ConfigError(f"decoder: auto found no decoder for the outputs {have}: none reads "
+                           "outputs of these ranks and count. Is it a detector? Set task: "
+                           "{type: ...} to the model's task, or decoder: to the layout that "
+                           f"made it; {account}")
+    closest = "; ".join(f"{r.decoder} ({r.why})" if isinstance(r, Mismatch) else r for r in near)
+    return ConfigError(f"decoder: auto found no decoder for the outputs {have}. Closest: "
+                       f"{closest}. Fix that, or set decoder: to the layout that made the model; "
+                       f"{account}")
+
+
+def _nearness(reason: str) -> int:
+    # A plug-in's plain reason: as near as a named dimension (it read the outputs).
+    return reason.nearness if isinstance(reason, Mismatch) else NEAR
 
 
 def _several(fits: list[str], have: str) -> ConfigError:

@@ -21,10 +21,53 @@ from ...runtime.base import Dim, TensorSpec, format_shape
 from .grids import other_task
 from .meta import read_meta
 
-__all__ = ["Decoded", "Decoder", "sigmoid", "xywh_to_xyxy"]
+__all__ = ["FAR", "FITS_UNCONFIRMED", "NEAR", "Decoded", "Decoder", "LayoutRefusal", "Mismatch",
+           "sigmoid", "xywh_to_xyxy"]
 
 # Input size a decoder is bound with by ``matches`` when the metadata names none.
 NOMINAL_SIZE = (640, 640)
+
+# How near a model came to a decoder that turned it down (``Mismatch.nearness``).
+FAR = 0
+"""The outputs do not have the decoder's structure (count, ranks)."""
+NEAR = 1
+"""The structure is the decoder's; one dimension or a fact (anchors, classes, metadata) is off."""
+FITS_UNCONFIRMED = 2
+"""Every dimension fits; what would tell it from another layout (metadata, a grid count) does
+not confirm it."""
+
+
+class LayoutRefusal(ConfigError):
+    """A decoder cannot read these outputs (``Decoder._refuse``).
+
+    Attributes:
+        decoder: The decoder's name.
+        why: The one thing that does not fit; empty when the outputs lack the decoder's
+            structure altogether.
+        nearness: ``FAR``, ``NEAR``, or ``FITS_UNCONFIRMED`` (every dimension fits but
+            nothing tells this layout from another: the class count is not known).
+    """
+
+    def __init__(self, message: str, decoder: str, why: str, unconfirmed: bool = False) -> None:
+        super().__init__(message)
+        self.decoder = decoder
+        self.why = why
+        self.nearness = FITS_UNCONFIRMED if unconfirmed else NEAR if why else FAR
+
+
+class Mismatch(str):
+    """Why ``matches`` turned a model down (the text), with the decoder's name, the short
+    reason and how near it came (``FAR``, ``NEAR``, ``FITS_UNCONFIRMED``), so that
+    ``decoder: auto`` can lead with the closest layouts."""
+
+    decoder: str
+    why: str
+    nearness: int
+
+    def __new__(cls, text: str, decoder: str, why: str, nearness: int) -> Mismatch:
+        self = super().__new__(cls, text)
+        self.decoder, self.why, self.nearness = decoder, why or text, nearness
+        return self
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,17 +140,30 @@ class Decoder(ABC):
         """Whether this decoder reads these outputs, for ``decoder: auto``.
 
         Returns:
-            ``True`` when it does; else why not (a reason for the log and the refusal), or
-            ``False`` when the outputs are not this family's at all. The default binds the
-            decoder (a ``doubt`` it has is a reason not to pick it) at the input size the
+            ``True`` when it does; else why not (a reason for the log and the refusal, a
+            ``Mismatch`` saying how near the model came), or ``False`` when the outputs are
+            not this family's at all. The default binds the decoder at the input size the
             metadata's ``imgsz`` names (``decoder: auto`` fills it in from the model input),
-            else at a nominal 640x640.
+            else at a nominal 640x640: every dimension its binding checks must fit, a
+            ``doubt`` it has is a reason not to pick it, and so is a class count other than
+            the metadata's ``names`` (``decoder: auto`` fills them in from the labels).
         """
         try:
-            bound = cls(outputs, read_meta(metadata).imgsz or NOMINAL_SIZE, metadata)
-        except ConfigError as exc:
-            return str(exc)
-        return True if bound.doubt is None else f"decoder {cls.name}: {bound.doubt}"
+            meta = read_meta(metadata)
+            bound = cls(outputs, meta.imgsz or NOMINAL_SIZE, metadata)
+        except LayoutRefusal as exc:
+            return Mismatch(str(exc), cls.name, exc.why, exc.nearness)
+        except ConfigError as exc:  # metadata it cannot read
+            return Mismatch(str(exc), cls.name, str(exc), NEAR)
+        if bound.doubt is not None:
+            return Mismatch(f"decoder {cls.name}: {bound.doubt}", cls.name, bound.doubt,
+                            FITS_UNCONFIRMED)
+        n = bound.num_classes
+        if meta.names is not None and n is not None and len(meta.names) != n:
+            why = (f"the labels (or the metadata's names) have {len(meta.names)} classes, the "
+                   f"outputs score {n}")
+            return Mismatch(f"decoder {cls.name}: {why}", cls.name, why, NEAR)
+        return True
 
     def fill_inputs(self, inputs: Sequence[TensorSpec]) -> dict[str, np.ndarray]:
         """Values for the model's inputs other than the image (the same every frame).
@@ -143,10 +199,14 @@ class Decoder(ABC):
             raise self._refuse("dim 2 must be a fixed 5 + classes")
         return n, cols
 
-    def _refuse(self, why: str = "") -> ConfigError:
+    def _refuse(self, why: str = "", unconfirmed: bool = False) -> LayoutRefusal:
+        """The refusal naming the layout expected and the outputs the model has; ``why``: the
+        one thing that does not fit (none: the structure is not this decoder's);
+        ``unconfirmed``: every dimension fits, but nothing tells this layout from another."""
         have = ", ".join(f"{s.name} {format_shape(s.shape)}" for s in self._outputs) or "none"
-        return ConfigError(f"decoder {self.name} expects {self.expects}; the model has "
-                           f"{len(self._outputs)} output(s): {have}" + (f" ({why})" if why else ""))
+        return LayoutRefusal(f"decoder {self.name} expects {self.expects}; the model has "
+                             f"{len(self._outputs)} output(s): {have}"
+                             + (f" ({why})" if why else ""), self.name, why, unconfirmed)
 
 
 def xywh_to_xyxy(cx: np.ndarray, cy: np.ndarray, w: np.ndarray, h: np.ndarray) -> np.ndarray:

@@ -16,15 +16,14 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ...runtime.base import TensorSpec
 from .base import Decoded
-from .blazeface import BlazeFaceDecoder
+from .blazeface import BlazeFaceDecoder, Layout
 
 __all__ = ["BLAZEPOSE_LAYOUTS", "BlazePoseDecoder"]
 
 # pose_detection.tflite (224x224): SsdAnchorsCalculator with 5 layers, strides 8, 16, 32, 32,
 # 32, two anchors per cell: 28*28*2 + 14*14*2 + 7*7*6 = 2254.
-BLAZEPOSE_LAYOUTS: tuple[tuple[tuple[int, ...], int], ...] = (((8, 16, 32, 32, 32), 2),)
+BLAZEPOSE_LAYOUTS: tuple[Layout, ...] = (((8, 16, 32, 32, 32), 2, (224, 224)),)
 
 
 class BlazePoseDecoder(BlazeFaceDecoder):
@@ -36,12 +35,8 @@ class BlazePoseDecoder(BlazeFaceDecoder):
                "anchors of MediaPipe's pose detector (2254 at 224x224)")
     default_labels = ["person"]
     layouts = BLAZEPOSE_LAYOUTS
-
-    def _bind(self, outputs: tuple[TensorSpec, ...]) -> None:
-        super()._bind(outputs)
-        if self._coords != 12:
-            raise self._refuse(f"{self._coords} coordinates per anchor, not 12 (a face box "
-                               "and four keypoints)")
+    keypoints = 4
+    family = "MediaPipe person detector"
 
     def __call__(self, outputs: Mapping[str, np.ndarray], score_threshold: float) -> Decoded:
         d = super().__call__(outputs, score_threshold)

@@ -48,6 +48,8 @@ class RtDetrDecoder(Decoder):
         if len(boxes.shape) != 3 or boxes.shape[2] != 4 or len(labels.shape) != 2 \
                 or len(scores.shape) != 2:
             raise self._refuse()
+        if len({boxes.shape[1], labels.shape[1], scores.shape[1]}) != 1:
+            raise self._refuse("labels, boxes and scores must have the same Q queries")
         self._labels, self._boxes, self._scores = labels.name, boxes.name, scores.name
         self._units = BoxUnits(self.name, self.input_size)
 
@@ -125,7 +127,7 @@ class RfDetrDecoder(Decoder):
         self._shift = label_shift(1, read_meta(self.metadata).names)
         self.num_classes = cols + self._shift
         self._dets, self._logits, self._cols = dets.name, logits.name, cols
-        self._units = BoxUnits(self.name, self.input_size, "normalized")
+        self._units = BoxUnits(self.name, self.input_size, "normalized", self.hint)
 
     def __call__(self, outputs: Mapping[str, np.ndarray], score_threshold: float) -> Decoded:
         logits = outputs[self._logits].reshape(-1, self._cols)[:, 1:]

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from ...runtime.base import Dim
 from .meta import OTHER_TASKS, ModelMeta
 
-__all__ = ["grid_counts", "not_a_grid_hint", "other_task", "pose_fit"]
+__all__ = ["grid_centres", "grid_counts", "not_a_grid_hint", "other_task", "pose_fit"]
 
 STRIDE_SETS = ((8, 16, 32), (8, 16, 32, 64), (4, 8, 16, 32))
 
@@ -24,6 +26,21 @@ def grid_counts(input_size: tuple[int, int], per_cell: int) -> set[int]:
     w, h = input_size
     return {per_cell * sum(math.ceil(w / s) * math.ceil(h / s) for s in strides)
             for strides in STRIDE_SETS}
+
+
+def grid_centres(n: int, input_size: tuple[int, int]) -> np.ndarray | None:
+    """``(n, 2)`` pixel centres of the cells of a one-row-per-cell head with ``n`` rows, in the
+    order anchor-free heads (YOLOv6, YOLOX, YOLOv8's transpose) write them: stride by stride,
+    row by row; ``None`` when ``n`` is no such head's row count."""
+    w, h = input_size
+    for strides in STRIDE_SETS:
+        if n == sum(math.ceil(w / s) * math.ceil(h / s) for s in strides):
+            cells = []
+            for s in strides:
+                ys, xs = np.mgrid[0:math.ceil(h / s), 0:math.ceil(w / s)]
+                cells.append(np.stack([xs.ravel(), ys.ravel()], axis=1) * s + s / 2)
+            return np.concatenate(cells).astype(np.float32)
+    return None
 
 
 def is_grid(n: Dim, input_size: tuple[int, int], per_cell: int) -> bool | None:

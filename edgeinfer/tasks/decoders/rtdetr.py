@@ -31,7 +31,8 @@ class UltralyticsRtDetrDecoder(Decoder):
     expects = ("one output 1 x Q x (4+C) or 1 x Q x 6 (cx, cy, w, h as fractions of the input, "
                "then C class scores, or score and class; Q queries, 300 by default)")
     suppression = "none"
-    hint = "a YOLO grid output (decoder: yolov8 or yolov5)"
+    hint = ("a YOLO grid output (decoder: yolov8 or yolov5), or an end-to-end export's x1, y1, "
+            "x2, y2 pixel rows (decoder: yolo-end2end)")
 
     def _bind(self, outputs: tuple[TensorSpec, ...]) -> None:
         meta = read_meta(self.metadata)
@@ -56,7 +57,7 @@ class UltralyticsRtDetrDecoder(Decoder):
                                f"{cols - 4}")
         self.num_classes = n if cols == 6 else cols - 4
         self._name, self._cols = outputs[0].name, cols
-        self._units = BoxUnits(self.name, self.input_size, "normalized")
+        self._units = BoxUnits(self.name, self.input_size, "normalized", self.hint)
 
     def __call__(self, outputs: Mapping[str, np.ndarray], score_threshold: float) -> Decoded:
         p = outputs[self._name].reshape(-1, self._cols)

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from ...errors import OutputLayoutError
-from ...runtime.base import TensorSpec
+from ...runtime.base import TensorSpec, format_shape
 from .base import Decoded, Decoder
 from .meta import read_meta
 from .tensors import dequantized, is_count, label_shift, named, quant_of
@@ -59,12 +59,14 @@ class SsdDecoder(Decoder):
             boxes, classes, scores, count = (s for s in api if s is not None)
             self._first_id = 1
             self._pair: tuple[str, str] | None = (classes.name, scores.name)
+            flat = [classes, scores]
         else:
             boxes, count, flat = self._by_shape(outputs)
             self._first_id = 0
             self._flat = (flat[0].name, flat[1].name)
             self._pair = _pair_by_name(flat)
         self._check_shapes(boxes, count)
+        self._check_rows(boxes, flat)
         self._boxes, self._count = boxes.name, count.name
         self._quant = {s.name: quant_of(s) for s in outputs}
         self._shift = label_shift(self._first_id, read_meta(self.metadata).names)
@@ -89,6 +91,14 @@ class SsdDecoder(Decoder):
         if np.dtype(boxes.dtype).kind in "iu" and boxes.quantization is None:
             raise self._refuse(f"{boxes.name} is {boxes.dtype} without a scale and zero point: "
                                "re-export with float outputs")
+
+    def _check_rows(self, boxes: TensorSpec, flat: list[TensorSpec]) -> None:
+        """Boxes, classes and scores: one row each per detection, ``1 x N`` beside ``1 x N x 4``."""
+        rows = {boxes.shape[1], *(s.shape[-1] for s in flat)}
+        if any(len(s.shape) != 2 for s in flat) or len(rows) != 1:
+            raise self._refuse("boxes, classes and scores must have the same N rows: "
+                               + ", ".join(f"{s.name} {format_shape(s.shape)}"
+                                           for s in (boxes, *flat)))
 
     def __call__(self, outputs: Mapping[str, np.ndarray], score_threshold: float) -> Decoded:
         n = int(self._read(outputs, self._count).reshape(-1)[0])

@@ -34,13 +34,16 @@ class BoxUnits:
         decoder: The decoder's name, for the log and errors.
         input_size: ``(width, height)`` of the model input.
         units: ``pixels`` or ``normalized`` where known, ``None`` to decide on the first boxes.
+        hint: The layouts most likely meant when boxes read as fractions turn out pixels (the
+            decoder's ``hint``), named in the error.
     """
 
-    __slots__ = ("decoder", "units", "_scale")
+    __slots__ = ("decoder", "hint", "units", "_scale")
 
-    def __init__(self, decoder: str, input_size: tuple[int, int], units: Units | None = None
-                 ) -> None:
+    def __init__(self, decoder: str, input_size: tuple[int, int], units: Units | None = None,
+                 hint: str = "") -> None:
         self.decoder = decoder
+        self.hint = hint
         self.units: Units | None = units
         w, h = input_size
         self._scale = np.array([w, h, w, h], dtype=np.float32)
@@ -65,5 +68,6 @@ class BoxUnits:
         if peak > 2 * NORMALIZED_MAX:
             raise OutputLayoutError(
                 f"decoder {self.decoder}: box coordinates up to {peak:.4g}, but they were read as "
-                "fractions of the input (0..1): the outputs are not the layout this decoder reads")
+                "fractions of the input (0..1): the outputs are not the layout this decoder reads"
+                + (f"; likely {self.hint}" if self.hint else ""))
         return boxes * self._scale

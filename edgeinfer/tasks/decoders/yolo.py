@@ -14,13 +14,18 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from ...errors import OutputLayoutError
 from ...runtime.base import Dim, TensorSpec
 from .base import Decoded, Decoder, xywh_to_xyxy
-from .grids import is_grid, not_a_grid_hint, other_task, pose_fit
+from .grids import grid_centres, is_grid, not_a_grid_hint, other_task, pose_fit
 from .meta import ModelMeta, read_meta
 from .units import BoxUnits
 
 __all__ = ["YoloV5Decoder", "YoloV8Decoder"]
+
+# A decoded one-row-per-cell head's box centres follow their cells' nearly exactly (about 0.99);
+# offsets within the cells, not at all (about 0).
+CELL_CORRELATION = 0.5
 
 
 class _GridDecoder(Decoder):
@@ -84,7 +89,8 @@ class YoloV8Decoder(_GridDecoder):
         raise self._refuse(f"1 x N x {cols} is the transposed YOLOv8 layout only if the model has "
                            f"{cols - 4} classes; it is also YOLOv5/v7's 1 x N x (5+C) (decoder: "
                            f"yolov5) and YOLOX's (decoder: yolox). Give the labels ({cols - 4} "
-                           "entries) to read it as YOLOv8, or name the decoder that made it")
+                           "entries) to read it as YOLOv8, or name the decoder that made it",
+                           unconfirmed=n is None)
 
     def _check_classes(self, rows: int, meta: ModelMeta) -> None:
         n = len(meta.names) if meta.names is not None else None
@@ -132,6 +138,9 @@ class YoloV5Decoder(_GridDecoder):
         if is_grid(n, self.input_size, 3) is False:
             assert isinstance(n, int)
             self._not_a_grid(_v5_hint(n, cols, self.input_size), cols, meta)
+        # One row per grid cell, not three: a decoded anchor-free head (YOLOv6) or YOLOX's raw
+        # one, told apart on the first frame by whether the boxes sit at their cells.
+        self._cells = grid_centres(n, self.input_size) if isinstance(n, int) else None
         self.num_classes = cols - 5
         self._name = outputs[0].name
         self._cols = cols
@@ -139,6 +148,8 @@ class YoloV5Decoder(_GridDecoder):
 
     def __call__(self, outputs: Mapping[str, np.ndarray], score_threshold: float) -> Decoded:
         p = outputs[self._name].reshape(-1, self._cols)
+        if self._cells is not None:
+            self._check_cells(p)
         # Class scores are probabilities, so objectness bounds the score: filter on it first.
         cand = p[p[:, 4] >= score_threshold]
         cls = cand[:, 5:]
@@ -148,6 +159,28 @@ class YoloV5Decoder(_GridDecoder):
         c = cand[keep]
         boxes = self._units.to_pixels(xywh_to_xyxy(c[:, 0], c[:, 1], c[:, 2], c[:, 3]))
         return Decoded(boxes, scores[keep], ids[keep])
+
+
+    def _check_cells(self, p: np.ndarray) -> None:
+        """Once: a decoded head's every row, scoring or not, has its box centre at its own cell
+        (x, y follow the cells' with a correlation near 1, in pixels or fractions alike); YOLOX's
+        raw rows hold offsets within the cell, which do not."""
+        cells, self._cells = self._cells, None
+        assert cells is not None
+        r = min(_correlation(p[:, 0], cells[:, 0]), _correlation(p[:, 1], cells[:, 1]))
+        if r < CELL_CORRELATION:
+            raise OutputLayoutError(
+                f"decoder yolov5: the rows' box centres do not follow their grid cells "
+                f"(correlation {r:.2f}, where decoded boxes give about 1): they are offsets "
+                "within each cell, YOLOX's raw rows (decoder: yolox); the outputs are not "
+                f"{self.expects}")
+
+
+def _correlation(a: np.ndarray, b: np.ndarray) -> float:
+    """Pearson's correlation; 0 where either does not vary."""
+    a, b = a.astype(np.float64) - a.mean(), b.astype(np.float64) - b.mean()
+    den = float(np.sqrt((a * a).sum() * (b * b).sum()))
+    return float((a * b).sum()) / den if den > 0 else 0.0
 
 
 def _transposed(a: Dim, b: Dim) -> bool:

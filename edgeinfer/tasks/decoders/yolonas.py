@@ -49,6 +49,9 @@ class YoloNasDecoder(Decoder):
         if not is_count(count) or len(boxes.shape) != 3 or boxes.shape[2] != 4 \
                 or len(scores.shape) != 2 or len(classes.shape) != 2:
             raise self._refuse()
+        if len({boxes.shape[1], scores.shape[1], classes.shape[1]}) != 1:
+            raise self._refuse("pred_boxes, pred_scores and pred_classes must have the same N "
+                               "rows")
         self._count, self._boxes = count.name, boxes.name
         self._scores, self._classes = scores.name, classes.name
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from ...errors import OutputLayoutError
 from ...runtime.base import TensorSpec
-from .base import Decoded, Decoder, xywh_to_xyxy
+from .base import FITS_UNCONFIRMED, Decoded, Decoder, Mismatch, xywh_to_xyxy
 
 __all__ = ["YoloxDecoder"]
 
@@ -54,9 +54,10 @@ class YoloxDecoder(Decoder):
         verdict = super().matches(outputs, metadata)
         if verdict is not True or says_yolox(metadata):
             return verdict
-        return ("decoder yolox: one 1 x N x (5+C) row per grid cell is YOLOX's raw output, and "
-                "also a decoded one (YOLOv6, anchor-free YOLOv5 variants: decoder: yolov5), and "
-                "the model's metadata does not say which: set decoder: yolox or decoder: yolov5")
+        why = ("one 1 x N x (5+C) row per grid cell is YOLOX's raw output, and also a decoded "
+               "one (YOLOv6, anchor-free YOLOv5 variants: decoder: yolov5), and the model's "
+               "metadata does not say which: set decoder: yolox or decoder: yolov5")
+        return Mismatch(f"decoder yolox: {why}", cls.name, why, FITS_UNCONFIRMED)
 
     def _bind(self, outputs: tuple[TensorSpec, ...]) -> None:
         n, cols = self._rows_with_objectness(outputs)
