@@ -244,3 +244,29 @@ def test_measured_again_at_load_the_fastest_wins_and_serves(
     assert "switched from onnxruntime" in sel["recheck"]
     cached = json.loads(file.read_text())
     assert cached["choice"]["backend"] == "toy" and cached["measured_under_load"] is False
+
+
+def test_a_candidate_that_no_longer_opens_leaves_the_pick_serving(
+        blazeface_path: Path, busy_decision: tuple[SessionSpec, Path],
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    spec, file = busy_decision
+    d = json.loads(file.read_text())
+    rows = d["candidates"]
+    for r in rows:  # every candidate reached: the best few are timed again
+        if r["status"] == "skipped":
+            r["status"], r["reason"] = "rejected", "edited by the test"
+    picked = next(r for r in rows if r["status"] == "picked")
+    # a runner-up that cannot open any more (a backend's device gone since)
+    gone = {**picked, "status": "ok", "p50_ms": 0.001, "label": "gone",
+            "choice": {**picked["choice"], "backend": "openvino", "device": "NO-SUCH-DEVICE"}}
+    rows.append(gone)
+    file.write_text(json.dumps(d))
+    monkeypatch.setattr(READER, Readings(0.02))
+    caplog.set_level(logging.INFO)
+    with edgeinfer.load_model(blazeface_path, threads=2, state_dir=spec.state_dir) as m:
+        sel = m.selection
+        assert m.run({m.inputs[0].name: np.zeros(m.inputs[0].shape, np.float32)})
+    assert "measuring the backend decision again failed" in caplog.text, caplog.text
+    assert sel is not None and sel["provisional"] is True and sel["picked"] == d["picked"]
+    assert "not measured again now: measuring it again failed" in sel["state"]
+    assert json.loads(file.read_text())["provisional_tries"] == 1  # no retry for a while
