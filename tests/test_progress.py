@@ -37,10 +37,10 @@ def _env(**extra: str) -> dict[str, str]:
     return {**env, "PYTHONPATH": str(ROOT), **extra}
 
 
-def _on_a_terminal(model: Path, state: Path, **env: str) -> tuple[str, str]:
+def _on_a_terminal(model: Path, state: Path, code: str = CHILD, **env: str) -> tuple[str, str]:
     """(stdout, what the pty showed) of the child with stderr on a pseudo-terminal."""
     master, slave = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(model), str(state), "plain"],
+    proc = subprocess.Popen([sys.executable, "-c", code, str(model), str(state), "plain"],
                             stdout=subprocess.PIPE, stderr=slave, env=_env(**env))
     os.close(slave)
     seen = b""
@@ -81,6 +81,25 @@ def test_measuring_says_so_on_a_terminal(blazeface_path: Path, tmp_path: Path) -
     # EDGEINFER_PROGRESS=0 keeps the terminal quiet
     out, terminal = _on_a_terminal(blazeface_path, tmp_path / "s2", EDGEINFER_PROGRESS="0")
     assert out.startswith("loaded ") and "measuring" not in terminal, terminal
+
+
+FETCH = """
+import sys
+from pathlib import Path
+from edgeinfer.model import catalog
+try:
+    catalog.fetch(catalog.CATALOG["nudenet-320n"], Path(sys.argv[2]) / "320n.onnx")
+except Exception as exc:
+    print("failed:", type(exc).__name__)
+"""
+
+
+def test_a_download_says_so_on_a_terminal(tmp_path: Path) -> None:
+    # pip without an index fails at once, offline: what matters is the word before it waits
+    out, terminal = _on_a_terminal(tmp_path, tmp_path, FETCH, PIP_NO_INDEX="1")
+    assert out.strip() == "failed: ModelFetchError", (out, terminal)
+    assert "edgeinfer: fetching nudenet-320n: downloading the PyPI wheel nudenet==3.4.2 for " \
+        "nudenet/320n.onnx -> " in terminal, terminal
 
 
 def test_nothing_on_a_pipe_and_once_through_logging_when_it_is_configured(
