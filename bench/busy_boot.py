@@ -1,9 +1,10 @@
 """A first boot under a CPU hog: how close the cached backend pick is to the fastest correct
-option measured later on a quieter box (issue 25, "Done means": >= 0.95).
+option measured later on a quieter box (issue 25, "Done means": >= 0.95), in a long-lived
+process (its re-check) and in the next short-lived one (issue 30, item 7).
 
     python3 bench/busy_boot.py [--model nudenet-320n] [--repeats 2] [--threads 2] [--budget 15]
                                [--baseline 6f60b30] [--idle-share 0.10] [--busy-share 0.25]
-                               [--no-write]
+                               [--skip old,serve] [--no-write]
 
 Per repeat, each step in a fresh process (``nice -n 5``), fresh state and cache directories:
 
@@ -12,11 +13,15 @@ Per repeat, each step in a fresh process (``nice -n 5``), fresh state and cache 
    ``git archive``) makes the first-boot decision: ``load_model(model, threads=N)``;
 3. (b) this tree's selector makes it (its decision says ``measured_under_load``);
 4. the hog stops;
+4'. (d) a new short-lived process loads the model on (b)'s cached decision (a copy of the state
+   directory), as a script or a CLI run would: ``load_model(model, threads=N)`` with
+   ``recheck.busy_share`` as given; on a quiet box it measures the provisional decision again
+   and caches it as final (its pick is (d)'s), on a busy one it serves (b)'s pick with a note;
 5. (c) a model serving on (b)'s cached decision, run like a pipeline (a run every 50 ms), with
    re-checks after 5 s of serving and 5 s of idle (``idle_share`` as given; the box counts as
    idle while other processes use less than that share of the CPUs), until its first
    re-check ends (120 s at most); its decision afterwards is (c)'s pick;
-6. every correct candidate of the three decisions' tables is opened and timed in one process, in
+6. every correct candidate of the four decisions' tables is opened and timed in one process, in
    rotating interleaved rounds of 6-run blocks (the first untimed), 20 rounds: medians.
 
 pick_speed / fastest_speed = the fastest candidate's median / the pick's median. The load each
@@ -30,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -62,6 +68,23 @@ def child_boot(model: str, state: str, threads: int, new: bool, budget_s: float
         return {"picked": sel.get("picked"), "choice": sel.get("choice"),
                 "summary": sel.get("summary", ""), "elapsed_s": sel.get("elapsed_s"),
                 "load": sel.get("load"), "candidates": sel.get("candidates", [])}
+
+
+def child_short(model: str, state: str, threads: int, busy_share: float) -> dict[str, Any]:
+    from edgeinfer import load_model
+    from edgeinfer.runtime.busy import LoadMeter
+
+    meter = LoadMeter()
+    t0 = time.monotonic()
+    with load_model(model, threads=threads, state_dir=state, recheck={"busy_share": busy_share},
+                    cache_dir=os.path.join(state, "cache")) as m:
+        load_s = time.monotonic() - t0
+        sel = m.selection or {}
+    load = meter.since_start()
+    return {"picked": sel.get("picked"), "choice": sel.get("choice"),
+            "candidates": sel.get("candidates", []), "state": sel.get("state", ""),
+            "recheck": sel.get("recheck", ""), "provisional": sel.get("measured_under_load"),
+            "load_s": load_s, "load": load.to_dict() if load is not None else None}
 
 
 def child_serve(model: str, state: str, threads: int, idle_share: float, busy_share: float
@@ -128,6 +151,8 @@ def _child(args: argparse.Namespace) -> int:
     if args.child in ("old", "new"):
         result = child_boot(args.model, args.state, args.threads, args.child == "new",
                             args.budget)
+    elif args.child == "short":
+        result = child_short(args.model, args.state, args.threads, args.busy_share)
     elif args.child == "serve":
         result = child_serve(args.model, args.state, args.threads, args.idle_share,
                              args.busy_share)
@@ -173,23 +198,34 @@ def one_repeat(args: argparse.Namespace, old_path: str) -> dict[str, Any]:
     from edgeinfer.runtime.busy import LoadMeter
 
     common = ["--model", args.model, "--threads", str(args.threads), "--budget", str(args.budget)]
+    skip = set(args.skip.split(",")) if args.skip else set()
+    none: dict[str, Any] = {"picked": None, "candidates": [], "load": None}
     with tempfile.TemporaryDirectory(prefix="busy-boot-") as tmp:
         s_old, s_new = os.path.join(tmp, "old"), os.path.join(tmp, "new")
+        s_short = os.path.join(tmp, "short")
+        old, old_load = none, None
         h = hog()
         try:
             time.sleep(1.0)
-            meter = LoadMeter()
-            old = spawn("--child", "old", "--state", s_old, *common, pythonpath=old_path)
-            old_load = meter.read()
+            if "old" not in skip:
+                meter = LoadMeter()
+                old = spawn("--child", "old", "--state", s_old, *common, pythonpath=old_path)
+                old_load = meter.read()
             new = spawn("--child", "new", "--state", s_new, *common, pythonpath=str(ROOT))
         finally:
             h.kill()
             h.wait()
         time.sleep(2.0)
-        served = spawn("--child", "serve", "--state", s_new, "--idle-share",
-                       str(args.idle_share), "--busy-share", str(args.busy_share), *common,
-                       pythonpath=str(ROOT))
-        choices = {**correct(old), **correct(new), **correct(served)}
+        shutil.copytree(s_new, s_short)  # (d) starts from (b)'s decision, as (c) does
+        short = spawn("--child", "short", "--state", s_short, "--busy-share",
+                      str(args.busy_share), *common, pythonpath=str(ROOT))
+        served = {**none, "recheck": "", "still_measuring": False, "rechecks": 0,
+                  "served_s": 0.0, "skipped": True}
+        if "serve" not in skip:
+            served = spawn("--child", "serve", "--state", s_new, "--idle-share",
+                           str(args.idle_share), "--busy-share", str(args.busy_share), *common,
+                           pythonpath=str(ROOT))
+        choices = {**correct(old), **correct(new), **correct(short), **correct(served)}
         timed = spawn("--child", "time", "--state", os.path.join(tmp, "t"), "--choices",
                       json.dumps(list(choices.values())), *common, pythonpath=str(ROOT))
     ms = timed["ms"]
@@ -199,9 +235,9 @@ def one_repeat(args: argparse.Namespace, old_path: str) -> dict[str, Any]:
         return ms[fastest] / ms[label] if label in ms and ms[label] else None
 
     return {"old": old, "old_load": old_load.to_dict() if old_load else None, "new": new,
-            "served": served, "timed": timed, "fastest": fastest,
+            "short": short, "served": served, "timed": timed, "fastest": fastest,
             "ratio_old": ratio(old["picked"]), "ratio_new": ratio(new["picked"]),
-            "ratio_recheck": ratio(served["picked"])}
+            "ratio_short": ratio(short["picked"]), "ratio_recheck": ratio(served["picked"])}
 
 
 def _pct(load: dict[str, Any] | None) -> str:
@@ -229,7 +265,9 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
     ]
     for i, r in enumerate(results, 1):
         served = r["served"]
-        if served["recheck"]:
+        if served.get("skipped"):
+            found = "not run (--skip serve)"
+        elif served["recheck"]:
             found = served["recheck"]
         elif served["still_measuring"]:
             found = f"re-check still measuring after {served['served_s']:.0f} s (stopped)"
@@ -243,6 +281,17 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
             f"| {served['picked']} | {_r(r['ratio_recheck'])} | {found} "
             f"| {r['fastest']} {r['timed']['ms'][r['fastest']]:.2f} ms "
             f"({_pct(r['timed']['load'])}) |")
+    lines += ["", f"(d) the next short-lived process (a new `load_model` on (b)'s cached decision "
+              f"after the hog stopped, `recheck.busy_share` {args.busy_share:g}): what it did, "
+              f"its pick and pick_speed / fastest_speed.", "",
+              "| repeat | (b) pick | (d) load took | load seen by (d) | (d) pick | (d) ratio | "
+              "(d) decision afterwards |", "|---|---|---|---|---|---|---|"]
+    for i, r in enumerate(results, 1):
+        short = r["short"]
+        state = short["state"].replace("|", "/")
+        lines.append(f"| {i} | {r['new']['picked']} | {short['load_s']:.1f} s "
+                     f"| {_pct(short['load'])} | {short['picked']} | {_r(r['ratio_short'])} "
+                     f"| {state} |")
     lines += ["", "Every candidate's median ms when timed together (last repeat):", "",
               "| candidate | ms |", "|---|---|"]
     for label, v in sorted(results[-1]["timed"]["ms"].items(), key=lambda kv: kv[1]):
@@ -263,8 +312,11 @@ def main() -> int:
     parser.add_argument("--busy-share", type=float, default=0.25,
                         help="the serving model's recheck.busy_share (an idle re-check that "
                              "runs at or over it does not switch)")
+    parser.add_argument("--skip", default="",
+                        help="steps to leave out, comma-separated: old (the baseline's boot), "
+                             "serve (the long-lived re-check)")
     parser.add_argument("--no-write", action="store_true")
-    parser.add_argument("--child", choices=("old", "new", "serve", "time"))
+    parser.add_argument("--child", choices=("old", "new", "short", "serve", "time"))
     parser.add_argument("--state")
     parser.add_argument("--choices")
     args = parser.parse_args()
@@ -280,17 +332,19 @@ def main() -> int:
         for _ in range(args.repeats):
             r = one_repeat(args, old_path)
             print(json.dumps({k: r[k] for k in ("fastest", "ratio_old", "ratio_new",
-                                                 "ratio_recheck")}), flush=True)
+                                                 "ratio_short", "ratio_recheck")}), flush=True)
             print(f"  old {r['old']['picked']}, new {r['new']['picked']} "
-                  f"({_pct(r['new']['load'])}), after re-check {r['served']['picked']}: "
-                  f"{r['served']['recheck']}", flush=True)
+                  f"({_pct(r['new']['load'])}), next short-lived load {r['short']['picked']} "
+                  f"({_pct(r['short']['load'])}, {r['short']['state']}), after re-check "
+                  f"{r['served']['picked']}: {r['served']['recheck']}", flush=True)
             results.append(r)
     body = report(args, results)
     print(body)
     if not args.no_write:
         command = (f"python3 bench/busy_boot.py --model {args.model} --repeats {args.repeats} "
                    f"--threads {args.threads} --budget {args.budget:g} "
-                   f"--idle-share {args.idle_share:g} --busy-share {args.busy_share:g}")
+                   f"--idle-share {args.idle_share:g} --busy-share {args.busy_share:g}"
+                   + (f" --skip {args.skip}" if args.skip else ""))
         write_section(DOC, "busy_boot", "A first boot under a CPU hog, and the re-check", body,
                       command)
     return 0

@@ -163,6 +163,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     selection = session.get("selection")
     if selection:
         print(f"{'backend':<13} {selection['summary']}")
+        if selection.get("state"):  # provisional (measured under load) or final
+            print(f"{'decision':<13} {selection['state']}")
         print_candidates(selection["candidates"])
     for kind in ("inputs", "outputs"):
         print(f"{kind}:")

@@ -240,7 +240,7 @@ def result_from_dict(data: dict[str, Any]) -> Any:
     task part is read by its kind (`edgeinfer.frames.part_from_dict`)."""
     import numpy as np
 
-    from ..frames import Frame, ModelRef, Result, part_from_dict  # inside: numpy
+    from ..frames import Frame, Latency, ModelRef, Result, part_from_dict  # inside: numpy
 
     frame = data.get("frame") or {}
     lat = data.get("latency_ms") or {}
@@ -251,7 +251,8 @@ def result_from_dict(data: dict[str, Any]) -> Any:
                     np.empty(0, np.uint8)),
         model=ModelRef(str(model.get("name", "")), model.get("version"), str(model.get("sha256", ""))),
         provider=str(data.get("provider", "")),
-        latency_ms=(float(lat.get("pre", 0)), float(lat.get("infer", 0)), float(lat.get("post", 0))),
+        latency_ms=Latency(float(lat.get("pre", 0)), float(lat.get("infer", 0)),
+                           float(lat.get("post", 0))),
         task=part_from_dict(data),
     )
 

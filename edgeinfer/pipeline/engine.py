@@ -34,7 +34,7 @@ from ..errors import (
     StateError,
     WorkerCrashedError,
 )
-from ..frames import DropFrame, Frame, ModelRef, Result, TaskResult
+from ..frames import DropFrame, Frame, Latency, ModelRef, Result, TaskResult
 from .emission import Emission
 from .gate import DetectGate, GateDecision
 from .gated import GatedFrames
@@ -519,8 +519,8 @@ class Pipeline:
         result = Result(
             seq=self._seq, ts=time.time(), pipeline=self.name, frame=frame, model=ref[0],
             provider=ref[1],
-            latency_ms=(stats.pre.last, stats.infer.last, post_ms) if detected
-            else (0.0, 0.0, post_ms), task=part, events=events, run_id=self.run_id,
+            latency_ms=Latency(stats.pre.last, stats.infer.last, post_ms) if detected
+            else Latency(0.0, 0.0, post_ms), task=part, events=events, run_id=self.run_id,
             detected=detected,
         )
         stats.latency.add((time.monotonic() - frame.ts) * 1000)

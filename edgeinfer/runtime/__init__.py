@@ -1,7 +1,8 @@
 """Runtime backends behind one ``Session`` protocol.
 
 A model opens on exactly the ``Choice`` its spec names, else on the winner of the measuring
-selector (``select.py``: cached, or measured now), else (``probe`` off) on the format's own
+selector (``select.py``: cached, or measured now; a cached one measured under load is measured
+again when the box is quiet, ``provisional.py``), else (``probe`` off) on the format's own
 backend (``backends.FORMATS``) with its ranking of providers. The backends are modules in
 ``backends/``, one table in ``backends/__init__.py``. Nothing here imports onnxruntime,
 OpenVINO or LiteRT until a model needs it.
@@ -36,9 +37,9 @@ def open_session(spec: SessionSpec, gate: Gate | None = None) -> Session:
 
         return open_choice(spec, spec.choice, warmup=spec.warmup)
     if measures(spec):
-        from .select import open_selected
+        from .provisional import open_decided
 
-        return open_selected(spec, gate, spec.probe_budget_s)
+        return open_decided(spec, gate, spec.probe_budget_s)
     if spec.format not in FORMATS:
         raise ConfigError(f"unknown model format {spec.format!r}; valid: "
                           f"{', '.join(sorted(FORMATS))}")

@@ -17,6 +17,7 @@ import os
 import re
 import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,6 +84,10 @@ class Decision:
     rechecks: int = 0  # times measured again after the first measurement
     recheck_note: str = ""  # what the last re-check found
     stable: bool = True  # the finalists' ranking settled before the budget ended (not cached)
+    # loads that measured a provisional decision again and found the box busy meanwhile, and
+    # when the last did (``provisional.py``: no re-measuring in a loop on a busy box)
+    tries: int = 0
+    tried_at: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {"version": SELECTOR_VERSION, "choice": self.choice.to_dict(),
@@ -93,6 +98,8 @@ class Decision:
                 "measured_under_load": self.under_load,
                 "load": self.load.to_dict() if self.load is not None else None,
                 "rechecks": self.rechecks, "recheck": self.recheck_note,
+                "provisional": self.under_load, "state": self.state(),
+                "provisional_tries": self.tries, "provisional_tried_at": round(self.tried_at, 3),
                 "platform": describe_platform(),
                 "candidates": [r.to_dict() for r in self.rows]}
 
@@ -107,7 +114,8 @@ class Decision:
                    float(d.get("budget_s", DEFAULT_BUDGET_S)), True, str(d.get("note", "")),
                    Load.from_dict(load) if isinstance(load, Mapping) else None,
                    bool(d.get("measured_under_load", False)), int(d.get("rechecks") or 0),
-                   str(d.get("recheck") or ""))
+                   str(d.get("recheck") or ""), tries=int(d.get("provisional_tries") or 0),
+                   tried_at=float(d.get("provisional_tried_at") or 0.0))
 
     def mark_load(self, load: Load | None, busy_share: float) -> None:
         """Record the load this decision was measured under: ``measured_under_load`` when
@@ -120,6 +128,26 @@ class Decision:
         if self.load is None or not self.under_load:
             return ""
         return f"measured under load ({self.load.describe()}): provisional"
+
+    def state(self) -> str:
+        """Whether the decision is final, for ``edgeinfer info``: ``provisional: measured under
+        load (other processes used 64 % of 2 CPUs) at 05:12:09; ...`` or ``final: measured
+        with other processes at 3 % of 2 CPUs``."""
+        if self.under_load and self.load is not None:
+            when = time.strftime(" at %Y-%m-%d %H:%M:%S", time.localtime(self.created)) \
+                if self.created else ""
+            tried = ""
+            if self.tries:
+                tried = (f"; measured again {self.tries}x at load, the box busy again each time"
+                         f" (last at "
+                         f"{time.strftime('%H:%M:%S', time.localtime(self.tried_at))})")
+            return (f"provisional: measured under load ({self.load.describe()}){when}{tried}; "
+                    "the next load that finds the box quiet measures it again")
+        if self.load is not None:
+            again = f", re-checked {self.rechecks}x" if self.rechecks else ""
+            return (f"final: measured with other processes at {self.load.others * 100:.0f} % of "
+                    f"{self.load.cpus} CPUs{again}")
+        return "final"
 
     def picked_row(self) -> Row | None:
         """The picked candidate's row."""

@@ -22,7 +22,11 @@ from .feeds import measure_feeds
 from .gate import Gate
 from .timing import MAX_FINALISTS, TIE, finalists, pick, time_interleaved
 
-__all__ = ["Outcome", "recheck_choices", "remeasure"]
+__all__ = ["QUIET_TRIGGERS", "WHY", "Outcome", "recheck_choices", "remeasure"]
+
+WHY = {"idle": "the load fell under idle_share", "drift": "live latency drifted",
+       "quiet": "a load found the box quiet"}  # a re-check's trigger, in its note
+QUIET_TRIGGERS = ("idle", "quiet")  # re-checks that count only when the box stays quiet
 
 
 @dataclass(slots=True)
@@ -49,9 +53,15 @@ def recheck_choices(decision: Decision) -> list[Choice]:
 def remeasure(spec: SessionSpec, decision: Decision, gate: Gate, *, trigger: str,
               settings: RecheckSettings, opener: Callable[[SessionSpec, Choice], Session],
               cancel: threading.Event | None = None,
-              meter: LoadMeter | None = None) -> Outcome | None:
+              meter: LoadMeter | None = None, incumbent: bool = True) -> Outcome | None:
     """Time ``decision``'s best few again (interleaved, ``settings.budget_s``) and return the
     updated decision; None when there is nothing to compare (one correct candidate).
+
+    ``incumbent``: the serving pick stays unless a runner-up is ``switch_gain`` times faster
+    with a stable ranking (a model serving on it: a switch has a cost, and flapping between
+    near-equals helps nobody). ``False`` (a load re-measuring a provisional decision, nothing
+    served yet): the fastest wins (``pick``: a near-tie to the cheaper), as at a first boot.
+    Either way a ``"idle"``/``"quiet"`` re-check that ran busy again keeps the pick.
 
     Raises:
         EdgeInferError: a candidate no longer opens or runs (the caller keeps serving).
@@ -72,10 +82,14 @@ def remeasure(spec: SessionSpec, decision: Decision, gate: Gate, *, trigger: str
         stable = time_interleaved(opened, feeds[0], t0 + settings.budget_s, cancel)
         timed = {r.choice: r for r, _ in opened}
         current, best = timed[decision.choice], pick(list(timed.values()))
-        switch = stable and best is not None and best.choice != decision.choice \
-            and (current.p50_ms or 0) >= settings.switch_gain * (best.p50_ms or float("inf"))
+        if incumbent:
+            switch = stable and best is not None and best.choice != decision.choice \
+                and (current.p50_ms or 0) >= settings.switch_gain * (best.p50_ms or float("inf"))
+        else:
+            switch = best is not None and best.choice != decision.choice
         load = meter.since_start()
-        busy = trigger == "idle" and load is not None and load.others >= settings.busy_share
+        busy = trigger in QUIET_TRIGGERS and load is not None \
+            and load.others >= settings.busy_share
         switch = switch and not busy  # the box got busy again: no better than the boot's
         winner = best if switch and best is not None else current
         updated = _updated(decision, timed, winner.choice)
@@ -114,7 +128,7 @@ def _updated(decision: Decision, timed: dict[Choice, Row], winner: Choice) -> De
 
 def _note(trigger: str, current: Row, best: Row | None, switch: bool, stable: bool,
           updated: Decision) -> str:
-    why = "the load fell under idle_share" if trigger == "idle" else "live latency drifted"
+    why = WHY.get(trigger, trigger)
     if best is None or best.p50_ms is None or current.p50_ms is None:
         return f"re-checked ({why}): nothing timed"
     if switch:

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
+from .._progress import say
 from ..errors import EdgeInferError
 from .backends import BackendModule, module
 from .base import Choice, Fallback, Session, SessionSpec, warm_up
@@ -149,6 +150,8 @@ def measure(
         if choices is not None:
             cands = list(choices)
         rows.append(ref_row)
+        say(logger, "%s: measuring %d backend candidates (at most %.0f s; the pick is cached)",
+            spec.path.name, len(cands), budget_s)
         first_pass_end = t0 + budget_s * (1 - FINAL_SHARE)
         for i, choice in enumerate(cands):
             if cancel is not None and cancel.is_set():
@@ -378,7 +381,7 @@ def open_selected(spec: SessionSpec, gate: Gate | None = None,
             warm_up(session, spec)
     annotate_decision(session, decision)
     session.report.fallbacks.extend(fallbacks)
-    logger.info("%s: picked %s", spec.path.name, decision.summary())
+    say(logger, "%s: picked %s", spec.path.name, decision.summary())
     return session
 
 

@@ -330,8 +330,16 @@ def _provisional(path: Path, state: Path, toy: str, measured_ms: float = 5.0
 X = np.linspace(-1, 1, 64, dtype=np.float32).reshape(1, 64)
 
 
-def test_a_provisional_pick_is_rechecked_and_swapped_between_runs(toy: str, tmp_path: Path
-                                                                 ) -> None:
+@pytest.fixture
+def busy_at_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loads find the box busy (all of it: over any busy_share), so a load serves a provisional
+    pick as it is rather than measuring it again (``test_provisional.py``) and the serving
+    model's re-check is what these tests see; the model's own load readings stay real."""
+    monkeypatch.setattr("edgeinfer.runtime.provisional.read_times", FakeTimes(1.0))
+
+
+def test_a_provisional_pick_is_rechecked_and_swapped_between_runs(toy: str, tmp_path: Path,
+                                                                 busy_at_load: None) -> None:
     path = _chain(tmp_path / "chain.onnx")
     state = tmp_path / "state"
     # Its pick measured 0.001 ms: live latency drifts from it at once, so the re-check comes
@@ -371,7 +379,7 @@ def test_a_provisional_pick_is_rechecked_and_swapped_between_runs(toy: str, tmp_
 
 
 def test_a_recheck_the_memory_budget_has_no_room_for_is_refused_and_the_pick_kept(
-        toy: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+        toy: str, tmp_path: Path, caplog: pytest.LogCaptureFixture, busy_at_load: None) -> None:
     # A re-check opens its candidates beside the serving session: each is charged what the
     # model was admitted at, so memory_budget_mb holds while it measures.
     path = _chain(tmp_path / "chain.onnx")
@@ -459,7 +467,8 @@ def test_a_cached_pick_the_budget_has_no_room_for_beside_the_serving_one_is_kept
     assert file.exists()  # the decision is not forgotten: the next start opens it
 
 
-def test_no_recheck_when_turned_off_or_in_the_first_seconds(toy: str, tmp_path: Path) -> None:
+def test_no_recheck_when_turned_off_or_in_the_first_seconds(toy: str, tmp_path: Path,
+                                                           busy_at_load: None) -> None:
     path = _chain(tmp_path / "chain.onnx")
     state = tmp_path / "s"
     _provisional(path, state, toy)
