@@ -1,27 +1,38 @@
-"""Whether a valid config can start here: the files it names, and what it would run.
+"""Whether a valid config can start here: the one check `validate-config` and `run` share.
 
 A config that parses and validates may still not start on this machine: a model file that is
 missing or a directory, an OTA public key file that does not exist, a TLS file that is gone, no
-pipelines at all, a video (images, audio) file that is not there; a camera or serial device
-that does not exist is reported too (the pipeline starts and waits for it).
-``edgeinfer validate-config`` reports these (``--strict`` fails on them) and ``edgeinfer run``
-refuses those that keep it from starting, with the same messages, before it opens anything.
+pipelines at all, a video (images, audio) file that is not there, an audio command whose
+program is not installed, picamera2 missing; a camera or serial device that does not exist is
+reported too (the pipeline starts and waits for it). Some are wrong on any machine: a task
+setting no task has, an ``mqtt`` sink without the ``mqtt:`` section, a zone outside the frame.
+
+``edgeinfer validate-config`` reports these (``--strict`` fails on those tied to this machine),
+``edgeinfer run`` refuses those that keep it from starting, with the same messages, before it
+opens anything, and the daemon leaves out a pipeline with one (`pipeline_problems`) before it
+loads its model: everything ``run`` checks before it opens a device is checked here.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
 
-from ..model.catalog import CATALOG, resolve_model
-from ..config import Config
+from ..config import AudioSource, Config, PipelineConfig
 from ..errors import ConfigError, ModelError
 from ..keys import load_trusted_keys
+from ..model.catalog import CATALOG, resolve_model
+from ..model.samples import is_demo_clip
+from ..pipeline.build import frame_size_problems
 from ..runtime.modelfile import inspect_model
+from ..sources.audio import command_problem
+from ..sources.picamera import module_problem
+from ..tasks import task_class
 
-__all__ = ["StartProblem", "start_problems"]
+__all__ = ["StartProblem", "pipeline_problems", "start_problems"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,12 +46,16 @@ class StartProblem:
             skipped while others start.
         waits: The pipeline starts anyway and waits for it (a camera or serial device that is
             not plugged in).
+        invalid: Wrong on any machine (``validate-config`` fails on it without ``--strict``).
+        stops: The pipeline it is about does not start with it (the daemon leaves it out).
     """
 
     where: str
     message: str
     fatal: bool = True
     waits: bool = False
+    invalid: bool = False
+    stops: bool = False
 
     def __str__(self) -> str:
         return f"{self.where}: {self.message}"
@@ -49,8 +64,9 @@ class StartProblem:
 def start_problems(config: Config) -> list[StartProblem]:
     """Everything about ``config`` that keeps it (or one of its pipelines) from starting here.
 
-    Example models named by their catalog name that are not fetched yet are no problem: ``run``
-    fetches them.
+    A problem of a pipeline is fatal when the pipeline is ``required`` or when no pipeline
+    would start. Example models named by their catalog name that are not fetched yet are no
+    problem (``run`` fetches them), nor is a missing ``demo.mp4`` (the demo clip).
     """
     problems: list[StartProblem] = []
     if not config.pipelines:
@@ -58,32 +74,54 @@ def start_problems(config: Config) -> list[StartProblem]:
                                      "nothing to start"))
     problems += _tls_problems(config)
     problems += _ota_problems(config)
-    models = [(i, _model_problem(config, i)) for i in range(len(config.pipelines))]
-    bad = [(i, msg) for i, msg in models if msg is not None]
-    # An update the OTA store holds may stand in for a missing configured model: with an ota:
-    # section the daemon decides, so these only fail the start without one.
-    all_bad = bool(config.pipelines) and len(bad) == len(config.pipelines)
-    for i, msg in bad:
-        pc = config.pipelines[i]
-        fatal = config.ota is None and (pc.required or all_bad)
-        problems.append(StartProblem(f"$.pipelines[{i}].model.path",
-                                     f"pipeline {pc.name!r}: {msg}", fatal=fatal))
-    for i, pc in enumerate(config.pipelines):
-        found = _source_problem(pc.source)
-        if found is not None:
-            key, msg, file_missing = found
-            # A missing file stops the pipeline from starting (a required one stops the
-            # daemon); a missing device does not: the source retries until it appears.
-            problems.append(StartProblem(f"$.pipelines[{i}].source.{key}",
-                                         f"pipeline {pc.name!r}: {msg}",
-                                         fatal=file_missing and pc.required,
-                                         waits=not file_missing))
+    found = [pipeline_problems(config, pc) for pc in config.pipelines]
+    stopped = [any(p.stops for p in ps) for ps in found]
+    none_starts = bool(stopped) and all(stopped)
+    for pc, ps in zip(config.pipelines, found, strict=True):
+        problems += [dataclasses.replace(p, fatal=p.stops and (pc.required or none_starts))
+                     for p in ps]
+    return problems
+
+
+def pipeline_problems(config: Config, pc: PipelineConfig) -> list[StartProblem]:
+    """What keeps pipeline ``pc`` of ``config`` from starting here, found without loading its
+    model or opening its source (``fatal`` is left False: see `start_problems`)."""
+    index = next((i for i, p in enumerate(config.pipelines) if p.name == pc.name), 0)
+    at, who = f"$.pipelines[{index}]", f"pipeline {pc.name!r}: "
+    problems: list[StartProblem] = []
+
+    def add(key: str, message: str, **facts: bool) -> None:
+        problems.append(StartProblem(f"{at}.{key}", who + message, fatal=False, **facts))
+
+    problem = task_class(str(type(pc.task).__struct_config__.tag)).check_config(pc.task)
+    if problem:  # worded as the task words it: "decoder: unknown decoder 'yolo'; valid: ..."
+        key, _, why = problem.partition(": ")
+        problems.append(StartProblem(f"{at}.task.{key}", why, fatal=False, invalid=True,
+                                     stops=True))
+    model = _model_problem(config, pc)
+    if model is not None:
+        # An update the OTA store holds may stand in for a missing configured model: with an
+        # ota: section the daemon decides.
+        add("model.path", model, stops=config.ota is None)
+    source = _source_problem(pc.source)
+    if source is not None:
+        key, message, file_missing = source
+        # A missing file or program stops the pipeline from starting; a missing device does
+        # not: the source retries until it appears.
+        add(f"source.{key}", message, stops=file_missing, waits=not file_missing)
+    for i, sink in enumerate(pc.sinks):
+        if type(sink).__struct_config__.tag == "mqtt" and config.mqtt is None:
+            add(f"sinks[{i}]", "an mqtt sink needs the mqtt: section: add one at the top level "
+                "(`mqtt: {host: 127.0.0.1}`, docs/mqtt.md) or use another sink (stdout, jsonl)",
+                invalid=True, stops=True)
+    for key, message in frame_size_problems(pc):
+        add(key, message, invalid=True, stops=True)
     return problems
 
 
 def _source_problem(source: msgspec.Struct) -> tuple[str, str, bool] | None:
-    """(config key, message, whether it is a file the source needs at start) for a source
-    file or device that does not exist here; ``None`` when there is none to check."""
+    """(config key, message, whether the source cannot start without it) for a source file,
+    device or program that is not here; ``None`` when there is none to check."""
     tag = type(source).__struct_config__.tag
     if tag == "camera" and getattr(source, "backend", "") != "gstreamer":
         uri = getattr(source, "uri", "")
@@ -96,9 +134,19 @@ def _source_problem(source: msgspec.Struct) -> tuple[str, str, bool] | None:
         if not Path(port).exists():
             return "port", (f"no such device {port}: is the sensor plugged in? "
                             "`ls /dev/tty*` (the pipeline retries until it appears)"), False
+    elif tag == "picamera2":
+        missing = module_problem()
+        if missing is not None:
+            return "type", missing, True
+    elif isinstance(source, AudioSource) and source.command is not None:
+        problem = command_problem(source)
+        if problem is not None:
+            return "command", problem, True
     elif tag in ("video", "audio"):
         key = "uri" if tag == "video" else "path"
         path = getattr(source, key, None)
+        if tag == "video" and path is not None and is_demo_clip(path):
+            return None  # `run` plays the demo clip (made in the samples cache)
         if path is not None and not Path(path).is_file():
             what = "not a file" if Path(path).exists() else f"no such {tag} file"
             return key, f"{what}: {path}", True
@@ -109,8 +157,8 @@ def _source_problem(source: msgspec.Struct) -> tuple[str, str, bool] | None:
     return None
 
 
-def _model_problem(config: Config, index: int) -> str | None:
-    mc = config.pipelines[index].model
+def _model_problem(config: Config, pc: PipelineConfig) -> str | None:
+    mc = pc.model
     path = mc.path
     try:
         found = resolve_model(path, fetch_missing=False)
