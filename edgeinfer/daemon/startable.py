@@ -4,8 +4,10 @@ A config that parses and validates may still not start on this machine: a model 
 missing or a directory, an OTA public key file that does not exist, a TLS file that is gone, no
 pipelines at all, a video (images, audio) file that is not there, an audio command whose
 program is not installed, picamera2 missing; a camera or serial device that does not exist is
-reported too (the pipeline starts and waits for it). Some are wrong on any machine: a task
-setting no task has, an ``mqtt`` sink without the ``mqtt:`` section, a zone outside the frame.
+reported too (the pipeline starts and waits for it), and an embedded broker without amqtt.
+Some are wrong on any machine: a task setting no task has, an ``mqtt`` sink without the
+``mqtt:`` section, a zone outside the frame, an embedded broker with TLS or off loopback without
+a password, signed commands without ``ota.trusted_keys``.
 
 ``edgeinfer validate-config`` reports these (``--strict`` fails on those tied to this machine),
 ``edgeinfer run`` refuses those that keep it from starting, with the same messages, before it
@@ -22,10 +24,12 @@ from pathlib import Path
 import msgspec
 
 from ..config import AudioSource, Config, PipelineConfig
+from ..control.link import signed_commands_problem
 from ..errors import ConfigError, ModelError
 from ..keys import load_trusted_keys
 from ..model.catalog import CATALOG, resolve_model
 from ..model.samples import is_demo_clip
+from ..mqtt.embedded import EmbeddedBroker, amqtt_missing
 from ..pipeline.build import frame_size_problems
 from ..runtime.modelfile import inspect_model
 from ..sources.audio import command_problem
@@ -74,6 +78,7 @@ def start_problems(config: Config) -> list[StartProblem]:
                                      "nothing to start"))
     problems += _tls_problems(config)
     problems += _ota_problems(config)
+    problems += _mqtt_problems(config)
     found = [pipeline_problems(config, pc) for pc in config.pipelines]
     stopped = [any(p.stops for p in ps) for ps in found]
     none_starts = bool(stopped) and all(stopped)
@@ -186,6 +191,28 @@ def _tls_problems(config: Config) -> list[StartProblem]:
             if value and not Path(value).is_file():
                 what = "no such file" if not Path(value).exists() else "not a file"
                 problems.append(StartProblem(f"$.{section}.tls.{name}", f"{what}: {value}"))
+    return problems
+
+
+def _mqtt_problems(config: Config) -> list[StartProblem]:
+    """The embedded broker the daemon would start (its settings, amqtt installed) and signed
+    commands with no keys to check them: refused by the start before any pipeline."""
+    mqtt = config.mqtt
+    if mqtt is None:
+        return []
+    problems = []
+    if mqtt.embedded:
+        try:
+            EmbeddedBroker.from_config(mqtt)  # what the start builds: it checks its settings
+        except ConfigError as exc:
+            problems.append(StartProblem("$.mqtt", str(exc).removeprefix("mqtt: "),
+                                         invalid=True))
+        missing = amqtt_missing()
+        if missing is not None:
+            problems.append(StartProblem("$.mqtt.embedded", missing))
+    signed = signed_commands_problem(config)
+    if signed is not None:
+        problems.append(StartProblem("$.mqtt.commands.signed", signed, invalid=True))
     return problems
 
 

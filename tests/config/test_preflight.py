@@ -124,6 +124,12 @@ def _bad_configs(tmp_path: Path) -> dict[str, tuple[str, dict[str, str]]]:
         "missing TLS file": (f"mqtt: {{host: 127.0.0.1, port: 9, tls: {{ca_file: "
                              f"{tmp_path}/gone.pem}}}}\n", {}),
         "no pipelines": ("", {"NONE": ""}),
+        "embedded broker with TLS": (f"mqtt: {{embedded: true, port: 9, tls: {{ca_file: "
+                                     f"{ROOT}/README.md}}}}\n", {}),
+        "embedded broker off loopback without a password": (
+            "mqtt: {embedded: true, host: 0.0.0.0, port: 9}\n", {}),
+        "signed commands without OTA keys": (
+            "mqtt: {host: 127.0.0.1, port: 9, commands: {signed: [reload]}}\n", {}),
     }
 
 
@@ -131,7 +137,8 @@ def _bad_configs(tmp_path: Path) -> dict[str, tuple[str, dict[str, str]]]:
     "mqtt sink without an mqtt section", "unknown decoder",
     "a zone outside the frame the source delivers", "audio recorder not installed",
     "picamera2 not installed", "missing video file", "missing model file", "missing OTA key",
-    "missing TLS file", "no pipelines"])
+    "missing TLS file", "no pipelines", "embedded broker with TLS",
+    "embedded broker off loopback without a password", "signed commands without OTA keys"])
 def test_every_refusal_of_run_is_made_by_validate_config_in_the_same_words(
         case: str, tmp_path: Path, yolo_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
