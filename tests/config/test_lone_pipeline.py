@@ -75,3 +75,14 @@ def test_other_configs_are_not_taken_for_a_pipeline(
     path.write_text(text)
     code, said = _said(["validate-config", str(path)], capsys)
     assert code == 78 and words in said and "not a whole config" not in said, said
+
+
+def test_the_configuration_guide_quotes_the_message_as_printed(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    guide = (ROOT / "docs" / "configuration.md").read_text()
+    quoted = next(b for b in re.findall(r"^```text\n(.*?)^```", guide, re.M | re.S)
+                  if "not a whole config" in b)
+    path = tmp_path / "cam.yaml"
+    path.write_text(_lone_block())
+    code, said = _said(["validate-config", str(path)], capsys)
+    assert code == 78 and quoted.replace("cam.yaml", str(path)) in said, (quoted, said)
