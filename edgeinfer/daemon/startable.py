@@ -114,14 +114,23 @@ def pipeline_problems(config: Config, pc: PipelineConfig) -> list[StartProblem]:
         # A missing file or program stops the pipeline from starting; a missing device does
         # not: the source retries until it appears.
         add(f"source.{key}", message, stops=file_missing, waits=not file_missing)
-    for i, sink in enumerate(pc.sinks):
-        if type(sink).__struct_config__.tag == "mqtt" and config.mqtt is None:
-            add(f"sinks[{i}]", "an mqtt sink needs the mqtt: section: add one at the top level "
-                "(`mqtt: {host: 127.0.0.1}`, docs/mqtt.md) or use another sink (stdout, jsonl)",
-                invalid=True, stops=True)
+    parts = [("source", "source", pc.source),
+             *((f"sinks[{i}]", "sink", sink) for i, sink in enumerate(pc.sinks))]
+    for key, kind, part in parts:
+        for section in getattr(part, "needs_sections", ()):
+            if getattr(config, section, None) is None:
+                tag = type(part).__struct_config__.tag
+                example = _SECTIONS.get(section, "")
+                add(key, f"the {tag} {kind} needs the {section}: section: add one at the top "
+                    f"level ({example}docs/configuration.md) or use another {kind} type",
+                    invalid=True, stops=True)
     for key, message in frame_size_problems(pc):
         add(key, message, invalid=True, stops=True)
     return problems
+
+
+# What a section that a part needs looks like at its smallest, for the message.
+_SECTIONS = {"mqtt": "`mqtt: {host: 127.0.0.1}`, "}
 
 
 def _source_problem(source: msgspec.Struct) -> tuple[str, str, bool] | None:

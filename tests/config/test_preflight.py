@@ -59,7 +59,7 @@ def test_the_analytics_docs_example_without_an_mqtt_section_is_refused_by_both(
     path = tmp_path / "door.yaml"
     path.write_text(block.split("\n", 1)[1])  # without its mqtt: line, as it was
     code, said = _validate(path, capsys)
-    words = ("$.pipelines[0].sinks[0]: pipeline 'door': an mqtt sink needs the mqtt: section: "
+    words = ("$.pipelines[0].sinks[0]: pipeline 'door': the mqtt sink needs the mqtt: section: "
              "add one at the top level (`mqtt: {host: 127.0.0.1}`")
     assert code == 78 and words in said, said
     code, ran = _run(path, capsys)
@@ -109,6 +109,8 @@ def _bad_configs(tmp_path: Path) -> dict[str, tuple[str, dict[str, str]]]:
     """Configs `run` refuses before it opens anything: (top-level text, pipeline fields)."""
     return {
         "mqtt sink without an mqtt section": ("", {"SINKS": "[{type: mqtt}]"}),
+        "mqtt source without an mqtt section": (
+            "", {"SOURCE": "{type: mqtt, topic: sensors/x}", "TASK": "{type: raw}"}),
         "unknown decoder": ("", {"TASK": "{type: detect, decoder: yolo}"}),
         "a zone outside the frame the source delivers": (
             "", {"SOURCE": "{type: synthetic, width: 320, height: 240}",
@@ -134,7 +136,7 @@ def _bad_configs(tmp_path: Path) -> dict[str, tuple[str, dict[str, str]]]:
 
 
 @pytest.mark.parametrize("case", [
-    "mqtt sink without an mqtt section", "unknown decoder",
+    "mqtt sink without an mqtt section", "mqtt source without an mqtt section", "unknown decoder",
     "a zone outside the frame the source delivers", "audio recorder not installed",
     "picamera2 not installed", "missing video file", "missing model file", "missing OTA key",
     "missing TLS file", "no pipelines", "embedded broker with TLS",
@@ -180,7 +182,7 @@ def test_the_daemon_leaves_a_pipeline_out_with_validate_configs_words(
         .replace("MODEL", str(yolo_path)).replace("TASK", "{type: detect}")
         .replace("SINKS", sinks) for name, sinks in (("good", "[]"), ("bad", "[{type: mqtt}]"))))
     code, said = _validate(path, capsys)
-    words = "$.pipelines[1].sinks[0]: pipeline 'bad': an mqtt sink needs the mqtt: section"
+    words = "$.pipelines[1].sinks[0]: pipeline 'bad': the mqtt sink needs the mqtt: section"
     assert code == 78 and words in said, said
     code, ran = _run(path, capsys)
     assert code == 0, ran
