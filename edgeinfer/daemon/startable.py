@@ -2,17 +2,18 @@
 
 A config that parses and validates may still not start on this machine: a model file that is
 missing or a directory, an OTA public key file that does not exist, a TLS file that is gone, no
-pipelines at all, a video (images, audio) file that is not there, an audio command whose
-program is not installed, picamera2 missing; a camera or serial device that does not exist is
-reported too (the pipeline starts and waits for it), and an embedded broker without amqtt.
-Some are wrong on any machine: a task setting no task has, an ``mqtt`` sink without the
-``mqtt:`` section, a zone outside the frame, an embedded broker with TLS or off loopback without
-a password, signed commands without ``ota.trusted_keys``.
+pipelines at all, a video (images, audio) file that is not there, a labels file that cannot be
+read, an audio command whose program is not installed, picamera2 or amqtt (an embedded broker)
+missing; a camera or serial device that does not exist is reported too (the pipeline starts and
+waits for it). Some are wrong on any machine: a task setting no task has, an ``mqtt`` sink or
+source without the ``mqtt:`` section, a zone outside the frame, an embedded broker with TLS or
+off loopback without a password, signed commands without ``ota.trusted_keys``.
 
 ``edgeinfer validate-config`` reports these (``--strict`` fails on those tied to this machine),
 ``edgeinfer run`` refuses those that keep it from starting, with the same messages, before it
 opens anything, and the daemon leaves out a pipeline with one (`pipeline_problems`) before it
-loads its model: everything ``run`` checks before it opens a device is checked here.
+loads its model: everything ``run`` checks before it loads a model or opens a device is checked
+here (whether the model fits its task needs the model: checked when the pipeline starts).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 import msgspec
 
 from ..config import AudioSource, Config, PipelineConfig
+from ..config.pipeline import BUILTIN_LABELS
 from ..control.link import signed_commands_problem
 from ..errors import ConfigError, ModelError
 from ..keys import load_trusted_keys
@@ -34,7 +36,7 @@ from ..pipeline.build import frame_size_problems
 from ..runtime.modelfile import inspect_model
 from ..sources.audio import command_problem
 from ..sources.picamera import module_problem
-from ..tasks import task_class
+from ..tasks import load_labels, task_class
 
 __all__ = ["StartProblem", "pipeline_problems", "start_problems"]
 
@@ -103,6 +105,12 @@ def pipeline_problems(config: Config, pc: PipelineConfig) -> list[StartProblem]:
         key, _, why = problem.partition(": ")
         problems.append(StartProblem(f"{at}.task.{key}", why, fatal=False, invalid=True,
                                      stops=True))
+    labels = getattr(pc.task, "labels", None)
+    if isinstance(labels, str) and labels not in BUILTIN_LABELS:
+        try:
+            load_labels(labels)  # as the task reads it, once the model is loaded
+        except ConfigError as exc:
+            add("task.labels", str(exc), stops=True)
     model = _model_problem(config, pc)
     if model is not None:
         # An update the OTA store holds may stand in for a missing configured model: with an

@@ -121,6 +121,7 @@ def _bad_configs(tmp_path: Path) -> dict[str, tuple[str, dict[str, str]]]:
         "picamera2 not installed": ("", {"SOURCE": "{type: picamera2}"}),
         "missing video file": ("", {"SOURCE": f"{{type: video, uri: {tmp_path}/gone.mp4}}"}),
         "missing model file": ("", {"MODEL": f"{tmp_path}/gone.onnx"}),
+        "missing labels file": ("", {"TASK": f"{{type: detect, labels: {tmp_path}/gone.txt}}"}),
         "missing OTA key": ("mqtt: {host: 127.0.0.1, port: 9}\n"
                             f"ota: {{trusted_keys: [{tmp_path}/gone.pub]}}\n", {}),
         "missing TLS file": (f"mqtt: {{host: 127.0.0.1, port: 9, tls: {{ca_file: "
@@ -138,7 +139,8 @@ def _bad_configs(tmp_path: Path) -> dict[str, tuple[str, dict[str, str]]]:
 @pytest.mark.parametrize("case", [
     "mqtt sink without an mqtt section", "mqtt source without an mqtt section", "unknown decoder",
     "a zone outside the frame the source delivers", "audio recorder not installed",
-    "picamera2 not installed", "missing video file", "missing model file", "missing OTA key",
+    "picamera2 not installed", "missing video file", "missing model file", "missing labels file",
+    "missing OTA key",
     "missing TLS file", "no pipelines", "embedded broker with TLS",
     "embedded broker off loopback without a password", "signed commands without OTA keys"])
 def test_every_refusal_of_run_is_made_by_validate_config_in_the_same_words(
