@@ -6,12 +6,17 @@ configs/camera-detect.yaml, the config install.sh puts on a generic board, said
 docs/deploy.md warns leaves files that make systemd migrate the directory to
 /var/cache/private/ and a cache the service cannot write. The right way runs the pull as the
 service runs: a transient unit with the unit's own `DynamicUser=` and `CacheDirectory=`, read
-here from systemd/edgeinfer.service, with the venv install.sh makes.
+here from systemd/edgeinfer.service, with the venv install.sh makes. The old recipe, still in the
+configs of devices installed before, is refused by `models pull` with the right one.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -74,3 +79,32 @@ def test_the_deploy_guide_pulls_the_same_way() -> None:
     blocks = re.findall(r"^```sh\n(.*?)^```", text, re.M | re.S)
     found = [c for b in blocks for c in _commands(b)]
     assert found == [_pull("nudenet-320n")], found
+
+
+def _models_pull(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("CACHE_DIRECTORY", "INVOCATION_ID", "EDGEINFER_MODELS",
+                          "EDGEINFER_CACHE_DIR")}
+    return subprocess.run([sys.executable, "-m", "edgeinfer", "models", "pull", *args],
+                          capture_output=True, text=True, timeout=120, env={**clean, **env})
+
+
+def test_the_old_root_recipe_is_refused_naming_the_right_one(tmp_path: Path,
+                                                             yolo_path: Path) -> None:
+    """Configs already installed keep the old comment (install.sh never overwrites a config):
+    `CACHE_DIRECTORY=... edgeinfer models pull` by hand, outside systemd, is refused with the
+    command that pulls as the service, and writes nothing."""
+    cache = tmp_path / "edgeinfer"
+    cache.mkdir()
+    done = _models_pull({"CACHE_DIRECTORY": str(cache)}, "nudenet-320n")
+    assert done.returncode == 78, done.stderr
+    right = _pull("nudenet-320n").replace("/opt/edgeinfer/venv/bin/edgeinfer",
+                                          str(Path(sys.executable).parent / "edgeinfer"))
+    assert right in " ".join(done.stderr.split()), done.stderr
+    assert not any(cache.iterdir())
+    # the service itself (systemd sets INVOCATION_ID) pulls there: the file is already whole
+    (cache / "models").mkdir()
+    shutil.copy(yolo_path, cache / "models" / CATALOG["nudenet-320n"].filename)
+    done = _models_pull({"CACHE_DIRECTORY": str(cache), "INVOCATION_ID": "0" * 32},
+                        "nudenet-320n")
+    assert done.returncode == 0 and str(cache / "models") in done.stdout, done.stderr
