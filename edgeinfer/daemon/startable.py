@@ -3,11 +3,12 @@
 A config that parses and validates may still not start on this machine: a model file that is
 missing or a directory, an OTA public key file that does not exist, a TLS file that is gone, no
 pipelines at all, a video (images, audio) file that is not there, a labels file that cannot be
-read, an audio command whose program is not installed, picamera2 or amqtt (an embedded broker)
-missing; a camera or serial device that does not exist is reported too (the pipeline starts and
-waits for it). Some are wrong on any machine: a task setting no task has, an ``mqtt`` sink or
-source without the ``mqtt:`` section, a zone outside the frame, an embedded broker with TLS or
-off loopback without a password, signed commands without ``ota.trusted_keys``.
+read, an audio command whose program is not installed, PyAV (a camera that needs it), picamera2
+or amqtt (an embedded broker) missing; a camera or serial device that does not exist is
+reported too (the pipeline starts and waits for it). Some are wrong on any machine: a task
+setting no task has, an ``mqtt`` sink or source without the ``mqtt:`` section, a zone outside
+the frame, an embedded broker with TLS or off loopback without a password, signed commands
+without ``ota.trusted_keys``.
 
 ``edgeinfer validate-config`` reports these (``--strict`` fails on those tied to this machine),
 ``edgeinfer run`` refuses those that keep it from starting, with the same messages, before it
@@ -24,10 +25,10 @@ from pathlib import Path
 
 import msgspec
 
-from ..config import AudioSource, Config, PipelineConfig
+from ..config import AudioSource, CameraSource, Config, PipelineConfig
 from ..config.pipeline import BUILTIN_LABELS
 from ..control.link import signed_commands_problem
-from ..errors import ConfigError, ModelError
+from ..errors import ConfigError, ModelError, SourceError
 from ..keys import load_trusted_keys
 from ..model.catalog import CATALOG, resolve_model
 from ..model.samples import is_demo_clip
@@ -35,6 +36,7 @@ from ..mqtt.embedded import EmbeddedBroker, amqtt_missing
 from ..pipeline.build import frame_size_problems
 from ..runtime.modelfile import inspect_model
 from ..sources.audio import command_problem
+from ..sources.cameras import camera_reader
 from ..sources.picamera import module_problem
 from ..tasks import load_labels, task_class
 
@@ -145,6 +147,11 @@ def _source_problem(source: msgspec.Struct) -> tuple[str, str, bool] | None:
     """(config key, message, whether the source cannot start without it) for a source file,
     device or program that is not here; ``None`` when there is none to check."""
     tag = type(source).__struct_config__.tag
+    if isinstance(source, CameraSource):
+        try:
+            camera_reader(source)  # as the start picks it: PyAV when the config needs it
+        except SourceError as exc:
+            return "backend", str(exc).removeprefix("camera: "), True
     if tag == "camera" and getattr(source, "backend", "") != "gstreamer":
         uri = getattr(source, "uri", "")
         node = f"/dev/video{int(uri)}" if isinstance(uri, int) or uri.isdigit() else uri

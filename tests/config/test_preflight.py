@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import re
 import shutil
+import sys
 from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
 
 from edgeinfer.cli import main
+from edgeinfer.sources.cameras import pyav_available
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -119,6 +121,9 @@ def _bad_configs(tmp_path: Path) -> dict[str, tuple[str, dict[str, str]]]:
         "audio recorder not installed": (
             "", {"SOURCE": "{type: audio, command: arecord -q -t raw -f S16_LE -r 16000}"}),
         "picamera2 not installed": ("", {"SOURCE": "{type: picamera2}"}),
+        "PyAV not installed for a camera that needs it": (
+            "", {"SOURCE": "{type: camera, uri: 'rtsp://127.0.0.1:9/main', "
+                           "detect_uri: 'rtsp://127.0.0.1:9/sub'}"}),
         "missing video file": ("", {"SOURCE": f"{{type: video, uri: {tmp_path}/gone.mp4}}"}),
         "missing model file": ("", {"MODEL": f"{tmp_path}/gone.onnx"}),
         "missing labels file": ("", {"TASK": f"{{type: detect, labels: {tmp_path}/gone.txt}}"}),
@@ -139,19 +144,24 @@ def _bad_configs(tmp_path: Path) -> dict[str, tuple[str, dict[str, str]]]:
 @pytest.mark.parametrize("case", [
     "mqtt sink without an mqtt section", "mqtt source without an mqtt section", "unknown decoder",
     "a zone outside the frame the source delivers", "audio recorder not installed",
-    "picamera2 not installed", "missing video file", "missing model file", "missing labels file",
+    "picamera2 not installed", "PyAV not installed for a camera that needs it",
+    "missing video file", "missing model file", "missing labels file",
     "missing OTA key",
     "missing TLS file", "no pipelines", "embedded broker with TLS",
     "embedded broker off loopback without a password", "signed commands without OTA keys"])
 def test_every_refusal_of_run_is_made_by_validate_config_in_the_same_words(
         case: str, tmp_path: Path, yolo_path: Path, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+        capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest) -> None:
     """The guard of the shared path: over a table of configs `run` cannot start, `run` refuses
     each before it opens anything (no model loaded), and `validate-config --strict` refuses it
     with the same words (without `--strict` too, when it is wrong on any machine)."""
     if case == "picamera2 not installed" and find_spec("picamera2") is not None:
         pytest.skip("picamera2 is installed here")
     _no_path_for("arecord", tmp_path, monkeypatch)
+    if case.startswith("PyAV"):  # as if not installed (how tests/mqtt/test_embedded.py does it)
+        monkeypatch.setitem(sys.modules, "av", None)
+        pyav_available.cache_clear()
+        request.addfinalizer(pyav_available.cache_clear)
     top, fields = _bad_configs(tmp_path)[case]
     pipeline = PIPELINE
     for key, default in {"SOURCE": "{type: synthetic, frames: 3}", "MODEL": str(yolo_path),
