@@ -27,7 +27,7 @@ def add_validate_arguments(p: argparse.ArgumentParser) -> None:
 def cmd_validate(args: argparse.Namespace) -> int:
     """Exit 0 for a valid config; with ``--strict``, 78 also when it cannot start here.
 
-    What it checks is what ``edgeinfer run`` checks before it opens a device
+    What it checks is what ``edgeinfer run`` checks before it loads a model or opens a device
     (`edgeinfer.daemon.startable.start_problems`, which both call).
 
     A config is usually written on one machine and run on another: the model files and keys it

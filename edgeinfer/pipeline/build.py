@@ -129,7 +129,9 @@ def _analytics(pc: PipelineConfig, task: Any, state_dir: Path | None, where: str
     from ..analytics.stage import SceneAnalytics
     from ..paths import state_dir as default_state_dir
 
-    for key, problem in frame_size_problems(pc):
+    outside = frame_size_problems(pc)
+    if outside:
+        key, problem = outside[0]
         raise ConfigError(f"{where}.{key}: {problem}")
     labels = getattr(task, "labels", None)
     return SceneAnalytics(pc, class_names=list(labels) if labels else None,
