@@ -27,6 +27,9 @@ def add_validate_arguments(p: argparse.ArgumentParser) -> None:
 def cmd_validate(args: argparse.Namespace) -> int:
     """Exit 0 for a valid config; with ``--strict``, 78 also when it cannot start here.
 
+    What it checks is what ``edgeinfer run`` checks before it loads a model or opens a device
+    (`edgeinfer.daemon.startable.start_problems`, which both call).
+
     A config is usually written on one machine and run on another: the model files and keys it
     names may exist only on the device. So by default what keeps it from starting *here* is
     printed as a warning (on stderr, never "OK"); ``--strict`` (on the device, before
@@ -39,7 +42,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from ..config import load_config
     from ..config.loader import config_kind
     from ..daemon.startable import start_problems
-    from ..tasks import config_problems
 
     if getattr(args, "systemd_dropin", False):
         # The ports need no secrets: credentials the service alone can read are stood in for.
@@ -50,12 +52,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if kind == "collect" or (kind == "auto" and config_kind(args.config) == "collect"):
         return _validate_collect(args)
     config = load_config(args.config)
-    invalid = config_problems(config)
-    if invalid:  # as invalid as a YAML error: no model loaded anywhere fixes it
+    # The check `edgeinfer run` makes before it opens anything (and the daemon before it
+    # starts a pipeline): one function, so the two never disagree.
+    problems = start_problems(config)
+    invalid = [p for p in problems if p.invalid]
+    if invalid:  # as invalid as a YAML error: no machine fixes it
         for problem in invalid:
             print(f"{args.config}: {problem}", file=sys.stderr)
         return 78
-    problems = start_problems(config)
     if args.json:
         data = msgspec.to_builtins(config)
         if data.get("mqtt") and data["mqtt"].get("password"):

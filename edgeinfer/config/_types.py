@@ -12,7 +12,7 @@ Patterns end in ``(?![\\s\\S])`` rather than ``$``: msgspec matches with ``re.se
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 import msgspec
 from msgspec import Meta
@@ -128,4 +128,9 @@ class ConfigStruct(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, fro
 
 class TaggedPart(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True,
                  tag_field="type"):
-    """Shared options of every tagged part (source, task, sink): picked by its ``type:``."""
+    """Shared options of every tagged part (source, task, sink): picked by its ``type:``.
+
+    ``needs_sections`` names the top-level sections a part cannot work without (an ``mqtt``
+    sink: ``("mqtt",)``); ``validate-config`` and ``run`` refuse it when one is missing."""
+
+    needs_sections: ClassVar[tuple[str, ...]] = ()

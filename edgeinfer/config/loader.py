@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import msgspec
+import yaml
 
 from ..errors import ConfigError
 from ._yaml import YamlReader, format_path
@@ -33,7 +34,7 @@ from .pipeline import (
     TaskOptions,
     VideoSource,
 )
-from .schema import Config
+from .schema import Config, PipelineConfig
 
 T = TypeVar("T")
 
@@ -84,6 +85,14 @@ def parse_config(text: str, *, source: str = "<string>", base_dir: Path | None =
         data = reader.load(text)
     except RecursionError:
         raise ConfigError(f"{source}: config nested too deeply") from None
+    except ConfigError as exc:  # a list at the top: a list of pipelines saved alone?
+        lone = _lone_pipelines(source, _plain_yaml(text))
+        if lone is not None:
+            raise lone from None
+        raise exc from None
+    lone = _lone_pipelines(source, data)
+    if lone is not None:
+        raise lone
     _check_unique_names(reader, data)
     try:
         config = _convert(data)
@@ -96,6 +105,43 @@ def parse_config(text: str, *, source: str = "<string>", base_dir: Path | None =
     # msgspec's own message may quote a credential's value: raised here, outside the handler,
     # the error carries no __context__ holding it.
     raise error
+
+
+# Keys only a pipeline has: a file whose top level is made of them is a pipeline saved alone.
+_DEVICE_ONLY = frozenset(Config.__struct_fields__)
+_PIPELINE_ONLY = frozenset(PipelineConfig.__struct_fields__) - _DEVICE_ONLY
+
+
+def _lone_pipelines(source: str, data: Any) -> ConfigError | None:
+    """The error for a pipeline (or a list of pipelines) saved as a file of its own, as the
+    docs show them, showing where it goes; ``None`` for anything else."""
+    items = data if isinstance(data, list) else [data]
+    if not items or not all(isinstance(item, dict) and not set(item) & _DEVICE_ONLY
+                            and len(set(item) & _PIPELINE_ONLY) >= 2 for item in items):
+        return None
+    lines = ["pipelines:"]
+    for item in items[:2]:
+        keys = [k for k in item if k in _PIPELINE_ONLY] or list(item)
+        for j, key in enumerate(keys[:4]):
+            value = item[key] if key == "name" and isinstance(item[key], str) else "..."
+            lines.append(("  - " if j == 0 else "    ") + f"{key}: {value}")
+    if len(items) > 2:
+        lines.append("  - ...")
+    what = ("a list of pipelines" if isinstance(data, list) and len(items) > 1
+            else "one pipeline")
+    shape = "\n".join(f"    {line}" for line in lines)
+    return ConfigError(
+        f"{source}: this is {what}, not a whole config: a config lists its pipelines under "
+        f"`pipelines:` (and may add mqtt:, runtime:, ...). Indent it under that key, each "
+        f"pipeline starting with `- `:\n{shape}\n(docs/configuration.md)")
+
+
+def _plain_yaml(text: str) -> Any:
+    """``text`` as plain YAML data, or ``None`` when it is not (only to recognise a shape)."""
+    try:
+        return yaml.safe_load(text)
+    except (yaml.YAMLError, ValueError, RecursionError):  # the reader's own error stands
+        return None
 
 
 def _convert(data: Any) -> Config:
@@ -168,7 +214,9 @@ def load_struct(path: str | os.PathLike[str], root: type[T]) -> T:
 
 
 _COLLECT_KEYS = re.compile(r"^(database|source)\s*:", re.M)
-_DEVICE_KEYS = re.compile(r"^(pipelines|mqtt|device|runtime)\s*:", re.M)
+# A device config's keys, and a pipeline's saved alone (its `source:` is not a collector's:
+# `load_config` says where it goes).
+_DEVICE_KEYS = re.compile(r"^(pipelines|mqtt|device|runtime|name|model|task|sinks)\s*:", re.M)
 
 
 def config_kind(path: str | os.PathLike[str]) -> str:

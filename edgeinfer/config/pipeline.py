@@ -283,6 +283,7 @@ class JsonlSink(TaggedPart, tag="jsonl", frozen=True):
 class MqttSink(TaggedPart, tag="mqtt", frozen=True):
     """Results published to ``<prefix>/<device>/<pipeline>/result`` (configured under ``mqtt:``)."""
 
+    needs_sections = ("mqtt",)
     qos: Literal[0, 1] = 1
 
 

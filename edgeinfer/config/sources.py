@@ -198,6 +198,8 @@ class SerialSource(TaggedPart, tag="serial", frozen=True):
 class MqttSource(TaggedPart, tag="mqtt", frozen=True):
     """Sensor readings arriving as JSON on an MQTT topic, windowed (the broker is ``mqtt:``)."""
 
+    needs_sections = ("mqtt",)
+
     topic: TopicFilter
     fields: list[str] = []
     window: Readings = 1

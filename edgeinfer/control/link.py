@@ -295,10 +295,22 @@ class MqttLink:
             return None
         trusted = load_trusted_keys(self.config.ota.trusted_keys) if self.config.ota else {}
         if not trusted:
-            raise ConfigError("mqtt.commands.signed: signed commands are checked with the keys "
-                              "of ota.trusted_keys; add an ota: section with trusted_keys")
+            raise ConfigError(f"mqtt.commands.signed: {NO_KEYS}")
         nonces = NonceBook(self.config.runtime.resolved_state_dir() / "command-nonces.json")
         return SignedCommands(self.device_id, trusted, nonces, max_age_s=policy.max_age_s)
+
+
+NO_KEYS = ("signed commands are checked with the keys of ota.trusted_keys; add an ota: section "
+           "with trusted_keys")
+
+
+def signed_commands_problem(config: Config) -> str | None:
+    """Why the signed verbs of ``config``'s command policy could never be checked (no ``ota:``
+    section, so no keys), or ``None``; ``edgeinfer validate-config`` asks it as the start does."""
+    policy = command_policy(config.mqtt)
+    if policy is None or not policy.signed or config.ota is not None:
+        return None
+    return NO_KEYS
 
 
 def max_packet_bytes(config: Config) -> int:

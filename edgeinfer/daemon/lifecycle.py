@@ -45,6 +45,7 @@ from ..model.pool import model_pool
 from ..statelock import LOCK_NAME, StateLock
 from .health import RESTART_BUDGET, RESTART_CLOSE_S, StallWatch, stall_policy
 from .reload import result_path, write_result
+from .startable import pipeline_problems
 
 if TYPE_CHECKING:
     from ..web import WebServer
@@ -169,10 +170,15 @@ class Daemon:
             logger.info("web view on %s", self.web.url)
         systemd.ready(self.status_line())
 
-    def _start_pipeline(self, pc: PipelineConfig) -> Pipeline:
-        """Load, assemble and start one pipeline; nothing is left open if it fails. A model
-        installed by an update (the OTA store's ``current``) replaces the configured one; if it
-        cannot load, the configured model is used."""
+    def _start_pipeline(self, pc: PipelineConfig, config: Config | None = None) -> Pipeline:
+        """Load, assemble and start one pipeline of ``config`` (default: the running one);
+        nothing is left open if it fails. What `validate-config` finds in it is refused first,
+        with its words, before the model loads. A model installed by an update (the OTA
+        store's ``current``) replaces the configured one; if it cannot load, the configured
+        model is used."""
+        stops = [p for p in pipeline_problems(config or self.config, pc) if p.stops]
+        if stops:
+            raise ConfigError("; ".join(str(p) for p in stops))
         effective = self.ota.effective(pc) if self.ota is not None else pc
         try:
             model = load_pipeline_model(effective, self.config.runtime)
@@ -312,7 +318,7 @@ class Daemon:
                     old = current.get(pc.name)
                     if old is not None:  # free its source (a camera opens once) first
                         old.close()
-                    built.append(self._start_pipeline(pc))
+                    built.append(self._start_pipeline(pc, new))
             except EdgeInferError:
                 for p in built:
                     p.close()

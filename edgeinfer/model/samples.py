@@ -28,8 +28,8 @@ from ..runtime.modelfile import file_sha256
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-__all__ = ["DEMO_VIDEO", "PHOTOS", "SAMPLES", "demo_video", "load_image", "pull_sample",
-           "resolve_video", "sample_images", "sample_path", "samples_dir"]
+__all__ = ["DEMO_VIDEO", "PHOTOS", "SAMPLES", "demo_video", "is_demo_clip", "load_image",
+           "pull_sample", "resolve_video", "sample_images", "sample_path", "samples_dir"]
 
 DEMO_VIDEO = "demo.mp4"
 """A video source whose file is missing and is called this gets the demo clip from the samples
@@ -126,11 +126,17 @@ def demo_video(path: str | os.PathLike[str] | None = None, frames: int = 90, fps
     return out
 
 
+def is_demo_clip(uri: str) -> bool:
+    """Whether a video source's ``uri`` means the demo clip: no such file, and it is called
+    ``demo.mp4`` (`resolve_video` makes it; ``validate-config`` does not call it missing)."""
+    path = Path(uri)
+    return path.name == DEMO_VIDEO and not path.exists()
+
+
 def resolve_video(uri: str) -> str:
     """``uri`` itself when it exists or is not the demo clip's name; otherwise the demo clip in
     ``samples_dir()``, made there (from the pinned sample photograph) when missing."""
-    path = Path(uri)
-    if path.exists() or path.name != DEMO_VIDEO:
+    if not is_demo_clip(uri):
         return uri
     target = samples_dir() / DEMO_VIDEO
     if not target.is_file():

@@ -24,12 +24,13 @@ import ipaddress
 import logging
 import threading
 from dataclasses import dataclass
+from importlib.util import find_spec
 from typing import Any, Self
 
 from ..config.mqtt import MqttConfig
 from ..errors import ConfigError, StateError
 
-__all__ = ["EmbeddedBroker", "PROTOCOL"]
+__all__ = ["EmbeddedBroker", "PROTOCOL", "amqtt_missing"]
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +38,17 @@ PROTOCOL = "v3.1.1"
 """The only MQTT version the embedded broker speaks."""
 
 _INSTALL = "the embedded MQTT broker needs amqtt: pip install 'edgeinfer[broker]'"
+
+
+def amqtt_missing() -> str | None:
+    """The install hint when amqtt (the embedded broker) is not installed, else ``None``;
+    found without importing the broker (``edgeinfer validate-config`` asks the same as the
+    start)."""
+    try:
+        found = find_spec("amqtt.broker")  # imports the package amqtt only
+    except ImportError:  # no package amqtt
+        found = None
+    return _INSTALL if found is None else None
 
 
 def _is_loopback(host: str) -> bool:
@@ -107,10 +119,9 @@ class EmbeddedBroker:
         """
         if self._thread is not None:
             raise StateError(f"embedded MQTT broker on {self.address} already started")
-        try:
-            import amqtt.broker  # noqa: F401
-        except ImportError as exc:
-            raise ConfigError(_INSTALL) from exc
+        missing = amqtt_missing()
+        if missing is not None:
+            raise ConfigError(missing)
         # amqtt (and its state machine library) log every connection and state change at
         # INFO; keep them to warnings unless configured otherwise.
         for name in ("amqtt", "transitions"):

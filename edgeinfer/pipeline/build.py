@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..config.analytics import LineConfig, ZoneConfig, check_frame_size
 from ..errors import ConfigError
 from ..runtime.batching import batch_policy
 from ..tasks import make_task, task_class
@@ -126,21 +127,33 @@ def _analytics(pc: PipelineConfig, task: Any, state_dir: Path | None, where: str
     if pc.tracking is None:
         return None
     from ..analytics.stage import SceneAnalytics
-    from ..config.analytics import LineConfig, ZoneConfig, check_frame_size
     from ..paths import state_dir as default_state_dir
 
-    width, height = getattr(pc.source, "width", None), getattr(pc.source, "height", None)
-    if isinstance(width, int) and isinstance(height, int):
-        shapes: list[tuple[str, int, ZoneConfig | LineConfig]] = [
-            *(("zones", i, z) for i, z in enumerate(pc.zones)),
-            *(("lines", i, ln) for i, ln in enumerate(pc.lines))]
-        for kind, i, item in shapes:
-            problem = check_frame_size(item.points, item.coordinates, width, height)
-            if problem:
-                raise ConfigError(f"{where}.{kind}[{i}].points: {problem} the source delivers")
+    outside = frame_size_problems(pc)
+    if outside:
+        key, problem = outside[0]
+        raise ConfigError(f"{where}.{key}: {problem}")
     labels = getattr(task, "labels", None)
     return SceneAnalytics(pc, class_names=list(labels) if labels else None,
                           state_dir=state_dir or default_state_dir(), where=where)
+
+
+def frame_size_problems(pc: PipelineConfig) -> list[tuple[str, str]]:
+    """``(key, why)`` for each zone or line in pixels outside the frame size the source is set
+    to deliver (``zones[0].points``); checked before the source opens, here and by
+    ``validate-config``."""
+    width, height = getattr(pc.source, "width", None), getattr(pc.source, "height", None)
+    if pc.tracking is None or not (isinstance(width, int) and isinstance(height, int)):
+        return []
+    shapes: list[tuple[str, int, ZoneConfig | LineConfig]] = [
+        *(("zones", i, z) for i, z in enumerate(pc.zones)),
+        *(("lines", i, ln) for i, ln in enumerate(pc.lines))]
+    found = []
+    for kind, i, item in shapes:
+        problem = check_frame_size(item.points, item.coordinates, width, height)
+        if problem:
+            found.append((f"{kind}[{i}].points", f"{problem} the source delivers"))
+    return found
 
 
 def _sample_video(source: Any) -> Any:

@@ -33,7 +33,7 @@ from ..frames import Frame
 from ._window import Windower
 from .base import Backoff, RateLimiter, Source
 
-__all__ = ["AudioSource"]
+__all__ = ["AudioSource", "command_problem"]
 
 logger = logging.getLogger(__name__)
 
@@ -129,11 +129,9 @@ class AudioSource(Source):
         if not self.live:
             self._read = self._open_wav()
             return
-        if not self._argv:
-            raise SourceError("audio source: `command` is empty")
-        program = self._argv[0]
-        if shutil.which(program) is None:  # no retry brings a missing program back
-            raise SourceError(f"audio command {self.name!r}: {_not_installed(program)}")
+        problem = command_problem(self.config)
+        if problem is not None:  # no retry brings a missing program back
+            raise SourceError(f"audio command {self.name!r}: {problem}")
         self._last_error = self._start()
 
     def _frames(self) -> Iterator[Frame]:
@@ -351,6 +349,20 @@ def _drain(pipe: IO[bytes], tail: deque[str]) -> None:
             tail.append(partial.decode(errors="replace").rstrip())
     except (OSError, ValueError):  # closed under us by _reap: a grandchild kept it open
         pass
+
+
+def command_problem(config: AudioConfig) -> str | None:
+    """Why ``config``'s command cannot start here, or ``None``: it is empty, or its program
+    is not installed (``edgeinfer validate-config`` asks the same before ``run`` does)."""
+    cmd = config.command
+    if cmd is None:
+        return None  # a WAV file
+    argv = shlex.split(cmd) if isinstance(cmd, str) else list(cmd)
+    if not argv:
+        return "`command` is empty"
+    if shutil.which(argv[0]) is None:
+        return _not_installed(argv[0])
+    return None
 
 
 def _not_installed(program: str) -> str:

@@ -12,6 +12,7 @@ conversion.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import time
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ from ..frames import Frame
 from ..health import Health
 from .base import Backoff, Outage, RateLimiter, Source
 
-__all__ = ["INSTALL_HINT", "Picamera2Source"]
+__all__ = ["INSTALL_HINT", "Picamera2Source", "module_problem"]
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +35,12 @@ INSTALL_HINT = ("picamera2 is not installed: on Raspberry Pi OS `sudo apt instal
 
 # A frame that takes longer than this (or 3 frame intervals, if longer) means the camera stalled.
 CAPTURE_TIMEOUT_S = 5.0
+
+
+def module_problem() -> str | None:
+    """Why picamera2 cannot be imported here (the install hint), or ``None``; found without
+    importing it (``edgeinfer validate-config`` asks the same before ``run`` does)."""
+    return INSTALL_HINT if importlib.util.find_spec("picamera2") is None else None
 
 
 class Picamera2Source(Source):
