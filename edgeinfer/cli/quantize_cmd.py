@@ -45,8 +45,9 @@ class _Stages:
             self._out.write(f"\r{text}\x1b[K")
             self._open = True
         else:
-            self._out.write(("\r" if self._tty and self._open and not new else
-                             "\n" if self._open else "") + text + "\n")
+            redraw = self._tty and self._open and not new
+            self._out.write(("\r" if redraw else "\n" if self._open else "") + text
+                            + ("\x1b[K\n" if redraw else "\n"))
             self._open = False
         self._out.flush()
 
@@ -181,8 +182,8 @@ def format_card(card: dict[str, Any]) -> str:
     rows += _report_rows(card["report"])
     run = card.get("runtime") or {}
     if run.get("peak_rss_mib") is not None:
-        rows.append(("resources", f"quantizing and checking {run['quantize_s']:.1f} s; peak "
-                                  f"memory of the run {run['peak_rss_mib']} MiB"))
+        rows.append(("resources", f"calibrating and quantizing {run['quantize_s']:.1f} s; "
+                                  f"peak memory of the run {run['peak_rss_mib']} MiB"))
     lines = [f"{label:<13} {value}" for label, value in rows]
     lines += [f"warning       {w}" for w in card.get("warnings") or []]
     return "\n".join(lines) + "\n"
