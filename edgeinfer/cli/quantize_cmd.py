@@ -6,9 +6,9 @@ import argparse
 import json
 import sys
 import time
-from typing import Any
+from typing import Any, TextIO
 
-from ..errors import ModelError
+from ..errors import ConfigError, ModelError
 from .model_cmds import model_inputs
 
 __all__ = ["add_quantize_arguments", "cmd_quantize", "format_card"]
@@ -18,31 +18,44 @@ def _names(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
-class _Bar:
-    """A text progress bar on stderr, redrawn at most ten times a second."""
+class _Stages:
+    """What ``edgeinfer quantize`` is doing, on stderr from its first second: one line per stage,
+    with the seconds since the start; a counted stage (calibrating 37/100) redrawn in place at
+    most ten times a second on a terminal, and in a pipe or a log one line at most every
+    ``every`` seconds and at its end (no carriage returns)."""
 
-    def __init__(self, label: str, width: int = 30) -> None:
-        self.label, self.width = label, width
+    def __init__(self, stream: TextIO, every: float = 5.0) -> None:
+        self._out, self._every = stream, every
+        self._tty = stream.isatty()
+        self._t0 = time.monotonic()
+        self._stage = ""
         self._last = 0.0
-        self._drawn = False
+        self._open = False  # a redrawn line is on the terminal without its newline
 
-    def __call__(self, done: int, total: int) -> None:
+    def __call__(self, stage: str, done: int, total: int) -> None:
         now = time.monotonic()
-        if done < total and now - self._last < 0.1:
+        new = stage != self._stage
+        if not new and (done == 0 or (done < total and now - self._last
+                                      < (0.1 if self._tty else self._every))):
             return
-        self._last = now
-        filled = self.width * done // max(total, 1)
-        sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (self.width - filled)}] "
-                         f"{done}/{total}")
-        if done >= total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
-        self._drawn = done < total
+        self._stage, self._last = stage, now
+        count = f" {done}/{total}" if total else ""
+        text = f"[{now - self._t0:5.1f} s] {stage}{count}"
+        if self._tty and total and done < total:
+            self._out.write(f"\r{text}\x1b[K")
+            self._open = True
+        else:
+            redraw = self._tty and self._open and not new
+            self._out.write(("\r" if redraw else "\n" if self._open else "") + text
+                            + ("\x1b[K\n" if redraw else "\n"))
+            self._open = False
+        self._out.flush()
 
     def close(self) -> None:
-        if self._drawn:  # an error cut it short: end the line before the message
-            sys.stderr.write("\n")
-            self._drawn = False
+        if self._open:  # an error cut a redrawn line short: end it before the message
+            self._out.write("\n")
+            self._out.flush()
+            self._open = False
 
 
 def add_quantize_arguments(p: argparse.ArgumentParser) -> None:
@@ -92,10 +105,11 @@ def add_quantize_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:
+    stages = _Stages(sys.stderr)
+    stages("loading", 0, 0)  # before the imports below: onnxruntime, cv2 take seconds
     from ..quantize import quantize_model  # inside: numpy, msgspec, cv2
 
     shapes = model_inputs(args.input, args.input_shape)[0]
-    bar = _Bar("calibrating") if sys.stderr.isatty() or not args.json else None
     try:
         card = quantize_model(
             args.input, args.output, args.calibration, config=args.config,
@@ -104,21 +118,35 @@ def cmd_quantize(args: argparse.Namespace) -> int:
             exclude_types=_names(args.exclude_types), exclude_first_conv=args.exclude_first_conv,
             exclude_head=args.exclude_head, quantize_head=args.quantize_head,
             samples=args.samples, held_out=args.held_out,
-            force=args.force, progress=bar, input_shapes=shapes,
+            force=args.force, input_shapes=shapes, stages=stages,
         )
     finally:
-        if bar is not None:
-            bar.close()
+        stages.close()
+    stages(f"done: peak memory {card.data['runtime']['peak_rss_mib']} MiB", 0, 0)
     if args.json:
         sys.stdout.write(json.dumps(card.to_dict(), indent=2, default=str) + "\n")
     else:
         sys.stdout.write(format_card(card.to_dict()))
-    if card.passed is False:  # written for inspection; a script must not ship it as good
+    return _exit(card, args)
+
+
+def _exit(card: Any, args: argparse.Namespace) -> int:
+    """The exit code, and the one error line a failed or unjudged model gets; the reasons are
+    in the table's verdict row (printed once), or in this line under ``--json``."""
+    report = card.report
+    verdict = report.get("verdict")
+    if verdict not in ("fail", "insufficient"):
+        return 0
+    # written for inspection either way; a script must not ship it as good
+    if verdict == "fail":
+        why = "; ".join(report["failures"]) if args.json else "the verdict above"
         sys.stderr.write(f"edgeinfer: error: {args.output} fails the accuracy check against "
-                         f"the float model: {'; '.join(card.report['failures'])} (see its card "
-                         f"{card.card_path})\n")
+                         f"the float model ({why}; its card {card.card_path})\n")
         return ModelError.exit_code
-    return 0
+    why = report["more_data"] if args.json else "the verdict above"
+    sys.stderr.write(f"edgeinfer: error: {args.output} is written but not judged: too little "
+                     f"evidence for the accuracy check ({why}; its card {card.card_path})\n")
+    return ConfigError.exit_code
 
 
 def format_card(card: dict[str, Any]) -> str:
@@ -152,6 +180,10 @@ def format_card(card: dict[str, Any]) -> str:
     if held:
         rows.append(("held out", f"{held['count']} samples, {held['from']}"))
     rows += _report_rows(card["report"])
+    run = card.get("runtime") or {}
+    if run.get("peak_rss_mib") is not None:
+        rows.append(("resources", f"calibrating and quantizing {run['quantize_s']:.1f} s; "
+                                  f"peak memory of the run {run['peak_rss_mib']} MiB"))
     lines = [f"{label:<13} {value}" for label, value in rows]
     lines += [f"warning       {w}" for w in card.get("warnings") or []]
     return "\n".join(lines) + "\n"
@@ -164,6 +196,16 @@ def _report_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
 
     rows = task_for_gate(r["kind"]).accuracy_rows(r)
     if "verdict" in r:  # any task's checks: a failed one fails the model
-        rows.append(("verdict", "pass" if r["verdict"] == "pass"
-                     else "FAIL: " + "; ".join(r["failures"])))
+        rows.append(("verdict", _verdict(r)))
     return rows
+
+
+def _verdict(r: dict[str, Any]) -> str:
+    evidence = r.get("evidence") or {}
+    basis = (f" (on {evidence['count']} {evidence['unit']} in {r['samples']} inputs)"
+             if evidence else f" (on {r['samples']} inputs)")
+    if r["verdict"] == "insufficient":
+        return f"NOT JUDGED: {r['more_data']}"
+    if r["verdict"] == "pass":
+        return "pass" + basis
+    return "FAIL" + basis + ": " + "; ".join(r["failures"])

@@ -200,7 +200,7 @@ def exclusions(proto: onnx.ModelProto, src: Path, names: Iterable[str], first: b
         if gone:
             msg = f"exclude_nodes: {', '.join(gone)} fused away by pre-processing"
             warnings.append(msg)
-            logger.warning("%s", msg)
+            logger.info("%s", msg)  # the card carries it; the CLI prints it once
     excluded = [n for n in wanted if n in present]
     if first:
         conv = first_conv(proto)

@@ -44,7 +44,7 @@ from ..runtime.backends.ort_log import onnxruntime_quiet
 from ..tasks import make_task
 from ..tasks.base import Task
 from ..tasks.vad import silero_load_options
-from .accuracy import MIN_SAMPLES, collect
+from .accuracy import MIN_SAMPLES, Stages, collect, no_stages
 from .graph import (
     decode_head,
     exclusions,
@@ -104,6 +104,7 @@ def quantize_model(
     progress: Progress | None = None,
     reduce_range: bool | None = None,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
+    stages: Stages | None = None,
 ) -> ModelCard:
     """Quantize a float ONNX model to INT8 and measure it against the original.
 
@@ -134,6 +135,10 @@ def quantize_model(
             of calibration.
         force: Overwrite ``output``.
         progress: Called as ``progress(done, total)`` during calibration.
+        stages: Called as ``stages(stage, done, total)`` at the start of each stage (``done``
+            0; ``total`` 0 where the stage is not counted: ``loading``, ``reading calibration
+            data``, ``calibrating``, ``computing activation ranges, writing the INT8 graph``,
+            ``loading the INT8 model``, ``evaluating``) and after each counted step.
         reduce_range: Quantize weights to 7 bits (default: on for ``x86_64``, see
             ``REDUCE_RANGE``; off for ``aarch64``).
         input_shapes: Fixed shapes for the model's dynamic inputs (``{"images": [1, 3, 320,
@@ -156,7 +161,7 @@ def quantize_model(
                          exclude_first_conv=exclude_first_conv, exclude_head=exclude_head,
                          quantize_head=quantize_head, samples=samples, held_out=held_out,
                          force=force, progress=progress, reduce_range=reduce_range,
-                         input_shapes=input_shapes)
+                         input_shapes=input_shapes, stages=stages or no_stages)
 
 
 def _onnxruntime_quiet() -> contextlib.AbstractContextManager[None]:
@@ -170,8 +175,9 @@ def _quantize(model: str | os.PathLike[str], output: str | os.PathLike[str],
               exclude_nodes: Iterable[str], exclude_types: Iterable[str],
               exclude_first_conv: bool, exclude_head: bool, quantize_head: bool, samples: int,
               held_out: str | os.PathLike[str] | None, force: bool, progress: Progress | None,
-              reduce_range: bool | None, input_shapes: Mapping[str, Sequence[int]] | None
-              ) -> ModelCard:
+              reduce_range: bool | None, input_shapes: Mapping[str, Sequence[int]] | None,
+              stages: Stages) -> ModelCard:
+    stages("loading", 0, 0)
     src = resolve_model(model)
     info = inspect_model(src)
     _check_quantizable(src, info)
@@ -194,28 +200,29 @@ def _quantize(model: str | os.PathLike[str], output: str | os.PathLike[str],
     if input_shapes:
         load_opts["input_shapes"] = {**(load_opts.get("input_shapes") or {}),
                                      **{k: list(v) for k, v in input_shapes.items()}}
-    with load_model(src, **load_opts) as float_model:
+    with load_model(src, **load_opts) as float_model, \
+            tempfile.TemporaryDirectory(prefix="edgeinfer-quantize-") as work:
         task = _make_task(task_cfg, float_model, calibration, held_out)
         calib, held, data_card = collect(task, float_model, calibration, held_out, samples,
-                                         chosen, warnings)
-        with tempfile.TemporaryDirectory(prefix="edgeinfer-quantize-") as work:
-            upgraded, opset_note = upgrade_opset(src, Path(work), per_channel)
-            prepared, prep_note = prepare(upgraded, Path(work))
-            proto = name_nodes(prepared)
-            excluded = exclusions(proto, src, exclude_nodes, exclude_first_conv, exclude_head,
-                                   warnings)
-            settings = _settings(chosen, arch, method, per_channel, excluded, exclude_types,
-                                 exclude_first_conv, exclude_head, prep_note,
-                                 REDUCE_RANGE[arch] if reduce_range is None else reduce_range)
-            outputs = [n for n in output_nodes(proto) if n not in excluded]
-            settings["float_outputs"] = outputs
-            settings["quantize_head"] = quantize_head
-            settings["float_head"] = [] if quantize_head else [
-                n for n in decode_head(proto) if n not in excluded and n not in outputs]
-            settings["opset_upgrade"] = opset_note
-            return write_quantized(src, info, out, float_model, task, task_cfg, calib, held,
-                                   data_card, settings, warnings, load_opts, progress,
-                                   Path(work), proto)
+                                         chosen, warnings, Path(work) / "samples", stages)
+        stages("preparing the graph", 0, 0)
+        upgraded, opset_note = upgrade_opset(src, Path(work), per_channel)
+        prepared, prep_note = prepare(upgraded, Path(work))
+        proto = name_nodes(prepared)
+        excluded = exclusions(proto, src, exclude_nodes, exclude_first_conv, exclude_head,
+                               warnings)
+        settings = _settings(chosen, arch, method, per_channel, excluded, exclude_types,
+                             exclude_first_conv, exclude_head, prep_note,
+                             REDUCE_RANGE[arch] if reduce_range is None else reduce_range)
+        outputs = [n for n in output_nodes(proto) if n not in excluded]
+        settings["float_outputs"] = outputs
+        settings["quantize_head"] = quantize_head
+        settings["float_head"] = [] if quantize_head else [
+            n for n in decode_head(proto) if n not in excluded and n not in outputs]
+        settings["opset_upgrade"] = opset_note
+        return write_quantized(src, info, out, float_model, task, task_cfg, calib, held,
+                               data_card, settings, warnings, load_opts, progress,
+                               Path(work), proto, stages)
 
 
 # --- checks -----------------------------------------------------------------------------------

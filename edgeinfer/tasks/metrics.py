@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MAX_SCORE_DRIFT", "MAX_SCORE_KS", "MIN_RECALL", "PRED_THRESHOLD", "SCORE_TOLERANCE",
+__all__ = ["MAX_SCORE_DRIFT", "MAX_SCORE_KS", "MIN_BOXES", "MIN_RECALL", "PRED_THRESHOLD",
+           "SCORE_TOLERANCE",
            "Dets", "OutputPair", "average_precision", "box_iou", "cosine", "fmt_metric", "mean_ap",
            "score_checks"]
 
@@ -41,6 +42,12 @@ the float ones are above 0.87: 0.2)."""
 
 SCORE_TOLERANCE = 0.02
 """Score differences the distribution check ignores: rounding, not drift."""
+
+MIN_BOXES = 20
+"""Fewest reference boxes (at the task's threshold) the checks judge on: below it no single box
+may decide the verdict, and on fewer one does: a missed box is 1/n of recall (over
+1 - `MIN_RECALL` below 10 boxes), a moved score 1/n of the KS distance (over `MAX_SCORE_KS`
+below 7), and under 20 values the 95th percentile of the drift is the largest one's."""
 
 OutputPair = tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]
 """One input's outputs from the reference (float) model and from the compared one."""
@@ -146,7 +153,9 @@ def score_checks(truth: Sequence[Dets], same: Sequence[Dets], lowered: Sequence[
         ``recall_at_threshold``, ``score_drift`` (``boxes``, ``mean_abs``, ``p95_abs``,
         ``max_abs``, ``ks``, ``quantiles`` of both score sets at 10/50/90 % and max) and
         ``failures``: one sentence per check failed (`MIN_RECALL`, `MAX_SCORE_DRIFT`,
-        `MAX_SCORE_KS`); empty when it passes or there are no reference boxes.
+        `MAX_SCORE_KS`); empty when it passes or there are no reference boxes; ``evidence``:
+        the reference boxes the checks rest on (``count``, ``unit``) and the ``minimum``
+        (`MIN_BOXES`) a verdict needs.
     """
     found = sum(int(np.count_nonzero(_matched(t, s) >= 0)) for t, s in zip(truth, same))
     ref, got = [], []
@@ -156,8 +165,11 @@ def score_checks(truth: Sequence[Dets], same: Sequence[Dets], lowered: Sequence[
         got.append(np.where(idx >= 0, np.asarray(low[1], np.float64)[np.maximum(idx, 0)], 0.0))
     a = np.concatenate(ref) if ref else np.zeros(0)
     b = np.concatenate(got) if got else np.zeros(0)
+    evidence = {"count": len(a), "unit": f"float boxes at score >= {threshold:g}",
+                "minimum": MIN_BOXES}
     if not len(a):
-        return {"recall_at_threshold": None, "score_drift": None, "failures": []}
+        return {"recall_at_threshold": None, "score_drift": None, "failures": [],
+                "evidence": evidence}
     recall = found / len(a)
     diff = np.abs(b - a)
     drift = {"boxes": len(a), "mean_abs": round(float(diff.mean()), 4),
@@ -165,7 +177,7 @@ def score_checks(truth: Sequence[Dets], same: Sequence[Dets], lowered: Sequence[
              "max_abs": round(float(diff.max()), 4), "ks": round(_ks(a, b), 4),
              "quantiles": {"float": _quantiles(a), "compared": _quantiles(b)}}
     return {"recall_at_threshold": round(recall, 4), "score_drift": drift,
-            "failures": _failures(recall, drift, threshold)}
+            "failures": _failures(recall, drift, threshold), "evidence": evidence}
 
 
 def _matched(truth: Dets, preds: Dets, iou: float = 0.5) -> np.ndarray:
