@@ -192,3 +192,20 @@ def test_a_pick_that_is_not_the_fastest_row_says_why() -> None:
     slice_ = Row(Choice("onnxruntime", CPU, "fp32", 1, "all", False), "ok", 40.0, final=False)
     assert "not among the finalists" in pick_reason([ov, ort, slice_], ov)
     assert pick_reason([ov, ort], ort) == ""  # the fastest needs no word
+
+
+def test_a_task_without_a_gate_of_its_own_judges_on_photos_through_its_preprocessing(
+        tmp_path: Path, yolo_path: Path, photos: None) -> None:
+    """``task: raw`` on an image model: its outputs gate ran on seeded random inputs."""
+    from edgeinfer.config.pipeline import RawTask as RawConfig
+    from edgeinfer.config.pipeline import VadTask as VadConfig
+    from edgeinfer.tasks.raw import RawTask
+    from edgeinfer.tasks.vad import VadTask
+
+    with edgeinfer.load_model(yolo_path, probe=False, state_dir=tmp_path / "s") as m:
+        gate = RawTask(RawConfig(), m).accuracy_gate()
+        feeds = gate.sample_feeds(m.inputs)
+        assert len(feeds) == 4 and feeds[0]["images"].shape == (1, 3, 320, 320)
+        assert 0.0 <= feeds[0]["images"].min() < feeds[0]["images"].max() <= 1.0
+    with edgeinfer.load_model("silero-vad", probe=False, state_dir=tmp_path / "s") as m:
+        assert VadTask(VadConfig(), m).accuracy_gate().sample_feeds(m.inputs) == []
