@@ -209,3 +209,17 @@ def test_a_task_without_a_gate_of_its_own_judges_on_photos_through_its_preproces
         assert 0.0 <= feeds[0]["images"].min() < feeds[0]["images"].max() <= 1.0
     with edgeinfer.load_model("silero-vad", probe=False, state_dir=tmp_path / "s") as m:
         assert VadTask(VadConfig(), m).accuracy_gate().sample_feeds(m.inputs) == []
+
+
+def test_the_selection_of_a_pick_within_the_margin_says_why_it_won(tmp_path: Path) -> None:
+    from edgeinfer.runtime.decision import Decision
+    from edgeinfer.testing import onnx_models as om
+
+    ov = Row(Choice("openvino", "CPU", "fp32", 1), "picked", 47.30, final=True)
+    ort = Row(Choice("onnxruntime", CPU, "fp32", 2, "all", False), "ok", 46.93, final=True)
+    decision = Decision(ov.choice, [ort, ov], "outputs", "4 sample photos")
+    with edgeinfer.load_model(om.matmul_model(tmp_path / "mm.onnx"), probe=False,
+                              state_dir=tmp_path / "s") as m:
+        select.annotate_decision(m._session, decision)
+        why = m.selection["why_picked"] if m.selection else ""
+    assert why.startswith("not the fastest row: onnxruntime CPU fp32 all 2t 46.93 ms"), why
