@@ -59,7 +59,7 @@ def child_probe(case: Case, state: str) -> dict[str, Any]:
     from edgeinfer import load_model
 
     t = time.perf_counter()
-    with load_model(model_path(case.key), **load_kwargs(case, state)) as m:
+    with load_model(model_path(case.model_key), **load_kwargs(case, state)) as m:
         load_s = time.perf_counter() - t
         sel = m.selection or {}
         return {"load_s": load_s, "picked": sel.get("picked", m.provider),
@@ -70,7 +70,7 @@ def child_probe(case: Case, state: str) -> dict[str, Any]:
 def child_time(case: Case, state: str, rounds: int, runs: int) -> dict[str, Any]:
     from edgeinfer import load_model
 
-    path = model_path(case.key)
+    path = model_path(case.model_key)
     tflite = path.suffix == ".tflite"
     model = load_model(path, **load_kwargs(case, state))
     sel = model.selection or {}
@@ -158,7 +158,7 @@ def spawn(*argv: str) -> dict[str, Any]:
 
 # -- the parent ----------------------------------------------------------------------------------
 def run_case(case: Case, rounds: int, runs: int) -> dict[str, Any]:
-    model_path(case.key)  # fetch/make it before anything is timed
+    model_path(case.model_key)  # fetch/make it before anything is timed
     with tempfile.TemporaryDirectory(prefix="edgeinfer-bench-") as state:
         probe = spawn("--child", "probe", "--model", case.key, "--state", state)
         timing = spawn("--child", "time", "--model", case.key, "--state", state, "--rounds",

@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import stat
 import subprocess
 import sys
@@ -46,10 +45,21 @@ def test_info_of_an_example_model_uses_its_catalog_shapes(yolo_path: Path) -> No
     assert proc.returncode == 0 and "1x22x8400" in proc.stdout, proc.stdout + proc.stderr
 
 
+def _without_imgsz(example: Path, dest: Path) -> Path:
+    """The example model without its size in the metadata (Ultralytics' imgsz): other bytes,
+    so neither the catalog nor the metadata knows its size (a copy of the same bytes is the
+    example model, sized as it is)."""
+    model = onnx.load(example)
+    props = {p.key: p.value for p in model.metadata_props if p.key != "imgsz"}
+    del model.metadata_props[:]
+    helper.set_model_props(model, props)
+    onnx.save(model, dest)
+    return dest
+
+
 def test_a_model_refusing_guessed_shapes_gets_the_cli_flag_not_runtime_internals(
         yolo_path: Path, tmp_path: Path) -> None:
-    mine = tmp_path / "mine.onnx"  # the same bytes, not the catalog's file: no shapes known
-    shutil.copy(yolo_path, mine)
+    mine = _without_imgsz(yolo_path, tmp_path / "mine.onnx")
     proc = _cli("info", mine)
     assert proc.returncode == 0, proc.stderr
     text = proc.stdout + proc.stderr
@@ -123,8 +133,7 @@ def test_formula_dimensions_are_a_question_mark_in_messages(yolo_path: Path,
     import edgeinfer
     from edgeinfer.runtime.base import format_shape
 
-    mine = tmp_path / "mine.onnx"  # not the catalog's file: its dynamic shapes stay
-    shutil.copy(yolo_path, mine)
+    mine = _without_imgsz(yolo_path, tmp_path / "mine.onnx")  # its dynamic shapes stay
     with edgeinfer.load_model(mine, warmup=False) as m:
         shape = m.outputs[0].shape
     assert len(str(shape[2])) > 100  # onnxruntime's formula, as it comes

@@ -164,13 +164,21 @@ def cmd_info(args: argparse.Namespace) -> int:
     selection = session.get("selection")
     if selection:
         print(f"{'backend':<13} {selection['summary']}")
+        if selection.get("why_picked"):  # the pick is not the fastest row: the margin...
+            print(f"{'':<13} {selection['why_picked']}")
         if selection.get("state"):  # provisional (measured under load) or final
             print(f"{'decision':<13} {selection['state']}")
         print_candidates(selection["candidates"])
+    fixed = info.get("input_shapes") or {}
     for kind in ("inputs", "outputs"):
         print(f"{kind}:")
         for t in info[kind]:
             dims = _dims(t["shape"])
+            if kind == "inputs" and t["name"] in fixed:  # say which size it runs at, and why
+                source = info.get("input_shapes_from") or "input_shapes"
+                run_at = _dims(fixed[t["name"]])
+                dims += f" (size from {source})" if dims == run_at else \
+                    f" (run at {run_at}, size from {source})"
             q = t.get("quantization")
             extra = f"  scale {q['scale']:.6g} zero point {q['zero_point']}" if q else ""
             print(f"  {t['name']:<20} {t['dtype']:<8} {dims}{extra}")

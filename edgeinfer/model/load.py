@@ -14,22 +14,27 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import re
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from .. import paths, runtime
 from ..errors import ConfigError, EdgeInferError, ModelMemoryError
 from ..runtime.backends import backend_options
 from ..runtime.backends.onnx import ARENAS, DEFAULT_ARENA
-from ..runtime.base import PRECISIONS, DelegateSpec, LoadReport, Session, SessionSpec
+from ..runtime.base import PRECISIONS, DelegateSpec, LoadReport, Session, SessionSpec, TensorSpec
 from ..runtime.busy import RecheckSettings
 from ..runtime.memory import default_threads, process_budget, trim_heap
 from ..runtime.modelfile import ModelFileInfo, inspect_model
 from ..runtime.providers import normalize
-from .catalog import for_path, resolve_model
+from ..runtime.gate import OutputsGate
+from .catalog import CATALOG, CatalogModel, for_path, resolve_model
 from .model import Model
+from .samples import photo_feeds
 
 if TYPE_CHECKING:
     from ..runtime.select import Gate
@@ -134,8 +139,13 @@ def load_model(
     recheck_settings = RecheckSettings.of(recheck)
     limit = DEFAULT_MAX_MODEL_MB if max_model_mb is None else max_model_mb
     info = inspect_model(resolve_model(path), max_model_mb=limit)
+    shapes_from = "input_shapes" if input_shapes else ""
     if input_shapes is None and warmup_inputs is None:
         input_shapes, warmup_inputs = example_defaults(path, info)
+        shapes_from = "the example model's own" if input_shapes else ""
+    if not input_shapes:
+        input_shapes = metadata_shapes(info)
+        shapes_from = "the model's metadata (imgsz)" if input_shapes else ""
     model_name = name or info.path.stem
     process_budget().check(model_name, info.size_mb)  # early refusal: the weights alone must fit
     spec = SessionSpec(
@@ -150,6 +160,7 @@ def load_model(
         probe_budget_s=float(probe_budget_s),
         recheck=recheck_settings,
         input_shapes={k: tuple(int(d) for d in v) for k, v in (input_shapes or {}).items()},
+        input_shapes_from=shapes_from,
         memory_limit_mb=memory_limit_mb,
         cache_dir=(Path(cache_dir) if cache_dir else paths.cache_dir())
         if optimized_model_cache else None,
@@ -160,6 +171,8 @@ def load_model(
         graph_inputs=dict(info.onnx.inputs) if info.onnx is not None else {},
         external_data=bool(info.onnx is not None and info.onnx.external_data),
     )
+    if gate is None and probe is True:
+        gate = sample_gate(spec, info)
     return open_model(spec, info, model_name, version, isolation=isolation,
                       memory_limit_mb=memory_limit_mb, timeout_s=worker_timeout_s,
                       nice=worker_nice, gate=gate,
@@ -199,11 +212,65 @@ def example_defaults(path: str | os.PathLike[str], info: ModelFileInfo
     """An example model's own input shapes and warm-up values (as the CLI and configs use
     them): its dynamic input is fixed to the size it was exported for, so it warms up and its
     backends can be measured. ``(None, None)`` for any other file."""
-    entry = for_path(path) or for_path(info.path)
-    if entry is None or entry.sha256 != info.sha256:
+    entry = _example(path, info)
+    if entry is None:
         return None, None
     return ({n: list(d) for n, d in entry.input_shapes} or None,
             dict(entry.warmup_inputs) or None)
+
+
+def _example(path: str | os.PathLike[str], info: ModelFileInfo) -> CatalogModel | None:
+    """The example model ``path`` is: by its name or cached file, else by its bytes (a copy
+    of an example model elsewhere is that model too)."""
+    entry = for_path(path) or for_path(info.path)
+    if entry is not None and entry.sha256 == info.sha256:
+        return entry
+    return next((e for e in CATALOG.values() if e.sha256 == info.sha256), None)
+
+
+def metadata_shapes(info: ModelFileInfo) -> dict[str, list[int]] | None:
+    """The size an image model was exported for, from its ONNX metadata (Ultralytics'
+    ``imgsz``, ``[height, width]`` or one side), for its one image input whose height and
+    width are dynamic (channels first or last; a dynamic batch is 1). None: no such input or
+    no size in the metadata."""
+    if info.onnx is None or len(info.onnx.inputs) != 1:
+        return None
+    sides = [int(n) for n in re.findall(r"\d+", info.onnx.metadata.get("imgsz", ""))]
+    if len(sides) not in (1, 2) or not all(sides):
+        return None
+    height, width = (sides[0], sides[-1])
+    ((name, dims),) = info.onnx.inputs.items()
+    if len(dims) != 4:
+        return None
+    fixed = [d if isinstance(d, int) and d > 0 else None for d in dims]
+    if fixed[1] in (1, 3) and (fixed[2] is None or fixed[3] is None):
+        return {name: [fixed[0] or 1, fixed[1], height, width]}
+    if fixed[3] in (1, 3) and (fixed[1] is None or fixed[2] is None):
+        return {name: [fixed[0] or 1, height, width, fixed[3]]}
+    return None
+
+
+def sample_gate(spec: SessionSpec, info: ModelFileInfo) -> OutputsGate:
+    """The outputs gate judging on the sample photographs as an image model sees them
+    (``samples.photo_feeds``): normalized as an example model's own preprocessing, else
+    scaled to 0-1 (the common export's, a guess the note says). A model that takes no image
+    gets the selector's made-up inputs, as before."""
+    entry = _example(spec.path, info)
+    mean, std = entry.pixels if entry is not None else ((0.0,) * 3, (1.0,) * 3)
+    shapes = dict(spec.input_shapes)
+    how = "" if entry is not None else ", scaled 0-1: a guess, pass a task's gate to be sure"
+    if any(m != 0 for m in mean) or any(d != 1 for d in std):
+        how = f", (x/255 - {_triple(mean)}) / {_triple(std)}"
+
+    def feeder(inputs: Sequence[TensorSpec]) -> list[dict[str, np.ndarray]]:
+        return photo_feeds(inputs, shapes, mean=mean, std=std)
+
+    return OutputsGate(feeder=feeder, samples=f"sample photos with a word (RGB{how})")
+
+
+def _triple(values: Sequence[float]) -> str:
+    return f"{values[0]:g}" if len(set(values)) == 1 else \
+        "(" + ", ".join(f"{v:g}" for v in values) + ")"
 
 
 # -- loading ------------------------------------------------------------------------------------

@@ -431,6 +431,9 @@ class Model:
             "size_bytes": self.size_bytes,
             "quantization": self.quantization,
             "inputs": [s.to_dict() for s in self.inputs],
+            # the sizes dynamic inputs were fixed to (measured and warmed up at), and from where
+            "input_shapes": {k: list(v) for k, v in self._spec.input_shapes.items()},
+            "input_shapes_from": self._spec.input_shapes_from,
             "outputs": [s.to_dict() for s in self.outputs],
             "provider": report.provider,
             "fallbacks": [f.to_dict() for f in report.fallbacks],

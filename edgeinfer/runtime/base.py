@@ -76,6 +76,8 @@ class SessionSpec:
         probe: measure the candidate backends at load and keep the fastest correct one
             (``runtime/select.py``; the decision is cached in ``state_dir``).
         input_shapes: fixed shapes for inputs with dynamic dimensions (also used for warm-up).
+        input_shapes_from: where ``input_shapes`` came from, in words (``"the model's metadata
+            (imgsz)"``), for what ``info`` and the selector's decision say.
         memory_limit_mb: the per-model limit (``None``: none).
         cache_dir: where the optimized-model cache lives; ``None`` turns it off.
         state_dir: TensorRT engine/timing caches and backend decisions.
@@ -109,6 +111,7 @@ class SessionSpec:
     strict_providers: bool = False
     probe: bool = False
     input_shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    input_shapes_from: str = ""
     memory_limit_mb: float | None = None
     cache_dir: Path | None = None
     state_dir: Path | None = None

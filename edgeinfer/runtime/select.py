@@ -62,6 +62,7 @@ from .timing import (
     Cancelled,
     keep_best,
     pick,
+    pick_reason,
     time_finalists,
     time_runs,
 )
@@ -137,6 +138,8 @@ def measure(
         feeds, inputs_note = measure_feeds(spec, gate_, ref)
         if feeds is None:
             note = f"not measured: {inputs_note}"
+            logger.warning("%s: backends %s; serving %s", spec.path.name, note,
+                           default_choice(spec).label())
             choice = default_choice(spec)
             decision = Decision(choice, [Row(choice, "picked", reason=note)], gate_.key,
                                 inputs_note, note=note)
@@ -391,6 +394,9 @@ def annotate_decision(session: Session, decision: Decision) -> None:
     report = session.report
     report.selection = decision.to_dict()
     report.selection["summary"] = decision.summary()
+    picked = next((r for r in decision.rows if r.status == "picked"), None)
+    # why the pick is not the fastest row of its own table, when it is not ("": it is)
+    report.selection["why_picked"] = pick_reason(decision.rows, picked) if picked else ""
     known = {f.provider for f in report.fallbacks}
     for r in decision.rows:  # asked for by name and not runnable here: never silent
         if r.status == "skipped" and ("not available" in r.reason or "not installed" in r.reason) \

@@ -192,3 +192,28 @@ def pick(rows: Sequence[Row]) -> Row | None:
     best = min(r.p50_ms or math.inf for r in ok)
     near = [r for r in ok if (r.p50_ms or math.inf) <= best * TIE]
     return min(near, key=lambda r: (_cost(r.choice), r.p50_ms or math.inf))
+
+
+_CHEAPER = ("fewer threads", "no spinning", "full precision", "onnxruntime (no compile)")
+
+
+def pick_reason(rows: Sequence[Row], winner: Row) -> str:
+    """Why ``winner`` is not the fastest correct row of the table ("" when it is): the
+    faster row was not a finalist (its figure comes from its own slice), or it is within the
+    ``TIE`` margin and the pick costs less, and how."""
+    if winner.p50_ms is None:
+        return ""
+    faster = [r for r in rows if r is not winner and r.status in ("ok", "picked")
+              and r.p50_ms is not None and r.p50_ms < winner.p50_ms]
+    if not faster:
+        return ""
+    best = min(faster, key=lambda r: r.p50_ms or math.inf)
+    share = 1 - (best.p50_ms or 0) / winner.p50_ms
+    gain = f"{best.choice.label()} {best.p50_ms:.2f} ms was {share:.1%} faster"
+    if winner.final and not best.final:
+        return (f"not the fastest row: {gain} in its own slice, but not among the finalists "
+                "timed again interleaved")
+    ours, theirs = _cost(winner.choice), _cost(best.choice)
+    how = next((w for w, a, b in zip(_CHEAPER, ours, theirs) if a < b), "cheaper")
+    return (f"not the fastest row: {gain}, within the {TIE - 1:.0%} margin, and the pick is "
+            f"cheaper ({how})")

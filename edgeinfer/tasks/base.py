@@ -13,6 +13,7 @@ entities; one line in ``tasks.TASKS`` (or ``register_task`` from outside the pac
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -21,8 +22,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from ..config.pipeline import TaskOptions
-from ..errors import ConfigError
+from ..errors import ConfigError, EdgeInferError
 from ..frames import OUTPUTS, Frame, PartKind, TaskResult
+from ..model.samples import local_photos
+from ..runtime.base import TensorSpec
 from ..runtime.gate import Gate, OutputsGate
 from .metrics import OutputPair, fmt_metric
 
@@ -126,8 +129,22 @@ class Task(ABC):
         """What a candidate backend must agree on with the reference to be picked (see
         ``tasks.gates``); by default every output close. A task that gives a kind of answer
         (detections, a top class) compares those instead, on a task of its own built from the
-        same config and model: measuring runs in another thread than the pipeline."""
-        return OutputsGate()
+        same config and model: measuring runs in another thread than the pipeline.
+
+        Here: every output close, judged on the sample photographs through this task's own
+        preprocessing where it takes pictures (``[]`` otherwise: made-up inputs)."""
+        return OutputsGate(feeder=self._photo_feeds,
+                           samples="sample photos through the task's preprocessing")
+
+    def _photo_feeds(self, inputs: Sequence[TensorSpec]) -> list[dict[str, np.ndarray]]:
+        feeds = []
+        for i, image in enumerate(local_photos()):
+            try:
+                f, _ = self.preprocess(Frame(i, time.monotonic(), time.time(), image))
+            except EdgeInferError:  # a task that takes no pictures (audio): made-up inputs
+                return []
+            feeds.append(f)
+        return feeds
 
     def accuracy_metrics(self, pairs: Sequence[OutputPair]) -> dict[str, Any]:
         """How far the compared outputs' answers are from the reference's, in this task's own

@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -27,7 +26,7 @@ import numpy as np
 from .._importer import resolve
 from ..frames import Frame
 from ..runtime.gate import Gate, OutputsGate, compare_arrays
-from ..model.samples import PHOTOS, SAMPLES, samples_dir
+from ..model.samples import local_photos  # here before the move: tests and bench import it
 from . import TASKS
 
 if TYPE_CHECKING:
@@ -37,7 +36,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-MAX_SAMPLES = 4
 IOU = 0.5
 AGREEMENT = 0.99
 
@@ -62,25 +60,6 @@ def gate_key(task_kind: str) -> str:
 def gate_for(task: Task) -> Gate:
     """The gate for ``task``'s kind: ``task.accuracy_gate()``."""
     return task.accuracy_gate()
-
-
-def local_photos(limit: int = MAX_SAMPLES) -> list[np.ndarray]:
-    """The sample photographs present on this device (BGR), at most ``limit``."""
-    import cv2
-
-    folder = samples_dir()
-    names = [e.filename for e in (*SAMPLES.values(), *PHOTOS.values())]
-    out: list[np.ndarray] = []
-    for name in dict.fromkeys(names):
-        path = Path(folder) / name
-        if not path.is_file() or not name.lower().endswith((".png", ".jpg", ".jpeg")):
-            continue
-        image = cv2.imread(str(path), cv2.IMREAD_COLOR)
-        if image is not None:
-            out.append(np.asarray(image))
-        if len(out) >= limit:
-            break
-    return out
 
 
 def _image_feeds(task: Preprocessing) -> list[dict[str, np.ndarray]]:

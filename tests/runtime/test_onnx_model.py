@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging
-import shutil
 from pathlib import Path
 
 import numpy as np
+import onnx
+import onnx.helper
 import onnxruntime as ort
 import pytest
 
@@ -64,8 +65,14 @@ def test_threads_and_small_device_session_options(yolo_path: Path) -> None:
 def test_dynamic_shapes_without_input_shapes_skip_warmup_with_a_note(
     yolo_path: Path, image: np.ndarray, caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
-    mine = tmp_path / "mine.onnx"  # the same bytes outside the models cache: no shapes known
-    shutil.copy(yolo_path, mine)
+    # the example model without its size in the metadata (imgsz), outside the models cache:
+    # no size known (a copy of the same bytes is the example model, sized as it is)
+    mine = tmp_path / "mine.onnx"
+    model = onnx.load(yolo_path)
+    props = {p.key: p.value for p in model.metadata_props if p.key != "imgsz"}
+    del model.metadata_props[:]
+    onnx.helper.set_model_props(model, props)
+    onnx.save(model, mine)
     with caplog.at_level(logging.WARNING), edgeinfer.load_model(mine) as m:
         assert not m.report.warmed_up
         assert "pass input_shapes" in m.report.warmup_note
