@@ -31,7 +31,10 @@ from .providers import cpu_features, cpu_features_digest, detect_platform
 
 logger = logging.getLogger(__name__)
 
-SELECTOR_VERSION = 1
+# 2: the gate judges on photos through the task's preprocessing with a noise floor, and never on
+# a guessed input size (issue 30): picks cached by version 1 refused right candidates on outputs
+# near zero, so every device measures each model once more.
+SELECTOR_VERSION = 2
 DEFAULT_BUDGET_S = 15.0
 
 
