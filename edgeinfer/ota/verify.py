@@ -171,7 +171,7 @@ def trial_run(path: Path, pipeline: PipelineConfig, runtime: RuntimeConfig, *,
             m.close()
     note = speed.describe()
     if speed.verdict == "too_slow":
-        raise OtaRejected("too_slow", f"the new model takes {note}")
+        raise OtaRejected("too_slow", f"the new model is slower than allowed: {note}")
     checks.append(note)
     if speed.verdict == "inconclusive":
         logger.warning("candidate %s: %s", path, note)
