@@ -44,6 +44,9 @@ def test_update_commits_and_results_carry_the_new_model(rig: Rig, models: dict[s
     assert final["state"] == "committed", (final, dev.tail())
     assert "receiving" in states and "verifying" in states and "applied" in states
     assert final["previous"]["sha256"] == _sha(models["v1"])
+    # the speed check timed v2 in turns with v1, in the same trial, and says what it found
+    assert final["message"].startswith("verified; latency ") and "the current model's time" \
+        in final["message"] and "timed in turns" in final["message"], final
 
     after = dev.result(where=lambda r: r["model"]["version"] == "2.0.0")
     assert after["model"] == {"name": "classifier", "version": "2.0.0",
