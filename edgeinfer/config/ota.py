@@ -20,15 +20,19 @@ class VerifyConfig(ConfigStruct, frozen=True):
     Attributes:
         memory_limit_mb: The worker's memory limit (``null``: none, e.g. for GPU providers).
         timeout_s: Loading plus the trial runs must finish within this.
-        max_slowdown: Refuse a candidate whose latency is more than this many times the
-            current model's.
-        runs: Timed trial runs.
+        max_slowdown: Refuse a candidate surely more than this many times slower than the
+            current model, both timed in turns in the same trial.
+        runs: The fewest rounds of that comparison (each times both models once; 6 at the
+            least for a verdict).
+        compare_s: The most time the comparison takes; one still too noisy to conclude then
+            lets the update go on (it says so), never refuses it.
     """
 
     memory_limit_mb: MiB | None = 512.0
     timeout_s: Seconds = 120.0
     max_slowdown: Annotated[float, Meta(ge=1.0, le=1000.0)] = 2.0
     runs: Annotated[int, Meta(ge=1, le=1000)] = 5
+    compare_s: Seconds = 10.0
 
 
 class HealthConfig(ConfigStruct, frozen=True):

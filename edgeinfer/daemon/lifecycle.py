@@ -156,9 +156,13 @@ class Daemon:
             reasons = "; ".join(f"{k}: {v}" for k, v in self.failed.items()) or "none configured"
             raise ConfigError(f"no pipeline could start ({reasons})")
         if self.link is not None:
-            self.link.ready()
+            # OTA subscribes before the birth, as the command server does: a retained "online"
+            # means an offer published now is taken (one connection: the broker handles the
+            # SUBSCRIBE before the birth's PUBLISH). After it, an offer sent on seeing the birth
+            # or the first result could arrive before the subscription and be lost unanswered.
             if self.ota is not None and self.link.plumbing is not None:
                 self.ota.start(self.link.plumbing.client)
+            self.link.ready()
         if self.config.metrics is not None and self.config.metrics.enabled:
             self.metrics = MetricsServer(self, self.config.metrics)
             self.metrics.start()

@@ -83,7 +83,7 @@ class Updater:
         agent, m = self.agent, staged.manifest
         crash_point("verify")
         try:
-            entry = self._verify_and_store(staged)
+            entry, verified = self._verify_and_store(staged)
         except (OtaRejected, OSError, RecursionError, ValueError) as exc:
             staged.remove()  # before the status: whoever reads it finds no staging left
             if isinstance(exc, OtaRejected):
@@ -100,35 +100,30 @@ class Updater:
         staged.remove()
         logger.info("ota: %s %s verified; swapping it into pipeline %s", m.name, m.version,
                     m.pipeline)
-        self._swap_and_gate(entry, staged)
+        self._swap_and_gate(entry, staged, verified)
 
-    def _verify_and_store(self, staged: StagedTransfer) -> StoreEntry:
+    def _verify_and_store(self, staged: StagedTransfer) -> tuple[StoreEntry, str]:
+        """The checks and the trial run; the stored entry and what the speed check said."""
         agent, m = self.agent, staged.manifest
         check_file(staged.data_path, sha256=m.sha256, size=m.size, format=m.format,
                    max_model_mb=agent.max_model_mb)
         pc = self._config(m.pipeline)
         v = agent.ota.verify
         golden, atol, rtol = self._golden(staged)
-        baseline = None
         running = agent.running(m.pipeline)
-        if running is not None and not running.model.closed:
-            try:  # the current model timed the same way, under the same load, for a fair ratio
-                baseline = trial_run(running.model.path, pc, self.host.config.runtime,
-                                     memory_limit_mb=None, timeout_s=v.timeout_s,
-                                     runs=v.runs).latency_ms
-            except EdgeInferError as exc:
-                logger.warning("ota: timing the current model failed (%s); no speed check", exc)
+        # The current model is timed in the same trial, in turns with the candidate, in the
+        # same worker conditions: a latency taken at another moment says little on a busy box.
+        current = running.model.path if running is not None and not running.model.closed \
+            else None
         report = trial_run(staged.data_path, pc, self.host.config.runtime, golden=golden,
-                           atol=atol, rtol=rtol, baseline_ms=baseline,
+                           atol=atol, rtol=rtol, current=current,
                            max_slowdown=v.max_slowdown, memory_limit_mb=v.memory_limit_mb,
-                           timeout_s=v.timeout_s, runs=v.runs)
-        logger.info("ota: %s %s passed: %s; %.1f ms per run (current %s)", m.name, m.version,
-                    ", ".join(report.checks), report.latency_ms,
-                    "n/a" if baseline is None else f"{baseline:.1f} ms")
+                           timeout_s=v.timeout_s, runs=v.runs, compare_s=v.compare_s)
+        logger.info("ota: %s %s passed: %s", m.name, m.version, "; ".join(report.checks))
         entry = self.store.add(staged.data_path, staged.offer.manifest.encode(),
                                staged.offer.signature)
         crash_point("store")
-        return entry
+        return entry, report.speed_note
 
     def _golden(self, staged: StagedTransfer) -> tuple[dict[str, np.ndarray] | None, float, float]:
         m = staged.manifest
@@ -146,7 +141,7 @@ class Updater:
         return golden, m.golden.atol, m.golden.rtol
 
     # -- swap and gate -------------------------------------------------------------------------
-    def _swap_and_gate(self, entry: StoreEntry, staged: StagedTransfer) -> None:
+    def _swap_and_gate(self, entry: StoreEntry, staged: StagedTransfer, verified: str) -> None:
         agent, m = self.agent, staged.manifest
         pc = agent.effective(self._config(m.pipeline))
         new_pc = self._with_model(pc, entry, m.name, m.version)
@@ -186,7 +181,7 @@ class Updater:
                     agent.publish("rolled_back", staged=staged, reason="load_failed",
                                   message=f"the pipeline does not start on it: {exc}")
                     return
-        agent.publish("applied", staged=staged)
+        agent.publish("applied", staged=staged, message=f"verified; {verified}")
         crash_point("swap")
         verdict = self._gate(m.pipeline, baseline)
         if verdict is None:  # the daemon is stopping: uncommitted, undone at the next boot
@@ -198,7 +193,8 @@ class Updater:
                                 request=staged.request, expires=parse_time(m.expires))
             if old_model is not None:
                 old_model.close()
-            agent.publish("committed", staged=staged, previous=previous)
+            agent.publish("committed", staged=staged, previous=previous,
+                          message=f"verified; {verified}")
         else:
             self._undo(m.pipeline, model, old_model, old_task)
             agent.publish("rolled_back", staged=staged, reason="health_gate", message=verdict,

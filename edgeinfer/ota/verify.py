@@ -6,8 +6,10 @@ the candidate in an isolated worker process under a memory limit, with the pipel
 options, runs the golden inputs (or a synthetic frame through the pipeline's own task, exactly
 as the pipeline does: ``preprocess``, ``inject_state``, the model, ``update_state``,
 ``postprocess``), checks that the task decodes finite outputs, and times it against the running
-model. Every refusal is an ``OtaRejected``
-whose ``reason`` is one of the status reason codes.
+model: the current model's file loaded in a second worker with the same options, niceness and
+isolation, the two run in turns on the same synthetic frame at the moment of the decision
+(``timing.compare_latency``). A comparison too noisy to conclude never refuses the candidate.
+Every refusal is an ``OtaRejected`` whose ``reason`` is one of the status reason codes.
 
 A watchdog thread bounds the whole trial (load and runs) by ``timeout_s``: when it fires it
 kills the worker process, which makes the blocked call return, and the trial is refused with
@@ -17,8 +19,6 @@ kills the worker process, which makes the blocked call return, and the trial is 
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import statistics
 import threading
 import time
@@ -33,13 +33,12 @@ from ..errors import (
     EdgeInferError,
     InferenceError,
     InvalidInputError,
-    ModelMemoryError,
-    ModelTooLargeError,
     OtaRejected,
-    UnsafeModelError,
     WorkerCrashedError,
 )
 from .filecheck import check_file
+from .timing import SpeedVerdict, compare_latency
+from .watchdog import TrialWatchdog, rejection_for
 
 if TYPE_CHECKING:
     from ..config import PipelineConfig, RuntimeConfig
@@ -51,6 +50,8 @@ __all__ = ["GOLDEN_OUTPUT_PREFIX", "VerifyReport", "check_file", "trial_run"]
 
 logger = logging.getLogger(__name__)
 
+# Below a millisecond, per-call overhead and scheduling noise dwarf the model: a slowdown
+# counts only when it is also more than this in absolute terms.
 SLOWDOWN_FLOOR_MS = 1.0
 VERIFY_NICE = 10  # the trial run yields the CPU to the running pipelines
 
@@ -59,8 +60,6 @@ GOLDEN_OUTPUT_PREFIX = "out:"
 inputs by name."""
 
 _DEFAULT_SIZE = (640, 480)  # width, height of an image source that configures none
-# How native code that ignores a failed allocation under RLIMIT_AS usually dies (worker.py).
-_ALLOC_SIGNALS = ("SIGABRT", "SIGSEGV", "SIGBUS")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,11 +67,16 @@ class VerifyReport:
     """What a successful ``trial_run`` measured.
 
     Attributes:
-        latency_ms: Median of the timed runs in the worker (inter-process copy included).
-        baseline_ms: The running model's latency it was compared with (``None``: not compared).
+        latency_ms: Median of the candidate's timed runs in the worker (inter-process copy
+            included).
+        baseline_ms: The current model's median, timed in turns with the candidate in the same
+            trial (``None``: not compared).
         outputs: Output name -> shape seen on the trial input.
         checks: What passed, in order, readable (``"golden (1 inputs, 1 outputs)"``, ...).
         provider: The provider the candidate ran on.
+        speed: The comparison with the current model (``None``: not compared); its
+            ``verdict`` is ``"ok"`` or ``"inconclusive"`` (too noisy to conclude: passed).
+        speed_note: What the speed check concluded, in words (also the last of ``checks``).
     """
 
     latency_ms: float
@@ -80,6 +84,8 @@ class VerifyReport:
     outputs: dict[str, list[int]]
     checks: list[str]
     provider: str
+    speed: SpeedVerdict | None = None
+    speed_note: str = ""
 
 
 # --- the trial run -----------------------------------------------------------------------------
@@ -87,10 +93,11 @@ class VerifyReport:
 
 def trial_run(path: Path, pipeline: PipelineConfig, runtime: RuntimeConfig, *,
               golden: Mapping[str, np.ndarray] | None = None, atol: float = 1e-3,
-              rtol: float = 1e-3, baseline_ms: float | None = None, max_slowdown: float = 2.0,
+              rtol: float = 1e-3, current: Path | None = None, max_slowdown: float = 2.0,
               memory_limit_mb: float | None = 512, timeout_s: float = 120.0,
-              runs: int = 5) -> VerifyReport:
-    """Load ``path`` in an isolated worker as ``pipeline`` would, run it, decode it, time it.
+              runs: int = 5, compare_s: float = 10.0) -> VerifyReport:
+    """Load ``path`` in an isolated worker as ``pipeline`` would, run it, decode it, and time
+    it in turns with the ``current`` model.
 
     Args:
         path: The candidate model (already through ``check_file``).
@@ -98,12 +105,18 @@ def trial_run(path: Path, pipeline: PipelineConfig, runtime: RuntimeConfig, *,
         runtime: The daemon's runtime settings (state directory, model size limit).
         golden: Inputs by input name and expected outputs as ``out:<output name>``.
         atol, rtol: Tolerances of the golden comparison (``np.allclose``).
-        baseline_ms: The running model's latency; ``None``: latency is measured, not compared.
-        max_slowdown: Refuse a median latency above ``baseline_ms * max_slowdown`` (and more
-            than ``SLOWDOWN_FLOOR_MS`` above ``baseline_ms``).
-        memory_limit_mb: The worker's memory limit (``ota.verify.memory_limit_mb``).
-        timeout_s: Loading and all runs together; past it the worker is killed.
-        runs: Timed runs of the trial input.
+        current: The model the pipeline runs now: loaded in a second worker with the same
+            options and niceness, timed in turns with the candidate; ``None``: the candidate's
+            latency is measured, not compared. A current model that cannot be timed there
+            leaves the speed unchecked (logged), never refuses the candidate.
+        max_slowdown: Refuse a candidate surely slower than ``max_slowdown`` times the current
+            model (the whole 95 % interval of the paired ratio above it, and more than
+            ``SLOWDOWN_FLOOR_MS`` slower).
+        memory_limit_mb: The candidate worker's memory limit (``ota.verify.memory_limit_mb``).
+        timeout_s: Loading and all runs together; past it the workers are killed.
+        runs: The fewest rounds of the comparison (the fewest timed runs without ``current``).
+        compare_s: The most time the comparison takes (less when the timeout leaves less);
+            a comparison still unsettled then passes as too noisy to conclude.
 
     Returns:
         The measurements and the checks that passed.
@@ -113,27 +126,115 @@ def trial_run(path: Path, pipeline: PipelineConfig, runtime: RuntimeConfig, *,
             ``golden_mismatch``, ``undecodable``, ``too_slow`` (also ``oversize`` and
             ``unsafe_model`` if the file changed since ``check_file``).
     """
-    watchdog = _Watchdog(timeout_s)
-    model: Model | None = None
+    watchdog = TrialWatchdog(timeout_s)
+    loading: _Loading | None = None
     try:
         with watchdog:
+            # The current model loads in its own worker while the candidate loads: two niced
+            # workers starting on a busy box take half the time side by side.
+            if current is not None:
+                loading = _Loading(Path(current), pipeline, runtime, watchdog)
             try:
                 model = _load(Path(path), pipeline, runtime, memory_limit_mb,
                               watchdog.remaining())
-                watchdog.model = model
+                watchdog.models.append(model)
                 watchdog.check()
-                return _exercise(model, pipeline, watchdog, golden=golden, atol=atol,
-                                 rtol=rtol, baseline_ms=baseline_ms, max_slowdown=max_slowdown,
-                                 runs=runs)
+                checks, shapes, feeds = _exercise(model, pipeline, watchdog, golden=golden,
+                                                  atol=atol, rtol=rtol)
+                if current is None:
+                    latency = _time_runs(model, feeds, runs, watchdog)
+                    checks.append(f"latency {latency:.2f} ms (not compared)")
+                    return _report(model, latency, None, shapes, checks)
+                assert loading is not None
+                other = loading.result()
+                if other is None:
+                    latency = _time_runs(model, feeds, runs, watchdog)
+                    checks.append(f"latency {latency:.2f} ms (not compared: the current model "
+                                  "could not be timed in a trial worker)")
+                    return _report(model, latency, None, shapes, checks)
+                other_model, other_feeds = other
+                provider = model.provider
+                speed = compare_latency(
+                    lambda: other_model.run(other_feeds), lambda: model.run(feeds),
+                    max_slowdown=max_slowdown, floor_ms=SLOWDOWN_FLOOR_MS, min_rounds=runs,
+                    budget_s=min(compare_s, 0.5 * watchdog.remaining()), check=watchdog.check)
             except OtaRejected:
                 if watchdog.fired:
                     raise watchdog.rejection() from None
                 raise
             except EdgeInferError as exc:
-                raise _rejection(exc, watchdog, memory_limit_mb) from exc
+                raise rejection_for(exc, watchdog, memory_limit_mb) from exc
     finally:
-        if model is not None:
-            model.close()
+        if loading is not None:
+            loading.close()
+        for m in watchdog.models:
+            m.close()
+    note = speed.describe()
+    if speed.verdict == "too_slow":
+        raise OtaRejected("too_slow", f"the new model is slower than allowed: {note}")
+    checks.append(note)
+    if speed.verdict == "inconclusive":
+        logger.warning("candidate %s: %s", path, note)
+    logger.info("candidate %s passed its trial run: %s", path, "; ".join(checks))
+    return VerifyReport(latency_ms=speed.candidate_ms, baseline_ms=speed.current_ms,
+                        outputs=shapes, checks=checks, provider=provider, speed=speed,
+                        speed_note=note)
+
+
+def _report(model: Model, latency: float, baseline: float | None, shapes: dict[str, list[int]],
+            checks: list[str]) -> VerifyReport:
+    logger.info("candidate %s passed its trial run: %s", model.path, "; ".join(checks))
+    return VerifyReport(latency_ms=latency, baseline_ms=baseline, outputs=shapes, checks=checks,
+                        provider=model.provider, speed_note=checks[-1])
+
+
+class _Loading:
+    """The current model loading in a trial worker like the candidate's, in a thread: same
+    options, niceness and isolation; no memory limit (it runs already, and the limit does not
+    change its speed). ``result()`` gives it with its own task's feeds from the same synthetic
+    frame, or ``None`` (logged) when it cannot be timed there: the candidate is not refused for
+    that."""
+
+    def __init__(self, path: Path, pipeline: PipelineConfig, runtime: RuntimeConfig,
+                 watchdog: TrialWatchdog) -> None:
+        self.path, self.pipeline, self.watchdog = path, pipeline, watchdog
+        self.model: Model | None = None
+        self.error: EdgeInferError | None = None
+        self._thread = threading.Thread(target=self._load, args=(runtime,), daemon=True,
+                                        name="ota-verify-current")
+        self._thread.start()
+
+    def _load(self, runtime: RuntimeConfig) -> None:
+        try:
+            self.model = _load(self.path, self.pipeline, runtime, None,
+                               self.watchdog.remaining())
+        except EdgeInferError as exc:
+            self.error = exc
+
+    def result(self) -> tuple[Model, dict[str, np.ndarray]] | None:
+        self._thread.join()  # bounded: the load has the trial's remaining time as its timeout
+        if self.model is None:
+            self._untimed("does not load", self.error)
+            return None
+        self.watchdog.models.append(self.model)
+        try:
+            _, feeds, _ = _run_task(self.model, self.pipeline)
+        except EdgeInferError as exc:
+            self._untimed("does not run", exc)
+            return None
+        return self.model, feeds
+
+    def _untimed(self, what: str, exc: EdgeInferError | None) -> None:
+        if self.watchdog.fired:
+            raise self.watchdog.rejection()
+        logger.warning("ota: the current model %s %s in a trial worker (%s); the candidate's "
+                       "speed is not compared", self.path, what, exc)
+
+    def close(self) -> None:
+        """Wait for the load (a candidate refused early) and close what it opened."""
+        self._thread.join()
+        if self.model is not None and self.model not in self.watchdog.models:
+            self.model.close()
 
 
 def _load(path: Path, pipeline: PipelineConfig, runtime: RuntimeConfig,
@@ -178,38 +279,27 @@ def _check_task_inputs(path: Path, pipeline: PipelineConfig,
                                          f"{sorted(info.onnx.inputs)})")
 
 
-def _exercise(model: Model, pipeline: PipelineConfig, watchdog: _Watchdog, *,
-              golden: Mapping[str, np.ndarray] | None, atol: float, rtol: float,
-              baseline_ms: float | None, max_slowdown: float, runs: int) -> VerifyReport:
+def _exercise(model: Model, pipeline: PipelineConfig, watchdog: TrialWatchdog, *,
+              golden: Mapping[str, np.ndarray] | None, atol: float, rtol: float
+              ) -> tuple[list[str], dict[str, list[int]], dict[str, np.ndarray]]:
+    """The golden and task checks; the checks passed, the output shapes and the task's feeds
+    (what the speed check times: the input the pipeline gives the model)."""
     checks = [f"loads in an isolated worker ({model.provider})"]
     shapes: dict[str, list[int]] = {}
-    timed: dict[str, np.ndarray] | None = None
     if golden is not None:
-        timed = dict(_golden_inputs(golden))
         outputs = _run_golden(model, golden, atol, rtol)
         shapes.update({k: list(v.shape) for k, v in outputs.items()})
         compared = sum(1 for k in golden if k.startswith(GOLDEN_OUTPUT_PREFIX))
-        checks.append(f"golden ({len(timed)} inputs, {compared} outputs compared)")
+        checks.append(f"golden ({len(_golden_inputs(golden))} inputs, {compared} outputs "
+                      "compared)")
         watchdog.check()
     tag, feeds, outputs = _run_task(model, pipeline)
-    if timed is None:
-        timed = feeds
+    if golden is None:
         shapes.update({k: list(v.shape) for k, v in outputs.items()})
     checks.append(f"task {tag} decodes")
     checks.append("outputs finite")
     watchdog.check()
-    latency = _time_runs(model, timed, runs, watchdog)
-    # Below a millisecond, per-call overhead and scheduling noise dwarf the model: a slowdown
-    # counts only when it is also more than SLOWDOWN_FLOOR_MS in absolute terms.
-    if baseline_ms is not None and latency > max(baseline_ms * max_slowdown,
-                                                 baseline_ms + SLOWDOWN_FLOOR_MS):
-        raise OtaRejected("too_slow", f"the new model takes {latency:.1f} ms vs "
-                                      f"{baseline_ms:.1f} ms now (limit {max_slowdown:g}x)")
-    checks.append(f"latency {latency:.2f} ms" + (
-        "" if baseline_ms is None else f" vs {baseline_ms:.2f} ms (limit {max_slowdown:g}x)"))
-    logger.info("candidate %s passed its trial run: %s", model.path, "; ".join(checks))
-    return VerifyReport(latency_ms=latency, baseline_ms=baseline_ms, outputs=shapes,
-                        checks=checks, provider=model.provider)
+    return checks, shapes, feeds
 
 
 def _golden_inputs(golden: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -309,7 +399,7 @@ def _check_finite(outputs: Mapping[str, np.ndarray], what: str) -> None:
 
 
 def _time_runs(model: Model, feeds: dict[str, np.ndarray], runs: int,
-               watchdog: _Watchdog) -> float:
+               watchdog: TrialWatchdog) -> float:
     """Median wall time of ``runs`` calls (at least one), in milliseconds."""
     clock = time.perf_counter
     times = []
@@ -343,86 +433,3 @@ def synthetic_frame(pipeline: PipelineConfig) -> Frame:
     width = getattr(src, "width", None) or _DEFAULT_SIZE[0]
     height = getattr(src, "height", None) or _DEFAULT_SIZE[1]
     return Frame(0, now, wall, TestPattern(width, height).draw(0))
-
-
-# --- failures ----------------------------------------------------------------------------------
-
-
-def _rejection(exc: EdgeInferError, watchdog: _Watchdog,
-               memory_limit_mb: float | None) -> OtaRejected:
-    """The status reason for an error the load or a run raised."""
-    if watchdog.fired:
-        return watchdog.rejection()
-    text = str(exc)
-    if isinstance(exc, ModelMemoryError):
-        return OtaRejected("out_of_memory", text)
-    if isinstance(exc, WorkerCrashedError):
-        if " timed out after " in text:  # WorkerSession's own start timeout
-            return OtaRejected("timeout", text)
-        if memory_limit_mb is not None and any(s in text for s in _ALLOC_SIGNALS):
-            return OtaRejected("out_of_memory", text)
-        return OtaRejected("worker_crashed", text)
-    if isinstance(exc, ModelTooLargeError):
-        return OtaRejected("oversize", text)
-    if isinstance(exc, UnsafeModelError):
-        return OtaRejected("unsafe_model", text)
-    if isinstance(exc, InvalidInputError):
-        return OtaRejected("undecodable", text)
-    # ModelLoadError, ModelFormatError, ProviderError, a ConfigError of the options (an
-    # input_shapes entry the model has no input for), an InferenceError of the warm-up.
-    return OtaRejected("load_failed", f"{type(exc).__name__}: {text}")
-
-
-class _Watchdog:
-    """Kills the trial's worker once ``timeout_s`` has passed. The load itself is bounded by the
-    worker's own start timeout (``load_model(worker_timeout_s=...)``); this covers the runs and
-    the work between them."""
-
-    def __init__(self, timeout_s: float) -> None:
-        self.timeout_s = timeout_s
-        self.model: Model | None = None
-        self.fired = False
-        self._done = threading.Event()
-        self._deadline = 0.0
-        self._thread: threading.Thread | None = None
-
-    def __enter__(self) -> _Watchdog:
-        self._deadline = time.monotonic() + self.timeout_s
-        self._thread = threading.Thread(target=self._watch, name="ota-verify-watchdog",
-                                        daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        if self._thread is not None:
-            self._thread.join()
-
-    def remaining(self) -> float:
-        return self._deadline - time.monotonic()
-
-    def check(self) -> None:
-        """Raise ``timeout`` once the deadline has passed (for work done outside the worker)."""
-        if self.fired or time.monotonic() > self._deadline:
-            self.fired = True
-            raise self.rejection()
-
-    def rejection(self) -> OtaRejected:
-        return OtaRejected("timeout", f"the trial run took longer than {self.timeout_s:g} s "
-                                      "(loading and runs); the worker was killed")
-
-    def _watch(self) -> None:
-        if self._done.wait(max(0.0, self._deadline - time.monotonic())):
-            return
-        self.fired = True
-        logger.warning("trial run past %g s: killing its worker", self.timeout_s)
-        while True:  # until the trial notices (a load still under way ends by its own timeout)
-            model = self.model
-            pid = model.worker_pid if model is not None else None
-            if pid is not None:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-            if self._done.wait(0.05):
-                return

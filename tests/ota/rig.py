@@ -88,6 +88,7 @@ class Device:
 
     def start(self, env: dict[str, str] | None = None) -> Device:
         self.rig.peer.drain(self.result_topic)
+        self.rig.peer.drain(self.birth_topic)
         full_env = {k: v for k, v in os.environ.items() if k != "EDGEINFER_OTA_CRASH_AT"}
         full_env.update(env or {})
         with open(self.log, "a") as log:
@@ -97,8 +98,20 @@ class Device:
         return self
 
     def wait_running(self, timeout: float = 60.0) -> dict[str, Any]:
-        """The first result after start (the pipeline runs); returns it."""
-        return self.result(timeout=timeout)
+        """The first result after start once the daemon's birth lists the pipeline (its OTA
+        topics are subscribed then; a result comes before that, and the birth sent on connecting
+        lists no pipeline yet); returns the result."""
+        def ready(msg: Any) -> bool:
+            birth = json.loads(msg.payload)
+            return bool(birth.get("state") == "online" and "cls" in birth.get("pipelines", ()))
+
+        deadline = time.monotonic() + timeout
+        try:
+            self.rig.peer.next(self.birth_topic, timeout, ready)
+        except AssertionError:
+            raise AssertionError(f"{self.id}: no online birth; daemon log:\n{self.tail()}"
+                                 ) from None
+        return self.result(timeout=max(1.0, deadline - time.monotonic()))
 
     def result(self, timeout: float = 30.0,
                where: Callable[[dict[str, Any]], bool] | None = None) -> dict[str, Any]:

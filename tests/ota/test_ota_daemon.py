@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ from typing import Any
 import pytest
 
 from edgeinfer.testing import onnx_models
+from edgeinfer.testing.mosquitto import Mosquitto
 from rig import PREFIX, Rig
 
 
@@ -41,6 +44,9 @@ def test_update_commits_and_results_carry_the_new_model(rig: Rig, models: dict[s
     assert final["state"] == "committed", (final, dev.tail())
     assert "receiving" in states and "verifying" in states and "applied" in states
     assert final["previous"]["sha256"] == _sha(models["v1"])
+    # the speed check timed v2 in turns with v1, in the same trial, and says what it found
+    assert final["message"].startswith("verified; latency ") and "the current model's time" \
+        in final["message"] and "timed in turns" in final["message"], final
 
     after = dev.result(where=lambda r: r["model"]["version"] == "2.0.0")
     assert after["model"] == {"name": "classifier", "version": "2.0.0",
@@ -412,3 +418,29 @@ def test_real_models_float_to_int8_with_golden_and_wrong_task(
     assert done.returncode == 0 and status["state"] == "committed", (done, dev.tail())
     after = dev.result(where=lambda r: r["model"]["version"] == "2.0.0-int8")
     assert after["model"]["sha256"] == _sha(yolo_int8)
+
+
+def test_the_birth_that_lists_the_pipelines_comes_after_the_ota_subscriptions(
+        tmp_path: Path, models: dict[str, Path]) -> None:
+    """A pusher that sends its offer on seeing the device's birth (or its first result) must
+    find the offer topic subscribed: in the broker's own log, the daemon's SUBSCRIBE to its
+    ``ota/offer`` topic comes before the birth it publishes once the pipelines run (the second
+    retained status; the first is sent on connecting, before any pipeline starts). Before this,
+    the subscription came after that birth and an offer sent at once was lost, unanswered."""
+    with Mosquitto(extra_config="log_type debug") as broker:
+        rig = Rig(tmp_path, broker.host, broker.port)
+        try:
+            dev = rig.device(models["v1"]).start()
+            dev.wait_running()
+            status = re.compile(rf"Received PUBLISH from edgeinfer-{dev.id} \(d0, q1, r1, "
+                                rf"m\d+, '{re.escape(_base(dev))}/status'")
+            deadline = time.monotonic() + 30
+            while len(status.findall(broker.log)) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            log = broker.log
+            births = [m.start() for m in status.finditer(log)]
+            assert len(births) >= 2, log[-3000:]
+            offer = log.find(f"\t{_base(dev)}/ota/offer (QoS 1)")
+            assert 0 <= offer < births[1], log[-3000:]
+        finally:
+            rig.close()

@@ -224,13 +224,14 @@ def test_check_file_refuses_a_file_over_the_limit(tmp_path: Path) -> None:
 def test_a_good_classifier_passes_with_its_report(tmp_path: Path) -> None:
     model = classifier(tmp_path / "cls.onnx")
     report = trial(tmp_path, model, task="{type: classify, top_k: 2}",
-                   source="{type: synthetic, width: 64, height: 48}", baseline_ms=1000.0)
+                   source="{type: synthetic, width: 64, height: 48}", current=model)
     assert report.outputs == {"probs": [1, 5]}
     assert report.provider == "CPUExecutionProvider"
-    assert report.baseline_ms == 1000.0 and 0 < report.latency_ms < 1000
+    assert report.speed is not None and report.speed.verdict in ("ok", "inconclusive")
+    assert report.baseline_ms == report.speed.current_ms > 0 and report.latency_ms > 0
     assert "task classify decodes" in report.checks
     assert report.checks[0].startswith("loads in an isolated worker")
-    assert _worker_children() == set()  # the worker was closed
+    assert _worker_children() == set()  # both workers were closed
 
 
 def test_a_raw_model_on_a_sensor_pipeline_passes(tmp_path: Path) -> None:
@@ -361,16 +362,13 @@ def test_a_worker_that_dies_running_the_model_is_worker_crashed(tmp_path: Path) 
     assert handler.killed and "killed by SIGKILL while running the model" in str(err)
 
 
-def test_a_candidate_slower_than_allowed_is_too_slow(tmp_path: Path, yolo_path: Path) -> None:
-    err = rejected("too_slow", trial, tmp_path, yolo_path, task=DETECT_TASK,
-                   source="{type: synthetic}", baseline_ms=1.0, max_slowdown=2.0, runs=3)
-    assert "ms now (limit 2x)" in str(err)
-
-
-def test_a_slowdown_under_a_millisecond_is_noise_not_refused(tmp_path: Path) -> None:
-    report = trial(tmp_path, onnx_models.add_model(tmp_path / "add.onnx"), baseline_ms=1e-6,
-                   max_slowdown=2.0, runs=3)
-    assert report.latency_ms < 1e-6 + 1.0 and report.baseline_ms == 1e-6
+def test_a_candidate_refused_before_the_comparison_leaves_no_worker(
+        tmp_path: Path, yolo_path: Path) -> None:
+    # the current model loads beside the candidate; a candidate that fails its task check
+    # closes both (the speed checks themselves: tests/ota/test_trial_timing.py)
+    rejected("undecodable", trial, tmp_path, image_identity(tmp_path / "id.onnx"),
+             task="{type: classify}", source="{type: synthetic}", current=yolo_path)
+    assert _worker_children() == set()
 
 
 def test_a_trial_past_its_timeout_is_killed_and_refused(tmp_path: Path, yolo_path: Path) -> None:
