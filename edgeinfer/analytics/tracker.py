@@ -26,6 +26,18 @@ whose box has not moved for ``stationary_after`` of its detections is stationary
 is zeroed, detection frames that miss it do not age it (the model was run for motion elsewhere,
 or on a crop without it) unless they are re-checks of the whole frame, and `touch` (motion
 over it) makes it moving again.
+
+Across a detection interval an object may move more than its own width (a face crossing a
+720p frame at 600 px/s moves 1-2 widths between detections at 5 a second): its boxes at two
+detections do not overlap, and a new track, whose velocity is still unknown, cannot be matched
+by IoU at all. So a track that `predict` carried over frames without detections, and that IoU
+left unmatched, is matched by distance next: a high-score detection whose centre lies within
+``_REACH`` of the track's size (the geometric mean of width and height) per frame elapsed since
+its last match, from its predicted centre, and whose size is within ``_SIZE_RATIO`` of its own;
+the nearest (relative to that reach) wins in one assignment. A track whose velocity is still
+unknown (one detection so far) takes it from its two detections (displacement over the frames
+between them), so its next prediction is on the object. Every-frame tracking never sees this
+stage (no frame passes without detections), so it is ByteTrack's as before.
 """
 
 from __future__ import annotations
@@ -47,6 +59,9 @@ _LOST_PENALTY_FRAMES = 10
 _GATE_LOST = 2  # detections a moving track may miss and still keep a detection gate open
 _NO_IDS = np.empty(0, dtype=np.int64)
 _STILL_IOU = 0.8  # IoU with the box where it stopped, at or above which a track has not moved
+_REACH = 1.0  # sizes per elapsed frame: how far from its prediction a detection may match a
+# track by distance (across a detection interval; 3 sizes at detect.fps 5 of a 15 fps camera)
+_SIZE_RATIO = 2.0  # most width or height ratio between a track and a detection it matches
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +144,9 @@ class ByteTracker:
         self._anchor = np.empty((0, 4))  # the box where each track stopped moving
         self._still = np.empty(0, dtype=np.int64)  # its detections since, without moving
         self._stationary = np.empty(0, dtype=bool)
+        self._since = np.empty(0, dtype=np.int64)  # frames since its last match
+        self._skips = np.empty(0, dtype=np.int64)  # ... of which without detections (predict)
+        self._fresh = np.empty(0, dtype=bool)  # matched once: no velocity yet
         self._first = True
 
     @property
@@ -140,6 +158,7 @@ class ByteTracker:
         """Advance every track by one frame that has no detections and return the predicted
         boxes of the live confirmed tracks. Not a miss: tracks age only in `update`."""
         self._predict()
+        self._skips += 1
         live = np.flatnonzero((self._tid > 0) & (self._lost == 0))
         return TrackPrediction(self._tid[live], _xyxy(self._mean[live]), self._cls[live],
                                self._score[live])
@@ -212,9 +231,14 @@ class ByteTracker:
         left[d1] = False
         t3, d3 = self._associate(np.flatnonzero(~confirmed), boxes, classes, high[left[high]],
                                  cfg.match_iou, scores)
-        d1 = np.concatenate((d1, d3))
-        t_m = np.concatenate((t1, t3, t2))
+        left[d3] = False
+        free[t2] = free[t3] = False
+        carried = free & (self._skips > 0) & (self._lost <= _GATE_LOST) & ~self._stationary
+        t4, d4 = self._reach(np.flatnonzero(carried), boxes, classes, high[left[high]])
+        d1 = np.concatenate((d1, d3, d4))
+        t_m = np.concatenate((t1, t3, t4, t2))
         d_m = np.concatenate((d1, d2))
+        self._start_velocity(t_m, boxes[d_m])
         self._correct(t_m, boxes[d_m], classes[d_m])
         self._score[t_m] = scores[d_m]
         self._settle(t_m, boxes[d_m])
@@ -239,6 +263,7 @@ class ByteTracker:
         t = len(mean)
         if t == 0:
             return
+        self._since += 1
         # ByteTrack stops a lost track's height from drifting.
         mean[self._lost > 0, 7] = 0.0
         h = mean[:, 3]
@@ -281,6 +306,50 @@ class ByteTracker:
         keep = ok[r, c]
         return trk[r[keep]], det[c[keep]]
 
+    def _reach(self, trk: np.ndarray, boxes: np.ndarray, classes: np.ndarray,
+               det: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Match tracks ``trk`` that frames without detections carried (IoU left them
+        unmatched) with detections ``det`` by centre distance from the prediction, within
+        ``_REACH`` sizes per frame since the track's last match; matched index pairs."""
+        if len(trk) == 0 or len(det) == 0:
+            return _NO_IDS, _NO_IDS
+        mine = self._mean[trk]
+        w, h = mine[:, 2] * mine[:, 3], mine[:, 3]
+        theirs = _xyah(boxes[det])
+        tw, th = theirs[:, 2] * theirs[:, 3], theirs[:, 3]
+        reach = _REACH * np.sqrt(w * h) * self._since[trk]
+        dist = np.hypot(mine[:, None, 0] - theirs[None, :, 0],
+                        mine[:, None, 1] - theirs[None, :, 1])
+        rel = dist / reach[:, None]
+        wr, hr = tw[None, :] / w[:, None], th[None, :] / h[:, None]
+        ok = ((rel <= 1.0) & (wr <= _SIZE_RATIO) & (wr >= 1 / _SIZE_RATIO)
+              & (hr <= _SIZE_RATIO) & (hr >= 1 / _SIZE_RATIO))
+        if self._cfg.per_class:
+            ok &= self._cls[trk][:, None] == classes[det][None, :]
+        if not ok.any():
+            return _NO_IDS, _NO_IDS
+        r, c = linear_sum_assignment(np.where(ok, rel, 1.0))
+        keep = ok[r, c]
+        return trk[r[keep]], det[c[keep]]
+
+    def _start_velocity(self, trk: np.ndarray, boxes: np.ndarray) -> None:
+        """Tracks ``trk`` matched for the second time after frames without detections take
+        their velocity from their two detections (the filter would learn it over several, and
+        its predictions would miss the object meanwhile); the first match, with motion
+        unknown, has no lag to undo."""
+        new = self._fresh[trk] & (self._skips[trk] > 0)
+        self._fresh[trk] = False
+        if not new.any():
+            return
+        t, z = trk[new], _xyah(boxes[new])
+        mean = self._mean[t]
+        # A fresh track has no velocity: its predicted box is where it was first detected.
+        mean[:, 4:] = (z - mean[:, :4]) / self._since[t][:, None]
+        mean[:, 6] = 0.0
+        mean[:, :4] = z
+        self._mean[t] = mean
+        self._cov[t] = _start_cov(z[:, 3])
+
     def _correct(self, trk: np.ndarray, boxes: np.ndarray, classes: np.ndarray) -> None:
         """Kalman update of tracks ``trk`` with their matched boxes."""
         if len(trk) == 0:
@@ -303,6 +372,8 @@ class ByteTracker:
         self._cls[trk] = classes
         self._hits[trk] += 1
         self._lost[trk] = 0
+        self._since[trk] = 0
+        self._skips[trk] = 0
 
     def _settle(self, trk: np.ndarray, boxes: np.ndarray) -> None:
         """Count matched tracks ``trk`` that did not move from where they stopped; those still
@@ -349,19 +420,15 @@ class ByteTracker:
         self._hits, self._lost = self._hits[keep], self._lost[keep]
         self._score, self._anchor = self._score[keep], self._anchor[keep]
         self._still, self._stationary = self._still[keep], self._stationary[keep]
+        self._since, self._skips = self._since[keep], self._skips[keep]
+        self._fresh = self._fresh[keep]
 
     def _birth(self, boxes: np.ndarray, classes: np.ndarray, scores: np.ndarray) -> None:
         m = len(boxes)
         mean = np.zeros((m, 8))
         mean[:, :4] = _xyah(boxes)
         h = mean[:, 3]
-        std = np.empty((m, 8))
-        std[:, [0, 1, 3]] = (2 * _W_POS * h)[:, None]
-        std[:, 2] = 1e-2
-        std[:, [4, 5, 7]] = (10 * _W_VEL * h)[:, None]
-        std[:, 6] = 1e-5
-        cov = np.zeros((m, 8, 8))
-        cov.reshape(m, 64)[:, ::9] = std**2
+        cov = _start_cov(h)
         tid = np.zeros(m, dtype=np.int64)
         if self._cfg.min_hits <= 1 or self._first:
             tid[:] = self._take_ids(m)
@@ -375,6 +442,9 @@ class ByteTracker:
         self._anchor = np.concatenate((self._anchor, boxes))
         self._still = np.concatenate((self._still, np.zeros(m, dtype=np.int64)))
         self._stationary = np.concatenate((self._stationary, np.zeros(m, dtype=bool)))
+        self._since = np.concatenate((self._since, np.zeros(m, dtype=np.int64)))
+        self._skips = np.concatenate((self._skips, np.zeros(m, dtype=np.int64)))
+        self._fresh = np.concatenate((self._fresh, np.ones(m, dtype=bool)))
 
     def _take_ids(self, m: int) -> np.ndarray:
         first = self._next_id
@@ -398,6 +468,19 @@ def _checked(boxes: np.ndarray, scores: np.ndarray,
     if c.dtype.kind not in "iub" and len(c) and not np.all(np.mod(c, 1) == 0):
         raise InvalidInputError(f"classes must be integer class ids, got {c.dtype} values")
     return b, s, c.astype(np.int64, copy=False)
+
+
+def _start_cov(h: np.ndarray) -> np.ndarray:
+    """ByteTrack's covariance of a track just started from a box of height ``h``."""
+    m = len(h)
+    std = np.empty((m, 8))
+    std[:, [0, 1, 3]] = (2 * _W_POS * h)[:, None]
+    std[:, 2] = 1e-2
+    std[:, [4, 5, 7]] = (10 * _W_VEL * h)[:, None]
+    std[:, 6] = 1e-5
+    cov = np.zeros((m, 8, 8))
+    cov.reshape(m, 64)[:, ::9] = std**2
+    return cov
 
 
 def _usable(boxes: np.ndarray, scores: np.ndarray) -> np.ndarray:
