@@ -160,6 +160,22 @@ class Scene:
             self._unsaved = not self._store.maybe_save(self._totals(), time.monotonic())
         return events
 
+    def seed(self, ids: npt.NDArray[np.int64], boxes: npt.NDArray[np.float64]) -> None:
+        """Tracks ``ids`` (``(K,)``, new to the scene) were at ``boxes`` (``(K, 4)``) before
+        the next frame `update` is fed: a line they cross between there and that frame counts
+        them. Zones are not told (an object is in a zone from the frames it is seen there).
+
+        Raises:
+            StateError: `bind` was not called.
+        """
+        if self._size is None:
+            raise StateError("Scene.seed() before bind()")
+        if not len(ids):
+            return
+        rows = self._rows_of(ids.tolist())
+        for line in self._lines:
+            line.seed(rows, boxes)
+
     def _rows_of(self, tids: list[int]) -> npt.NDArray[np.intp]:
         get = self._tracks.rows.get
         return np.fromiter((r if (r := get(t)) is not None else self._new_row(t) for t in tids),

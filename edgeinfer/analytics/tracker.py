@@ -34,12 +34,17 @@ by IoU at all. So a track that `predict` carried over frames without detections,
 left unmatched, is matched by distance next: a high-score detection whose centre lies within
 ``_REACH`` of the track's size (the geometric mean of width and height) per frame elapsed since
 its last match, from its predicted centre, and whose size is within ``_SIZE_RATIO`` of its own;
-the nearest (relative to that reach) wins in one assignment. A track whose velocity is still
-unknown (one detection so far) takes it from its two detections (displacement over the frames
-between them), so its next prediction is on the object. Every-frame tracking never sees this
-stage (no frame passes without detections), so it is ByteTrack's as before.
+the nearest (relative to that reach) wins in one assignment; then low-score detections, for
+confirmed tracks only (ByteTrack's second association, by distance). A track whose velocity is
+still unknown (one detection so far) takes it from its two detections (displacement over the
+frames between them), so its next prediction is on the object. A tentative track carried so is
+kept through one missed detection (a detector that misses a small, fast object once would
+otherwise restart it at every detection and never confirm it), and its next match confirms it.
+Every-frame tracking never sees any of this (no frame passes without detections): it is
+ByteTrack's as before.
 """
 
+# Over 450 lines: one tracker; its association stages share one Kalman state of numpy arrays.
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -61,6 +66,7 @@ _NO_IDS = np.empty(0, dtype=np.int64)
 _STILL_IOU = 0.8  # IoU with the box where it stopped, at or above which a track has not moved
 _REACH = 1.0  # sizes per elapsed frame: how far from its prediction a detection may match a
 # track by distance (across a detection interval; 3 sizes at detect.fps 5 of a 15 fps camera)
+_TENTATIVE_LOST = 1  # detections a tentative track carried across frames may miss and live
 _SIZE_RATIO = 2.0  # most width or height ratio between a track and a detection it matches
 
 
@@ -76,11 +82,17 @@ class TrackUpdate:
         boxes: ``float64 (N, 4)`` xyxy: for a detection with an id, its track's box after this
             frame's Kalman update (the detection smoothed by the track's motion, what ByteTrack
             reports); for the others, the detection's own box.
+        earlier: ``float64 (N, 4)`` xyxy or ``None``: where a track that this update confirmed
+            after frames without detections (motion gating) was at its first detection; NaN
+            rows for the other detections; ``None`` when there is no such track. A fast object
+            may cross a line between its first detection and the one that confirms it: lines
+            take this as where the track was seen before (`Scene.seed`).
     """
 
     ids: np.ndarray
     ended: tuple[int, ...]
     boxes: np.ndarray
+    earlier: np.ndarray | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +159,7 @@ class ByteTracker:
         self._since = np.empty(0, dtype=np.int64)  # frames since its last match
         self._skips = np.empty(0, dtype=np.int64)  # ... of which without detections (predict)
         self._fresh = np.empty(0, dtype=bool)  # matched once: no velocity yet
+        self._origin = np.empty((0, 4))  # the box of its first detection
         self._first = True
 
     @property
@@ -235,16 +248,26 @@ class ByteTracker:
         free[t2] = free[t3] = False
         carried = free & (self._skips > 0) & (self._lost <= _GATE_LOST) & ~self._stationary
         t4, d4 = self._reach(np.flatnonzero(carried), boxes, classes, high[left[high]])
+        carried[t4] = False
+        spare = np.ones(n, dtype=bool)
+        spare[d2] = False
+        t5, d5 = self._reach(np.flatnonzero(carried & confirmed), boxes, classes, low[spare[low]])
         d1 = np.concatenate((d1, d3, d4))
-        t_m = np.concatenate((t1, t3, t4, t2))
-        d_m = np.concatenate((d1, d2))
+        t_m = np.concatenate((t1, t3, t4, t2, t5))
+        d_m = np.concatenate((d1, d2, d5))
         self._start_velocity(t_m, boxes[d_m])
+        waited = (self._tid[t_m] == 0) & (self._skips[t_m] > 0)  # may be confirmed now
         self._correct(t_m, boxes[d_m], classes[d_m])
         self._score[t_m] = scores[d_m]
         self._settle(t_m, boxes[d_m])
         ended = self._age(t_m, recheck)
         ids[d_m] = self._tid[t_m]
         out[d_m] = _xyxy(self._mean[t_m])
+        earlier = None
+        now = waited & (self._tid[t_m] > 0)
+        if now.any():
+            earlier = np.full((n, 4), np.nan)
+            earlier[d_m[now]] = self._origin[t_m[now]]
         used = np.zeros(n, dtype=bool)
         used[d1] = True
         born = high[~used[high] & (scores[high] >= cfg.new_track_threshold)]
@@ -256,7 +279,7 @@ class ByteTracker:
         unconfirmed = ids <= 0
         ids[unconfirmed] = -1
         out[unconfirmed] = boxes[unconfirmed]
-        return TrackUpdate(ids, ended, out)
+        return TrackUpdate(ids, ended, out, earlier)
 
     def _predict(self) -> None:
         mean, cov = self._mean, self._cov
@@ -403,7 +426,9 @@ class ByteTracker:
         if not recheck:
             missed &= ~self._stationary
         self._lost[missed] += 1
-        self._hits[missed] = 0
+        # A tentative track carried across frames without detections keeps its hits through
+        # a miss (`_drop`): its next match confirms it.
+        self._hits[missed & ~((self._tid == 0) & (self._skips > 0))] = 0
         new = np.flatnonzero((self._tid == 0) & (self._hits >= self._cfg.min_hits))
         if len(new):
             self._tid[new] = self._take_ids(len(new))
@@ -411,8 +436,11 @@ class ByteTracker:
         return tuple(int(i) for i in self._tid[gone])
 
     def _drop(self, ids: np.ndarray) -> None:
-        """Remove ended tracks and unmatched tentative ones."""
-        keep = (self._lost == 0) | ((self._tid > 0) & (self._lost <= self._cfg.max_lost))
+        """Remove ended tracks and unmatched tentative ones (those carried across frames
+        without detections after their second miss: an object the detector missed once
+        between two far-apart detections is still one object)."""
+        keep = ((self._lost == 0) | ((self._tid > 0) & (self._lost <= self._cfg.max_lost))
+                | ((self._skips > 0) & (self._lost <= _TENTATIVE_LOST)))
         if keep.all():
             return
         self._mean, self._cov = self._mean[keep], self._cov[keep]
@@ -421,7 +449,7 @@ class ByteTracker:
         self._score, self._anchor = self._score[keep], self._anchor[keep]
         self._still, self._stationary = self._still[keep], self._stationary[keep]
         self._since, self._skips = self._since[keep], self._skips[keep]
-        self._fresh = self._fresh[keep]
+        self._fresh, self._origin = self._fresh[keep], self._origin[keep]
 
     def _birth(self, boxes: np.ndarray, classes: np.ndarray, scores: np.ndarray) -> None:
         m = len(boxes)
@@ -445,6 +473,7 @@ class ByteTracker:
         self._since = np.concatenate((self._since, np.zeros(m, dtype=np.int64)))
         self._skips = np.concatenate((self._skips, np.zeros(m, dtype=np.int64)))
         self._fresh = np.concatenate((self._fresh, np.ones(m, dtype=bool)))
+        self._origin = np.concatenate((self._origin, boxes))
 
     def _take_ids(self, m: int) -> np.ndarray:
         first = self._next_id

@@ -178,3 +178,20 @@ def test_fast_objects_crossing_each_other_keep_their_ids() -> None:
         assert [len(o) for o in owned] == [1, 1, 1], (seed, ids)
         assert len(set.union(*owned)) == 3, (seed, ids)
         assert all(t > 0 for k in range(3) for t in ids[k][1:]), (seed, ids)
+
+
+def test_a_new_fast_object_missed_once_is_confirmed_by_its_next_detection() -> None:
+    """First detection, a detection frame that misses it (occluded, a low score), then found
+    2 x 1.5 widths further on: one object, confirmed there with its velocity; a low-score
+    detection then continues it."""
+    tracker = ByteTracker(TrackConfig())
+    tracker.update(np.empty((0, 4)), np.empty(0), np.empty(0, dtype=np.int64))
+    seen = []
+    for f in range(3, 16, 3):
+        x = 100 + 40 * (f - 3)  # 120 px (1.5 widths of 80) per detection interval
+        boxes = [] if f == 6 else [_box(x, 300, 80, 80)]
+        seen.append(_update(tracker, boxes, score=0.3 if f == 15 else 0.9).tolist())
+        for _ in range(2):
+            tracker.predict()
+    assert seen == [[-1], [], [1], [1], [1]], seen
+    assert abs(tracker.predict().boxes[0][0] - (100 + 40 * 15 - 40)) < 15
