@@ -1,5 +1,5 @@
 """Motion-gated counting of small, fast objects end to end: the fast scene
-(``edgeinfer.testing.fast_scene``: 128 px faces crossing a 1280x720 frame at 1.5 to 2 face
+(``edgeinfer.testing.fast_scene``: 160 px faces crossing a 1280x720 frame at 1.5 to 2 face
 widths per detection interval, with sensor noise; two of them pass each other on the line)
 written as a video, real YOLOv8n (``nudenet-320n``), ``detect.gate: motion`` at ``fps: 5``.
 Every scripted crossing must be counted once, in its direction, near its frame, each by a
