@@ -49,7 +49,8 @@ class Scene:
     tracker confirms it: detections of a tentative track (id -1, its first ``min_hits - 1``
     frames) are ignored, so for an object that appears inside a zone ``start`` is the frame its
     track got an id, ``min_hits - 1`` frames after its first detection; an object that walks in
-    later is seen crossing as usual.
+    later is seen crossing as usual. Lines may be told where such a track was first detected
+    (`seed`): a fast object crosses one between two detections of a motion-gated pipeline.
 
     Args:
         zones: The pipeline's zones.

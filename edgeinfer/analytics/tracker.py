@@ -440,7 +440,7 @@ class ByteTracker:
         without detections after their second miss: an object the detector missed once
         between two far-apart detections is still one object)."""
         keep = ((self._lost == 0) | ((self._tid > 0) & (self._lost <= self._cfg.max_lost))
-                | ((self._skips > 0) & (self._lost <= _TENTATIVE_LOST)))
+                | ((self._tid == 0) & (self._skips > 0) & (self._lost <= _TENTATIVE_LOST)))
         if keep.all():
             return
         self._mean, self._cov = self._mean[keep], self._cov[keep]
