@@ -422,7 +422,8 @@ def main() -> int:
     name = {sm: f"{TITLES[sm[1]]}" + (f" ({sm[0]})" if scenes != ["slow"] else "")
             for sm in runs}
     fast = [x for x in scenes if x != "slow"]
-    crossed = [r["crossings"] for r in results if r["scene"] in fast and r["mode"] != "every"]
+    crossed = {x: [r["crossings"] for r in results if r["scene"] == x and r["mode"] != "every"]
+               for x in fast}
     body = "\n".join([
         *(["60 s scripted scene (face walks in, crosses the line, dwells in the zone, walks out; "
            "moving 18 % of the time; a flickering lamp in a masked area)"
@@ -441,9 +442,10 @@ def main() -> int:
         f"Cameras the CPU alone would allow ({cores} cores x 60 CPU-s a minute over one "
         "camera's CPU-s at the smallest N): "
         + (", ".join(f"{name[sm]}: {b}" for sm, b in budget.items()) or "-") + ".",
-        *([f"Gated crossings on the fast scenes: {sum(c[0] for c in crossed)} of "
-           f"{sum(c[1] for c in crossed)} right, {sum(c[2] for c in crossed)} extra."]
-          if crossed else []),
+        *(["Gated crossings right, all gated modes and N together: " + "; ".join(
+            f"{x}: {sum(c[0] for c in cs)} of {sum(c[1] for c in cs)}, "
+            f"{sum(c[2] for c in cs)} extra" for x, cs in crossed.items() if cs) + "."]
+          if any(crossed.values()) else []),
         *([f"Not measured (feature not in this build): {'; '.join(skipped)}."] if skipped
           else []),
         *([f"The machine was busy with other work (load average at least {busiest:.1f} on "

@@ -122,7 +122,8 @@ class ByteTracker:
     nothing yet to confuse them with, and objects in view at the start keep every frame. Ids are
     increasing integers from 1, never reused in a tracker's life, `reset` included. A confirmed
     track unmatched for more than ``max_lost`` frames ends; an unmatched tentative track is
-    dropped at once. Detections with a non-finite or empty box or a non-finite score are
+    dropped at once (after frames without detections, at its second miss: see the module's
+    notes on motion gating). Detections with a non-finite or empty box or a non-finite score are
     ignored (id ``-1``), not refused.
 
     Not thread-safe: one tracker follows one stream.
