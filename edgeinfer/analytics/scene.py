@@ -49,7 +49,8 @@ class Scene:
     tracker confirms it: detections of a tentative track (id -1, its first ``min_hits - 1``
     frames) are ignored, so for an object that appears inside a zone ``start`` is the frame its
     track got an id, ``min_hits - 1`` frames after its first detection; an object that walks in
-    later is seen crossing as usual.
+    later is seen crossing as usual. Lines may be told where such a track was first detected
+    (`seed`): a fast object crosses one between two detections of a motion-gated pipeline.
 
     Args:
         zones: The pipeline's zones.
@@ -159,6 +160,22 @@ class Scene:
         if self._unsaved and self._store is not None:
             self._unsaved = not self._store.maybe_save(self._totals(), time.monotonic())
         return events
+
+    def seed(self, ids: npt.NDArray[np.int64], boxes: npt.NDArray[np.float64]) -> None:
+        """Tracks ``ids`` (``(K,)``, new to the scene) were at ``boxes`` (``(K, 4)``) before
+        the next frame `update` is fed: a line they cross between there and that frame counts
+        them. Zones are not told (an object is in a zone from the frames it is seen there).
+
+        Raises:
+            StateError: `bind` was not called.
+        """
+        if self._size is None:
+            raise StateError("Scene.seed() before bind()")
+        if not len(ids):
+            return
+        rows = self._rows_of(ids.tolist())
+        for line in self._lines:
+            line.seed(rows, boxes)
 
     def _rows_of(self, tids: list[int]) -> npt.NDArray[np.intp]:
         get = self._tracks.rows.get

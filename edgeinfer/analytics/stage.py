@@ -140,7 +140,7 @@ class SceneAnalytics:
         for tid in update.ended:
             seen.pop(tid, None)
         events = self._scene(frame, update.ids, boxes, classes, scores, [d.label for d in dets],
-                             update.ended)
+                             update.ended, update.earlier)
         if self.recorder is not None:
             self.recorder.offer(frame, self._clock(frame), tracked)  # drawn as they are
         return TaskResult(part.kind, tracked), events
@@ -170,8 +170,8 @@ class SceneAnalytics:
         return frame.start if frame.start is not None else frame.ts
 
     def _scene(self, frame: Frame, ids: np.ndarray, boxes: np.ndarray, classes: np.ndarray,
-               scores: np.ndarray, labels: list[str], ended: tuple[int, ...]
-               ) -> list[dict[str, Any]]:
+               scores: np.ndarray, labels: list[str], ended: tuple[int, ...],
+               earlier: np.ndarray | None = None) -> list[dict[str, Any]]:
         scene = self.scene
         if scene is None:
             return _NO_EVENTS
@@ -179,6 +179,9 @@ class SceneAnalytics:
         if size != self._size:
             scene.bind(*size)
             self._size = size
+        if earlier is not None:  # tracks confirmed now, first detected before (TrackUpdate)
+            known = ~np.isnan(earlier[:, 0])
+            scene.seed(ids[known], earlier[known])
         found = scene.update(self._clock(frame), frame.wall, frame.index, ids, boxes, classes,
                              scores, labels, ended)
         if not found:

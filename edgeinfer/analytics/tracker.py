@@ -26,8 +26,25 @@ whose box has not moved for ``stationary_after`` of its detections is stationary
 is zeroed, detection frames that miss it do not age it (the model was run for motion elsewhere,
 or on a crop without it) unless they are re-checks of the whole frame, and `touch` (motion
 over it) makes it moving again.
+
+Across a detection interval an object may move more than its own width (a face crossing a
+720p frame at 600 px/s moves 1-2 widths between detections at 5 a second): its boxes at two
+detections do not overlap, and a new track, whose velocity is still unknown, cannot be matched
+by IoU at all. So a track that `predict` carried over frames without detections, and that IoU
+left unmatched, is matched by distance next: a high-score detection whose centre lies within
+``_REACH`` of the track's size (the geometric mean of width and height) per frame elapsed since
+its last match, from its predicted centre, and whose size is within ``_SIZE_RATIO`` of its own;
+the nearest (relative to that reach) wins in one assignment; then low-score detections, for
+confirmed tracks only (ByteTrack's second association, by distance). A track whose velocity is
+still unknown (one detection so far) takes it from its two detections (displacement over the
+frames between them), so its next prediction is on the object. A tentative track carried so is
+kept through one missed detection (a detector that misses a small, fast object once would
+otherwise restart it at every detection and never confirm it), and its next match confirms it.
+Every-frame tracking never sees any of this (no frame passes without detections): it is
+ByteTrack's as before.
 """
 
+# Over 450 lines: one tracker; its association stages share one Kalman state of numpy arrays.
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -47,6 +64,10 @@ _LOST_PENALTY_FRAMES = 10
 _GATE_LOST = 2  # detections a moving track may miss and still keep a detection gate open
 _NO_IDS = np.empty(0, dtype=np.int64)
 _STILL_IOU = 0.8  # IoU with the box where it stopped, at or above which a track has not moved
+_REACH = 1.0  # sizes per elapsed frame: how far from its prediction a detection may match a
+# track by distance (across a detection interval; 3 sizes at detect.fps 5 of a 15 fps camera)
+_TENTATIVE_LOST = 1  # detections a tentative track carried across frames may miss and live
+_SIZE_RATIO = 2.0  # most width or height ratio between a track and a detection it matches
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,11 +82,17 @@ class TrackUpdate:
         boxes: ``float64 (N, 4)`` xyxy: for a detection with an id, its track's box after this
             frame's Kalman update (the detection smoothed by the track's motion, what ByteTrack
             reports); for the others, the detection's own box.
+        earlier: ``float64 (N, 4)`` xyxy or ``None``: where a track that this update confirmed
+            after frames without detections (motion gating) was at its first detection; NaN
+            rows for the other detections; ``None`` when there is no such track. A fast object
+            may cross a line between its first detection and the one that confirms it: lines
+            take this as where the track was seen before (`Scene.seed`).
     """
 
     ids: np.ndarray
     ended: tuple[int, ...]
     boxes: np.ndarray
+    earlier: np.ndarray | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +122,8 @@ class ByteTracker:
     nothing yet to confuse them with, and objects in view at the start keep every frame. Ids are
     increasing integers from 1, never reused in a tracker's life, `reset` included. A confirmed
     track unmatched for more than ``max_lost`` frames ends; an unmatched tentative track is
-    dropped at once. Detections with a non-finite or empty box or a non-finite score are
+    dropped at once (after frames without detections, at its second miss: see the module's
+    notes on motion gating). Detections with a non-finite or empty box or a non-finite score are
     ignored (id ``-1``), not refused.
 
     Not thread-safe: one tracker follows one stream.
@@ -129,6 +157,10 @@ class ByteTracker:
         self._anchor = np.empty((0, 4))  # the box where each track stopped moving
         self._still = np.empty(0, dtype=np.int64)  # its detections since, without moving
         self._stationary = np.empty(0, dtype=bool)
+        self._since = np.empty(0, dtype=np.int64)  # frames since its last match
+        self._skips = np.empty(0, dtype=np.int64)  # ... of which without detections (predict)
+        self._fresh = np.empty(0, dtype=bool)  # matched once: no velocity yet
+        self._origin = np.empty((0, 4))  # the box of its first detection
         self._first = True
 
     @property
@@ -140,6 +172,7 @@ class ByteTracker:
         """Advance every track by one frame that has no detections and return the predicted
         boxes of the live confirmed tracks. Not a miss: tracks age only in `update`."""
         self._predict()
+        self._skips += 1
         live = np.flatnonzero((self._tid > 0) & (self._lost == 0))
         return TrackPrediction(self._tid[live], _xyxy(self._mean[live]), self._cls[live],
                                self._score[live])
@@ -212,15 +245,30 @@ class ByteTracker:
         left[d1] = False
         t3, d3 = self._associate(np.flatnonzero(~confirmed), boxes, classes, high[left[high]],
                                  cfg.match_iou, scores)
-        d1 = np.concatenate((d1, d3))
-        t_m = np.concatenate((t1, t3, t2))
-        d_m = np.concatenate((d1, d2))
+        left[d3] = False
+        free[t2] = free[t3] = False
+        carried = free & (self._skips > 0) & (self._lost <= _GATE_LOST) & ~self._stationary
+        t4, d4 = self._reach(np.flatnonzero(carried), boxes, classes, high[left[high]])
+        carried[t4] = False
+        spare = np.ones(n, dtype=bool)
+        spare[d2] = False
+        t5, d5 = self._reach(np.flatnonzero(carried & confirmed), boxes, classes, low[spare[low]])
+        d1 = np.concatenate((d1, d3, d4))
+        t_m = np.concatenate((t1, t3, t4, t2, t5))
+        d_m = np.concatenate((d1, d2, d5))
+        self._start_velocity(t_m, boxes[d_m])
+        waited = (self._tid[t_m] == 0) & (self._skips[t_m] > 0)  # may be confirmed now
         self._correct(t_m, boxes[d_m], classes[d_m])
         self._score[t_m] = scores[d_m]
         self._settle(t_m, boxes[d_m])
         ended = self._age(t_m, recheck)
         ids[d_m] = self._tid[t_m]
         out[d_m] = _xyxy(self._mean[t_m])
+        earlier = None
+        now = waited & (self._tid[t_m] > 0)
+        if now.any():
+            earlier = np.full((n, 4), np.nan)
+            earlier[d_m[now]] = self._origin[t_m[now]]
         used = np.zeros(n, dtype=bool)
         used[d1] = True
         born = high[~used[high] & (scores[high] >= cfg.new_track_threshold)]
@@ -232,13 +280,14 @@ class ByteTracker:
         unconfirmed = ids <= 0
         ids[unconfirmed] = -1
         out[unconfirmed] = boxes[unconfirmed]
-        return TrackUpdate(ids, ended, out)
+        return TrackUpdate(ids, ended, out, earlier)
 
     def _predict(self) -> None:
         mean, cov = self._mean, self._cov
         t = len(mean)
         if t == 0:
             return
+        self._since += 1
         # ByteTrack stops a lost track's height from drifting.
         mean[self._lost > 0, 7] = 0.0
         h = mean[:, 3]
@@ -281,6 +330,50 @@ class ByteTracker:
         keep = ok[r, c]
         return trk[r[keep]], det[c[keep]]
 
+    def _reach(self, trk: np.ndarray, boxes: np.ndarray, classes: np.ndarray,
+               det: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Match tracks ``trk`` that frames without detections carried (IoU left them
+        unmatched) with detections ``det`` by centre distance from the prediction, within
+        ``_REACH`` sizes per frame since the track's last match; matched index pairs."""
+        if len(trk) == 0 or len(det) == 0:
+            return _NO_IDS, _NO_IDS
+        mine = self._mean[trk]
+        w, h = mine[:, 2] * mine[:, 3], mine[:, 3]
+        theirs = _xyah(boxes[det])
+        tw, th = theirs[:, 2] * theirs[:, 3], theirs[:, 3]
+        reach = _REACH * np.sqrt(w * h) * self._since[trk]
+        dist = np.hypot(mine[:, None, 0] - theirs[None, :, 0],
+                        mine[:, None, 1] - theirs[None, :, 1])
+        rel = dist / reach[:, None]
+        wr, hr = tw[None, :] / w[:, None], th[None, :] / h[:, None]
+        ok = ((rel <= 1.0) & (wr <= _SIZE_RATIO) & (wr >= 1 / _SIZE_RATIO)
+              & (hr <= _SIZE_RATIO) & (hr >= 1 / _SIZE_RATIO))
+        if self._cfg.per_class:
+            ok &= self._cls[trk][:, None] == classes[det][None, :]
+        if not ok.any():
+            return _NO_IDS, _NO_IDS
+        r, c = linear_sum_assignment(np.where(ok, rel, 1.0))
+        keep = ok[r, c]
+        return trk[r[keep]], det[c[keep]]
+
+    def _start_velocity(self, trk: np.ndarray, boxes: np.ndarray) -> None:
+        """Tracks ``trk`` matched for the second time after frames without detections take
+        their velocity from their two detections (the filter would learn it over several, and
+        its predictions would miss the object meanwhile); the first match, with motion
+        unknown, has no lag to undo."""
+        new = self._fresh[trk] & (self._skips[trk] > 0)
+        self._fresh[trk] = False
+        if not new.any():
+            return
+        t, z = trk[new], _xyah(boxes[new])
+        mean = self._mean[t]
+        # A fresh track has no velocity: its predicted box is where it was first detected.
+        mean[:, 4:] = (z - mean[:, :4]) / self._since[t][:, None]
+        mean[:, 6] = 0.0
+        mean[:, :4] = z
+        self._mean[t] = mean
+        self._cov[t] = _start_cov(z[:, 3])
+
     def _correct(self, trk: np.ndarray, boxes: np.ndarray, classes: np.ndarray) -> None:
         """Kalman update of tracks ``trk`` with their matched boxes."""
         if len(trk) == 0:
@@ -303,6 +396,8 @@ class ByteTracker:
         self._cls[trk] = classes
         self._hits[trk] += 1
         self._lost[trk] = 0
+        self._since[trk] = 0
+        self._skips[trk] = 0
 
     def _settle(self, trk: np.ndarray, boxes: np.ndarray) -> None:
         """Count matched tracks ``trk`` that did not move from where they stopped; those still
@@ -332,7 +427,9 @@ class ByteTracker:
         if not recheck:
             missed &= ~self._stationary
         self._lost[missed] += 1
-        self._hits[missed] = 0
+        # A tentative track carried across frames without detections keeps its hits through
+        # a miss (`_drop`): its next match confirms it.
+        self._hits[missed & ~((self._tid == 0) & (self._skips > 0))] = 0
         new = np.flatnonzero((self._tid == 0) & (self._hits >= self._cfg.min_hits))
         if len(new):
             self._tid[new] = self._take_ids(len(new))
@@ -340,8 +437,11 @@ class ByteTracker:
         return tuple(int(i) for i in self._tid[gone])
 
     def _drop(self, ids: np.ndarray) -> None:
-        """Remove ended tracks and unmatched tentative ones."""
-        keep = (self._lost == 0) | ((self._tid > 0) & (self._lost <= self._cfg.max_lost))
+        """Remove ended tracks and unmatched tentative ones (those carried across frames
+        without detections after their second miss: an object the detector missed once
+        between two far-apart detections is still one object)."""
+        keep = ((self._lost == 0) | ((self._tid > 0) & (self._lost <= self._cfg.max_lost))
+                | ((self._tid == 0) & (self._skips > 0) & (self._lost <= _TENTATIVE_LOST)))
         if keep.all():
             return
         self._mean, self._cov = self._mean[keep], self._cov[keep]
@@ -349,19 +449,15 @@ class ByteTracker:
         self._hits, self._lost = self._hits[keep], self._lost[keep]
         self._score, self._anchor = self._score[keep], self._anchor[keep]
         self._still, self._stationary = self._still[keep], self._stationary[keep]
+        self._since, self._skips = self._since[keep], self._skips[keep]
+        self._fresh, self._origin = self._fresh[keep], self._origin[keep]
 
     def _birth(self, boxes: np.ndarray, classes: np.ndarray, scores: np.ndarray) -> None:
         m = len(boxes)
         mean = np.zeros((m, 8))
         mean[:, :4] = _xyah(boxes)
         h = mean[:, 3]
-        std = np.empty((m, 8))
-        std[:, [0, 1, 3]] = (2 * _W_POS * h)[:, None]
-        std[:, 2] = 1e-2
-        std[:, [4, 5, 7]] = (10 * _W_VEL * h)[:, None]
-        std[:, 6] = 1e-5
-        cov = np.zeros((m, 8, 8))
-        cov.reshape(m, 64)[:, ::9] = std**2
+        cov = _start_cov(h)
         tid = np.zeros(m, dtype=np.int64)
         if self._cfg.min_hits <= 1 or self._first:
             tid[:] = self._take_ids(m)
@@ -375,6 +471,10 @@ class ByteTracker:
         self._anchor = np.concatenate((self._anchor, boxes))
         self._still = np.concatenate((self._still, np.zeros(m, dtype=np.int64)))
         self._stationary = np.concatenate((self._stationary, np.zeros(m, dtype=bool)))
+        self._since = np.concatenate((self._since, np.zeros(m, dtype=np.int64)))
+        self._skips = np.concatenate((self._skips, np.zeros(m, dtype=np.int64)))
+        self._fresh = np.concatenate((self._fresh, np.ones(m, dtype=bool)))
+        self._origin = np.concatenate((self._origin, boxes))
 
     def _take_ids(self, m: int) -> np.ndarray:
         first = self._next_id
@@ -398,6 +498,19 @@ def _checked(boxes: np.ndarray, scores: np.ndarray,
     if c.dtype.kind not in "iub" and len(c) and not np.all(np.mod(c, 1) == 0):
         raise InvalidInputError(f"classes must be integer class ids, got {c.dtype} values")
     return b, s, c.astype(np.int64, copy=False)
+
+
+def _start_cov(h: np.ndarray) -> np.ndarray:
+    """ByteTrack's covariance of a track just started from a box of height ``h``."""
+    m = len(h)
+    std = np.empty((m, 8))
+    std[:, [0, 1, 3]] = (2 * _W_POS * h)[:, None]
+    std[:, 2] = 1e-2
+    std[:, [4, 5, 7]] = (10 * _W_VEL * h)[:, None]
+    std[:, 6] = 1e-5
+    cov = np.zeros((m, 8, 8))
+    cov.reshape(m, 64)[:, ::9] = std**2
+    return cov
 
 
 def _usable(boxes: np.ndarray, scores: np.ndarray) -> np.ndarray:

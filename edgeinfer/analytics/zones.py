@@ -260,6 +260,14 @@ class LineState:
     def release(self, row: int) -> None:
         self.side[row], self.seen_at[row] = 0, False
 
+    def seed(self, rows: npt.NDArray[np.intp], boxes: npt.NDArray[np.float64]) -> None:
+        """Tracks ``rows`` were seen earlier at ``boxes`` (``(K, 4)``) and not by this line:
+        their next frame may cross it."""
+        pts = anchor_points(boxes, self.cfg.anchor)
+        self.last[:, rows] = pts.T
+        self.side[rows] = np.sign(side_of_line(pts, self.a, self.b)).astype(np.int8)
+        self.seen_at[rows] = True
+
     def step(self, d: FrameDets, events: list[SceneEvent]) -> bool:
         """Feed a frame; whether the totals changed."""
         pts, rows, js = d.view(self.seen, self.cfg.anchor)

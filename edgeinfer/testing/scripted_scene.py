@@ -24,7 +24,7 @@ import math
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -37,7 +37,8 @@ from ..errors import SourceError
 from ..model.catalog import resolve_model
 from .scene_video import astronaut_face_box, background, face_patch
 
-__all__ = ["LAMP", "LINE", "MASK", "ZONE", "Crossing", "Scene", "Visit", "x264_available"]
+__all__ = ["LAMP", "LINE", "MASK", "ZONE", "Crossing", "Scene", "Visit", "encode_h264", "flicker",
+           "paste", "x264_available"]
 
 Point = tuple[float, float]
 
@@ -205,15 +206,12 @@ class Scene:
         base = background(_SIZE)
         patch = _patch()
         ph, pw = patch.shape[:2]
-        lx1, ly1, lx2, ly2 = (round(v * d) for v, d in zip(LAMP, _SIZE * 2))
-        lamp = base[ly1:ly2, lx1:lx2].astype(np.float32)
         for i in range(self.frames):
             frame = base.copy()
-            on = math.sin(2 * math.pi * _FLICKER_HZ * i / self.fps) > 0
-            frame[ly1:ly2, lx1:lx2] = np.clip((lamp * 0.3 + 178) if on else lamp * 0.5, 0, 255)
+            flicker(frame, base, i / self.fps)
             cx, cy = self.centers[i]
             if not math.isnan(cx):
-                _paste(frame, patch, round(cx - pw / 2), round(cy - ph / 2))
+                paste(frame, patch, round(cx - pw / 2), round(cy - ph / 2))
             if size != _SIZE:
                 yield np.asarray(cv2.resize(frame, size, interpolation=cv2.INTER_AREA),
                                  dtype=np.uint8)
@@ -226,40 +224,52 @@ class Scene:
         Raises:
             SourceError: ``gst-launch-1.0`` or ``x264enc`` missing, or encoding failed.
         """
-        out = Path(path)
-        if out.exists():
-            return out
-        why = x264_available()
-        if why:
-            raise SourceError(why)
-        w, h = size or _SIZE
-        out.parent.mkdir(parents=True, exist_ok=True)
-        part = out.with_suffix(".part.mp4")
-        cmd = ["gst-launch-1.0", "-q", "fdsrc", "fd=0", "!", "rawvideoparse", f"width={w}",
-               f"height={h}", "format=bgr", f"framerate={round(self.fps)}/1", "!",
-               "videoconvert", "!", "video/x-raw,format=I420", "!", "x264enc",
-               "speed-preset=veryfast", "bframes=0", f"key-int-max={round(self.fps)}",
-               "bitrate=2500" if w >= 1000 else "bitrate=800", "!", "h264parse", "!", "mp4mux",
-               "!", "filesink", f"location={part}"]
-        log = out.with_suffix(".log")
-        with log.open("wb") as err:
-            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stderr=err)
-            assert proc.stdin is not None
-            try:
-                for frame in self.render((w, h)):
-                    proc.stdin.write(frame.tobytes())
-                proc.stdin.close()
-                proc.wait(timeout=120)
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                proc.kill()
-                proc.wait()
-                raise SourceError(f"encoding {out.name} failed: {exc}") from exc
-        said = log.read_text(errors="replace")[-500:]
-        log.unlink()
-        if proc.returncode != 0:
-            raise SourceError(f"encoding {out.name} failed: {said}")
-        part.replace(out)
+        size = size or _SIZE
+        return encode_h264(lambda: self.render(size), self.fps, size, path)
+
+
+def encode_h264(frames: Callable[[], Iterable[npt.NDArray[np.uint8]]], fps: float,
+                size: tuple[int, int], path: str | os.PathLike[str]) -> Path:
+    """Write ``frames()`` (BGR at ``size``) as H.264 in MP4 at ``path`` with GStreamer's
+    x264enc (no B-frames, a key frame a second), once: an existing file is kept.
+
+    Raises:
+        SourceError: ``gst-launch-1.0`` or ``x264enc`` missing, or encoding failed.
+    """
+    out = Path(path)
+    if out.exists():
         return out
+    why = x264_available()
+    if why:
+        raise SourceError(why)
+    w, h = size
+    out.parent.mkdir(parents=True, exist_ok=True)
+    part = out.with_suffix(".part.mp4")
+    cmd = ["gst-launch-1.0", "-q", "fdsrc", "fd=0", "!", "rawvideoparse", f"width={w}",
+           f"height={h}", "format=bgr", f"framerate={round(fps)}/1", "!",
+           "videoconvert", "!", "video/x-raw,format=I420", "!", "x264enc",
+           "speed-preset=veryfast", "bframes=0", f"key-int-max={round(fps)}",
+           "bitrate=2500" if w >= 1000 else "bitrate=800", "!", "h264parse", "!", "mp4mux",
+           "!", "filesink", f"location={part}"]
+    log = out.with_suffix(".log")
+    with log.open("wb") as err:
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stderr=err)
+        assert proc.stdin is not None
+        try:
+            for frame in frames():
+                proc.stdin.write(frame.tobytes())
+            proc.stdin.close()
+            proc.wait(timeout=120)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            proc.kill()
+            proc.wait()
+            raise SourceError(f"encoding {out.name} failed: {exc}") from exc
+    said = log.read_text(errors="replace")[-500:]
+    log.unlink()
+    if proc.returncode != 0:
+        raise SourceError(f"encoding {out.name} failed: {said}")
+    part.replace(out)
+    return out
 
 
 def x264_available() -> str | None:
@@ -272,8 +282,18 @@ def x264_available() -> str | None:
     return None
 
 
-def _paste(frame: npt.NDArray[np.uint8], patch: npt.NDArray[np.uint8], x: int, y: int) -> None:
-    """``patch`` at top-left ``(x, y)``, clipped to the frame (walking in and out)."""
+def flicker(frame: npt.NDArray[np.uint8], base: npt.NDArray[np.uint8], t: float) -> None:
+    """The lamp (``LAMP``) of ``frame`` on or off at ``t`` seconds, from ``base`` (the
+    background at the same size)."""
+    h, w = frame.shape[:2]
+    lx1, ly1, lx2, ly2 = (round(v * d) for v, d in zip(LAMP, (w, h) * 2))
+    lamp = base[ly1:ly2, lx1:lx2].astype(np.float32)
+    on = math.sin(2 * math.pi * _FLICKER_HZ * t) > 0
+    frame[ly1:ly2, lx1:lx2] = np.clip((lamp * 0.3 + 178) if on else lamp * 0.5, 0, 255)
+
+
+def paste(frame: npt.NDArray[np.uint8], patch: npt.NDArray[np.uint8], x: int, y: int) -> None:
+    """``patch`` at top-left ``(x, y)`` of ``frame``, clipped to it (walking in and out)."""
     h, w = frame.shape[:2]
     ph, pw = patch.shape[:2]
     x1, y1, x2, y2 = max(x, 0), max(y, 0), min(x + pw, w), min(y + ph, h)

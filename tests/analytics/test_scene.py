@@ -350,3 +350,32 @@ def test_many_tracks_grow_the_state_and_end_cleanly() -> None:
     assert {e.end for e in events} == {wall(0)}
     assert scene.counts()["zones"]["z"] == {"occupancy": 10, "entered": 150, "exited": 140,
                                             "loiter": 0}
+
+
+def test_a_track_confirmed_past_a_line_after_frames_without_detections_counts_its_crossing(
+        ) -> None:
+    """Motion gating: a fast object is first detected left of the line, the model skips two
+    frames, and the detection that confirms its track is right of it. The tracker says where
+    the track was first seen (`TrackUpdate.earlier`) and the line counts the crossing."""
+    scene = line_scene([[320, 0], [320, 480]])
+    tracker = ByteTracker(TrackConfig())
+    tracker.update(np.empty((0, 4)), np.empty(0), np.empty(0, dtype=np.int64))
+    events: list[SceneEvent] = []
+    for f, x in ((1, 200), (4, 380), (7, 560)):  # 180 px a detection: boxes 80 px wide
+        box = np.array([[x - 40, 200, x + 40, 280]], dtype=float)
+        update = tracker.update(box, np.array([0.9]), np.array([0]))
+        if update.earlier is not None:
+            scene.seed(update.ids[:1], update.earlier[:1])
+        events += scene.update(clock(f), wall(f), f, update.ids, box, np.array([0]),
+                               np.array([0.9]), ["person"], update.ended)
+        tracker.predict()
+        tracker.predict()
+    assert [(e.type, e.direction, e.frame, e.track_id) for e in events] == [
+        ("cross", "out", 4, 1)]
+    # Tracked on every frame, a track is seen from the frame it is confirmed, as before.
+    every = ByteTracker(TrackConfig())
+    every.update(np.empty((0, 4)), np.empty(0), np.empty(0, dtype=np.int64))
+    for x in (300, 310):
+        update = every.update(np.array([[x - 40, 200, x + 40, 280]], dtype=float),
+                              np.array([0.9]), np.array([0]))
+    assert update.ids.tolist() == [1] and update.earlier is None

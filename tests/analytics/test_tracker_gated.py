@@ -108,3 +108,90 @@ def test_a_track_missed_by_a_few_detections_stops_holding_the_gate_open() -> Non
         misses += 1
         assert misses <= 3, "a lost track held the gate open"
     assert tracker.active == 1  # still alive (lost), ends only after max_lost misses
+
+
+def _gated_run(tracker: ByteTracker, paths: list[list[float] | None], frames: int, *,
+               every: int = 3, jitter: float = 2.0, seed: int = 5
+               ) -> tuple[dict[int, list[int]], list[int]]:
+    """Objects on ``paths`` (per object ``[x0, y0, vx, vy, w, h, first_frame]``, ``None``
+    skipped) detected every ``every``-th frame with jittered boxes, predicted in between:
+    per object the track id at each of its detections (-1: none), and the frames predicted
+    with a track on each object (a box over it)."""
+    rng = np.random.default_rng(seed)
+    ids: dict[int, list[int]] = {k: [] for k in range(len(paths))}
+    followed = [0] * len(paths)
+    tracker.update(np.empty((0, 4)), np.empty(0), np.empty(0, dtype=np.int64))  # the start
+    for f in range(1, frames):
+        truth = {k: _box(p[0] + p[2] * (f - p[6]), p[1] + p[3] * (f - p[6]), p[4], p[5])
+                 for k, p in enumerate(paths) if p is not None and f >= p[6]}
+        if f % every:
+            predicted = tracker.predict()
+            for k, box in truth.items():
+                followed[k] += any(_overlap(box, b) > 0.3 for b in predicted.boxes)
+            continue
+        keys = list(truth)
+        boxes = np.array([truth[k] for k in keys]).reshape(-1, 4)
+        boxes += rng.normal(0, jitter, boxes.shape)
+        got = tracker.update(boxes, np.full(len(keys), 0.8), np.zeros(len(keys), dtype=np.int64),
+                             recheck=False).ids
+        for k, tid in zip(keys, got.tolist()):
+            ids[k].append(tid)
+    return ids, followed
+
+
+def _overlap(a: list[float] | np.ndarray, b: list[float] | np.ndarray) -> float:
+    ix = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
+    iy = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+    inter = ix * iy
+    return inter / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter)
+
+
+def test_an_object_moving_two_widths_between_detections_is_confirmed_and_followed() -> None:
+    """Detections 3 frames apart (detect.fps 5 of a 15 fps camera) of an 85 px face moving
+    1.1 to 2 widths between them: the boxes never overlap, yet the track is confirmed at its
+    second detection and keeps one id; in between, its predicted box is on the face."""
+    for widths in (1.1, 1.5, 2.0):
+        speed = widths * 85 / 3  # px per frame
+        tracker = ByteTracker(TrackConfig(max_lost=10), stationary_after=10)
+        ids, followed = _gated_run(tracker, [[20, 300, speed, 0, 85, 85, 4]],
+                                   4 + int(1200 / speed))
+        seen = ids[0]
+        assert len(seen) >= 4, seen
+        assert seen[0] == -1 and seen[1] > 0, (widths, seen)  # confirmed at the second
+        assert set(seen[1:]) == {seen[1]}, (widths, seen)
+        # Predicted frames after the second detection follow it (two per interval).
+        assert followed[0] >= 2 * (len(seen) - 2), (widths, followed, seen)
+
+
+def test_fast_objects_crossing_each_other_keep_their_ids() -> None:
+    """Two 85 px objects 2 widths apart per detection interval, in opposite directions on
+    rows a third of a box apart, pass each other between two detections: no id switch. A
+    third appears far from both: it is not taken for either."""
+    speed = 1.8 * 85 / 3
+    paths: list[list[float] | None] = [[40, 300, speed, 0, 85, 85, 1],
+                                       [1240, 330, -speed, 0, 85, 85, 1],
+                                       [640, 650, 0, -speed, 85, 85, 10]]
+    for seed in range(5):
+        tracker = ByteTracker(TrackConfig(max_lost=10))
+        ids, _ = _gated_run(tracker, paths, 42, seed=seed)
+        owned = [{t for t in ids[k][1:] if t > 0} for k in range(3)]
+        assert [len(o) for o in owned] == [1, 1, 1], (seed, ids)
+        assert len(set.union(*owned)) == 3, (seed, ids)
+        assert all(t > 0 for k in range(3) for t in ids[k][1:]), (seed, ids)
+
+
+def test_a_new_fast_object_missed_once_is_confirmed_by_its_next_detection() -> None:
+    """First detection, a detection frame that misses it (occluded, a low score), then found
+    2 x 1.5 widths further on: one object, confirmed there with its velocity; a low-score
+    detection then continues it."""
+    tracker = ByteTracker(TrackConfig())
+    tracker.update(np.empty((0, 4)), np.empty(0), np.empty(0, dtype=np.int64))
+    seen = []
+    for f in range(3, 16, 3):
+        x = 100 + 40 * (f - 3)  # 120 px (1.5 widths of 80) per detection interval
+        boxes = [] if f == 6 else [_box(x, 300, 80, 80)]
+        seen.append(_update(tracker, boxes, score=0.3 if f == 15 else 0.9).tolist())
+        for _ in range(2):
+            tracker.predict()
+    assert seen == [[-1], [], [1], [1], [1]], seen
+    assert abs(tracker.predict().boxes[0][0] - (100 + 40 * 15 - 40)) < 15

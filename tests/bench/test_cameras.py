@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edgeinfer.testing.fast_scene import FastScene
 from edgeinfer.testing.scripted_scene import LAMP, MASK, Scene, x264_available
 from edgeinfer.testing.streams import APT_PACKAGES, rtsp_available
 
@@ -53,6 +54,28 @@ def test_the_background_is_still_but_for_the_lamp_in_its_mask() -> None:
     assert changed[:, 1].min() >= lx1 and changed[:, 1].max() < lx2
     assert changed[:, 0].min() >= ly1 and changed[:, 0].max() < ly2
     assert min(p[0] for p in MASK) * w <= lx1 and max(p[1] for p in MASK) * h >= ly2
+
+
+def test_the_fast_scene_moves_one_to_two_widths_between_detections_with_noise() -> None:
+    scene = FastScene.full()
+    assert scene.frames == 900 and scene.size == (1280, 720)
+    crossings = scene.crossings
+    assert len(crossings) == 15 and {c.direction for c in crossings} == {"in", "out"}
+    boxes = scene.boxes()  # (frames, passes, 4)
+    width = boxes[..., 2] - boxes[..., 0]
+    assert np.nanmax(np.abs(width - 160)) < 1
+    step = np.abs(boxes[3:, :, 0] - boxes[:-3, :, 0]) / width[3:]  # over a detection interval
+    # Two detections never overlap (a width or more apart): the tracker cannot lean on IoU.
+    assert np.nanmin(step) >= 0.99 and np.nanmax(step) <= 2.05
+    # Pairs: some passes share their crossing frame, going opposite ways.
+    frames = [c.frame for c in crossings]
+    assert any(frames.count(f) == 2 for f in frames)
+    for box in boxes[~np.isnan(boxes[..., 0])]:
+        assert not scene.in_mask(tuple(box), scene.size)
+    a, b = islice(FastScene.make(1.0, ()).render(), 2)  # no face: noise differs per frame
+    noise = a.astype(np.int16) - b.astype(np.int16)
+    assert 3 < noise[200:].std() < 8
+    assert FastScene.full(face_px=85).crossings[0].direction == "out"
 
 
 @pytest.mark.slow
