@@ -2,7 +2,8 @@
 slices per picture, served by GStreamer's RTSP server (which repeats SPS/PPS before every slice
 of a keyframe, as many cameras do) and read by the PyAV camera source. Every frame handed on
 must be its source picture, top and bottom; a picture with a slice missing, and the pictures
-predicted from it, are counted corrupt and never handed on."""
+predicted from it, are counted corrupt and never handed on. Through OpenCV (no PyAV), such a
+camera is refused, naming PyAV."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ import pytest
 
 from edgeinfer.config.pipeline import CameraSource as CameraConfig
 from edgeinfer.config.pipeline import ReconnectConfig
+from edgeinfer.errors import SourceError
 from edgeinfer.frames import Frame
 from edgeinfer.sources import Source, open_source
+from edgeinfer.sources.camera import CameraSource
 from edgeinfer.testing.streams import APT_PACKAGES, RtspServer, rtsp_available, write_h264
 
 av = pytest.importorskip("av", reason="PyAV is not installed (pip install 'edgeinfer[rtsp]')")
@@ -161,3 +164,35 @@ def test_a_picture_with_a_slice_lost_is_counted_corrupt_and_never_handed_on(
     assert health is not None and health.state == "running", health
     assert "corrupt" in health.reason and "transport: tcp" in health.reason
     assert "slices missing" in source.stats.last_error
+
+
+@pytest.mark.parametrize("slices", [1, 2])
+def test_opencv_refuses_a_camera_whose_pictures_come_in_pieces(
+        tmp_path: Path, scene: tuple[list[np.ndarray], np.ndarray], slices: int) -> None:
+    """Without PyAV (OpenCV's FFmpeg): a 2-slice keyframe is decoded as two pictures, each
+    half concealed, and the P-frames after it stay half wrong; OpenCV can neither join nor
+    flag them, so the stream is refused naming PyAV, with no frame handed on. One slice
+    per picture reads whole."""
+    _need()
+    images, small = scene
+    path = write_h264(tmp_path / "sliced.mp4", images, fps=FPS, gop=GOP, slices=slices)
+    with RtspServer(file=path) as server:
+        source = open_source(CameraConfig(uri=server.url, backend="ffmpeg", open_timeout_s=10,
+                                          reconnect=FAST))
+        assert isinstance(source, CameraSource)
+        with source:
+            if slices > 1:
+                got: list[Frame] = []
+                watchdog = threading.Timer(20.0, source.stop)  # a stream read on: fail, not hang
+                watchdog.start()
+                try:
+                    with pytest.raises(SourceError, match=r"several slices.*edgeinfer\[rtsp\]"):
+                        got.extend(source)
+                finally:
+                    watchdog.cancel()
+                assert not got and source.stats.corrupt >= 1
+                return
+            frames = _take(source, 30)
+    seen = [_which(f.data, small) for f in frames]
+    assert all(top <= MAX_ERROR and bottom <= MAX_ERROR for _, top, bottom in seen), seen
+    assert source.stats.corrupt == 0
