@@ -14,12 +14,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edgeinfer.config import parse_config
 from edgeinfer.config.pipeline import CameraSource as CameraConfig
 from edgeinfer.config.pipeline import ReconnectConfig
 from edgeinfer.errors import SourceError
 from edgeinfer.frames import Frame
+from edgeinfer.pipeline import Pipeline
 from edgeinfer.sources import Source, open_source
 from edgeinfer.sources.camera import CameraSource
+from edgeinfer.testing.detector_models import conv_detector_model
 from edgeinfer.testing.streams import APT_PACKAGES, RtspServer, rtsp_available, write_h264
 
 av = pytest.importorskip("av", reason="PyAV is not installed (pip install 'edgeinfer[rtsp]')")
@@ -196,3 +199,41 @@ def test_opencv_refuses_a_camera_whose_pictures_come_in_pieces(
     seen = [_which(f.data, small) for f in frames]
     assert all(top <= MAX_ERROR and bottom <= MAX_ERROR for _, top, bottom in seen), seen
     assert source.stats.corrupt == 0
+
+
+def test_a_pipeline_detects_only_on_whole_frames_and_its_health_says_why(
+        tmp_path: Path, scene: tuple[list[np.ndarray], np.ndarray]) -> None:
+    """The lossy camera under a detector: every result's frame is a whole picture, the broken
+    ones are on the pipeline's stats (``source.corrupt``) and its health (running, why)."""
+    _need()
+    images, small = scene
+    whole = write_h264(tmp_path / "whole.mp4", images, fps=FPS, gop=GOP, slices=2)
+    path = _without_slices(whole, tmp_path / "lossy.mp4", {5: 0, 20: 1})
+    broken = set(range(5, 15)) | set(range(20, 30))
+    model = conv_detector_model(tmp_path / "det.onnx", size=64)
+    with RtspServer(file=path) as server:
+        config = parse_config(
+            f"runtime: {{state_dir: '{tmp_path}'}}\n"
+            "pipelines:\n  - name: cam\n"
+            f"    source: {{type: camera, uri: '{server.url}', open_timeout_s: 10}}\n"
+            f"    model: {{path: '{model}'}}\n"
+            "    task: {type: detect, decoder: yolov8, labels: [red, green]}\n",
+            base_dir=tmp_path)
+        pipeline = Pipeline.from_config(config)
+        watchdog = threading.Timer(60.0, pipeline.stop)
+        watchdog.start()
+        results, health, snapshot = [], None, {}
+        try:
+            for result in pipeline:
+                results.append(result)
+                if len(results) >= 30 and pipeline.source.stats.corrupt >= 20:
+                    health, snapshot = pipeline.health(), pipeline.snapshot()
+                    break
+        finally:
+            watchdog.cancel()
+            pipeline.close()
+    assert health is not None, f"{len(results)} results, {pipeline.source.stats.to_dict()}"
+    seen = [_which(r.frame.data, small) for r in results]
+    assert not [s for s in seen if s[0] in broken or max(s[1:]) > MAX_ERROR], seen
+    assert health.state == "running" and "corrupt" in health.reason, health
+    assert snapshot["source"]["corrupt"] >= 20 and snapshot["health"]["reason"] == health.reason
