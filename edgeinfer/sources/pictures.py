@@ -81,19 +81,22 @@ class Pictures:
         starts = _starts_picture(packet, self._codec)
         held = self._held
         if held is not None:
-            if starts is False:  # the next slices of the held picture
-                self._held = _join(held, packet)
+            if starts is False and held.pts in (packet.pts, None):  # the held picture's next
+                self._held = _join(held, packet)  # slices (None: a stream's first packet)
                 return
             self._held = None
             yield from self._decode(held)
-        elif starts is False and not self._hold_all and packet.pts == self._last_pts:
-            # A picture went to the decoder without these slices (it was not held): from now
-            # on every picture waits for the packet after it. (Another pts: its first slices
+        elif starts is False and packet.pts == self._last_pts:
+            # Its picture went to the decoder without these slices (it was not held), was
+            # concealed and counted; alone they would make another broken picture. From now
+            # on every picture waits for the packet after it. (Another pts: the first slices
             # were lost, and the decoder conceals them.)
-            self._hold_all = True
-            logger.info("camera %s: the stream splits pictures into several packets: each "
-                        "picture now waits for the next packet before it is decoded (one frame "
-                        "of delay)", self._name)
+            if not self._hold_all:
+                self._hold_all = True
+                logger.info("camera %s: the stream splits pictures into several packets: each "
+                            "picture now waits for the next packet before it is decoded (one "
+                            "frame of delay)", self._name)
+            return
         if starts is not False and (packet.is_keyframe or self._hold_all):
             self._held = packet
             return

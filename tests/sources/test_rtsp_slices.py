@@ -21,11 +21,16 @@ from edgeinfer.errors import SourceError
 from edgeinfer.frames import Frame
 from edgeinfer.pipeline import Pipeline
 from edgeinfer.sources import Source, open_source
+from edgeinfer.sources.base import SourceStats
 from edgeinfer.sources.camera import CameraSource
 from edgeinfer.testing.detector_models import conv_detector_model
 from edgeinfer.testing.streams import APT_PACKAGES, RtspServer, rtsp_available, write_h264
 
 av = pytest.importorskip("av", reason="PyAV is not installed (pip install 'edgeinfer[rtsp]')")
+
+from av.bitstream import BitStreamFilterContext  # noqa: E402  (needs av)
+
+from edgeinfer.sources.pictures import Pictures  # noqa: E402  (needs av)
 
 FAST = ReconnectConfig(initial_s=0.05, max_s=0.2)
 W, H, FPS, GOP, N = 1280, 720, 15, 15, 45
@@ -237,3 +242,38 @@ def test_a_pipeline_detects_only_on_whole_frames_and_its_health_says_why(
     assert not [s for s in seen if s[0] in broken or max(s[1:]) > MAX_ERROR], seen
     assert health.state == "running" and "corrupt" in health.reason, health
     assert snapshot["source"]["corrupt"] >= 20 and snapshot["health"]["reason"] == health.reason
+
+
+def test_a_stream_that_splits_every_picture_is_joined_once_it_shows(
+        tmp_path: Path, scene: tuple[list[np.ndarray], np.ndarray]) -> None:
+    """Every picture in two packets of one pts (a camera that repeats SEI before each slice,
+    say): keyframes wait for the next packet from the start; the first split P-frame is seen
+    too late (decoded without its second half: counted corrupt with the pictures predicted
+    from it), and from then on every picture waits and decodes whole. A picture whose first
+    packet is lost is not joined to the picture before it (another pts): counted corrupt."""
+    images, small = scene
+    path = write_h264(tmp_path / "sliced.mp4", images, fps=FPS, gop=GOP, slices=2)
+    stats = SourceStats()
+    out: list[tuple[int, float, float]] = []
+    with av.open(str(path)) as f:
+        video = f.streams.video[0]
+        annexb = BitStreamFilterContext("h264_mp4toannexb", video)
+        pictures = Pictures(video.codec_context, stats, "test")
+        for packet in (q for p in f.demux(video) if p.size for q in annexb.filter(p)):
+            data = bytes(packet)
+            cut = data.rfind(b"\0\0\1")  # the second slice's start code
+            cut -= data[cut - 1] == 0  # a 4-byte one
+            for i, part in enumerate((data[:cut], data[cut:])):
+                if packet.pts // (packet.duration or 1) == 20 and i == 0:
+                    continue  # picture 20's first packet is lost: its second is not joined
+                piece = av.Packet(part)
+                piece.pts, piece.dts, piece.time_base = packet.pts, packet.dts, packet.time_base
+                piece.is_keyframe = packet.is_keyframe and i == 0  # as FFmpeg's parser says
+                out.extend(_which(frame.to_ndarray(format="bgr24"), small)
+                           for frame in pictures.decode(piece))
+        out.extend(_which(frame.to_ndarray(format="bgr24"), small) for frame in pictures.flush())
+    assert all(top <= MAX_ERROR and bottom <= MAX_ERROR for _, top, bottom in out), out
+    # Picture 1 is the first split P-frame: it and 2-14 are left out, and 20-29 (20 lost its
+    # first packet); the rest are all there.
+    assert [k for k, _, _ in out] == [0, *range(15, 20), *range(30, N)]
+    assert stats.corrupt == 14 + 10
