@@ -13,7 +13,8 @@ States::
     failed                     (a stage or the source gave up: the pipeline ended)
     done                       (the source ended: a file read to its end, or stopped)
 
-Only ``running`` is healthy; the others carry ``reason`` (what is wrong and the fix),
+Only ``running`` is healthy; the others carry ``reason`` (what is wrong and the fix; ``running``
+may carry one too: a camera that left broken frames out, for a minute after the last),
 ``retries`` (reopen attempts so far) and ``next_retry_at`` (Unix time) where they apply.
 """
 

@@ -570,7 +570,7 @@ class Pipeline:
         if self.error is not None:
             return Health("failed", f"{self.error}", self.source.stats.retries)
         source = self.source.health()
-        if source is not None:
+        if source is not None and not source.ok:
             return source
         if self._done.is_set():
             return Health("done", "", self.source.stats.retries)
@@ -579,7 +579,9 @@ class Pipeline:
         if self.paused:
             return Health("paused", "paused by a command: resume it to go on",
                           self.source.stats.retries)
-        return Health("running", "", self.source.stats.retries)
+        # A source that works may still say why some of its frames were left out.
+        return Health("running", source.reason if source is not None else "",
+                      self.source.stats.retries)
 
     def snapshot(self) -> dict[str, Any]:
         """Stats of this pipeline for the stats topic and summaries."""

@@ -79,7 +79,8 @@ class Source(ABC):
 
     def health(self) -> Health | None:
         """The source's part of its pipeline's state: ``None`` while it works (or cannot
-        tell), ``no_source`` / ``reconnecting`` with the reason while a live device is out."""
+        tell), ``no_source`` / ``reconnecting`` with the reason while a live device is out,
+        ``running`` with a reason while it works but left some frames out (broken ones)."""
         return None
 
     def stop(self) -> None:

@@ -217,6 +217,7 @@ class CameraSource(Source):
         max_attempts = self.config.reconnect.max_attempts
         stats = self.stats
         index = 0
+        split: _SplitPictures | None = None
         while not self._stop.is_set():
             cap = self._cap
             if cap is None:
@@ -228,6 +229,7 @@ class CameraSource(Source):
                     continue
                 cap = self._cap
                 assert cap is not None
+                split = None
             ok, data = cap.read()
             if not ok:
                 if self._stop.is_set():
@@ -240,15 +242,68 @@ class CameraSource(Source):
             if data is None or data.size == 0:
                 stats.corrupt += 1
                 continue
-            self._outage.recovered(backoff)
-            if not limiter.admit(ts):
-                stats.skipped += 1
-                continue
-            stats.frames += 1
-            yield Frame(index - 1, ts, time.time(), _bgr(data))
+            read = Frame(index - 1, ts, time.time(), _bgr(data))
+            if split is None:
+                split = _SplitPictures(cap, self.config.uri)
+            for frame in split.check(cap, read, self) if split.watch else (read,):
+                self._outage.recovered(backoff)
+                if not limiter.admit(frame.ts):
+                    stats.skipped += 1
+                    continue
+                stats.frames += 1
+                yield frame
 
     def _close(self) -> None:
         self._release()
+
+
+_SLICED = frozenset({"h264", "avc1", "hevc", "hev1", "hvc1", "h265"})
+
+
+class _SplitPictures:
+    """Whether OpenCV's FFmpeg decodes an RTSP camera's pictures in pieces. A camera that sends
+    a picture in several slices, with its parameter sets before each (many do), comes out of
+    FFmpeg's RTSP demuxer as one packet per slice, and OpenCV decodes each as a picture of its
+    own (two frames with one pts), the rest concealed; every frame up to the next keyframe is
+    predicted from that broken picture. OpenCV can neither join the slices nor say which frames
+    were concealed (PyAV can: ``sources/pictures.py``), so such a stream is refused, naming
+    PyAV. The first frame of a connection waits for the second, so none of it is handed on."""
+
+    __slots__ = ("_first", "_held", "_pts", "watch")
+
+    def __init__(self, cap: cv2.VideoCapture, uri: str | int) -> None:
+        code = int(cap.get(cv2.CAP_PROP_FOURCC))
+        fourcc = "".join(chr((code >> (8 * i)) & 0xFF) for i in range(4)).lower()
+        self.watch = (isinstance(uri, str) and uri.lower().startswith(("rtsp://", "rtsps://"))
+                      and fourcc in _SLICED)
+        self._pts = -1.0
+        self._held: Frame | None = None
+        self._first = True
+
+    def check(self, cap: cv2.VideoCapture, frame: Frame, source: CameraSource
+              ) -> tuple[Frame, ...]:
+        """The frames to hand on: none for a connection's first frame (held back), both with
+        the second.
+
+        Raises:
+            SourceError: two frames with one pts: the stream's pictures come in pieces.
+        """
+        pts = cap.get(cv2.CAP_PROP_PTS)  # no pts (HTTP MJPEG, say): a large negative number
+        if pts >= 0 and pts == self._pts:
+            source.stats.corrupt += 2 if self._held is not None else 1
+            raise SourceError(
+                f"camera {source.name}: the camera sends each picture in several slices, which "
+                "OpenCV's FFmpeg decodes as separate pictures, the rest of each concealed: "
+                "frames would come out partly green or frozen, and OpenCV cannot tell which. "
+                "Read it with PyAV: pip install 'edgeinfer[rtsp]' (camera backend auto then "
+                "uses it)")
+        self._pts = pts
+        if self._first:
+            self._first = False
+            self._held = frame
+            return ()
+        held, self._held = self._held, None
+        return (frame,) if held is None else (held, frame)
 
 
 def _bgr(data: np.ndarray) -> np.ndarray:

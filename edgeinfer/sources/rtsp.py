@@ -28,6 +28,7 @@ from ..health import Health
 from .base import Backoff, Outage, RateLimiter, Source, SourceStats
 from .camera import redact
 from .packets import PacketRing, StreamInfo
+from .pictures import Pictures
 from .reasons import stream_reason
 
 __all__ = ["PyAvSource", "RtspStats"]
@@ -38,6 +39,7 @@ _DRIFT_S = 1.0  # a stream clock this far behind arrival is re-anchored
 # FFmpeg looks at 5 s of a stream by default before it says what it holds; the SDP's parameter
 # sets already give the size, so half a second (2 s -> 0.65 s to open on loopback) is plenty.
 _ANALYZE_US = "500000"
+_BROKEN_SHOWN_S = 60.0  # health says why frames were left out this long after the last one
 
 
 @dataclasses.dataclass(slots=True)
@@ -92,6 +94,7 @@ class _Stream:
                                bytes(ctx.extradata or b""))
         self.clock = _Clock(float(tb) if tb else 1 / 90000)
         self.packets = self.container.demux(self.video)
+        self.pictures: Pictures | None = None  # made by the source that decodes this stream
 
     def close(self) -> None:
         try:
@@ -189,6 +192,7 @@ class PyAvSource(Source):
         self._main_stop = threading.Event()  # set by stop() and on leaving the with block
         self._main_thread: threading.Thread | None = None
         self._display: tuple[int, int] | None = None
+        self._pictures: Pictures | None = None  # the decoded stream's, on this connection
 
     @property
     def name(self) -> str:
@@ -210,16 +214,27 @@ class PyAvSource(Source):
         known, so none are handed on), which must not read as ``running``."""
         health = self._outage.health(self._reader.backoff.next_at)
         main = self._main
+        if health is None and main is None:
+            return self._broken()
         if health is not None or main is None:
             return health
         down = main.outage.health(main.backoff.next_at)
         if down is None:
-            return None
+            return self._broken()
         then = ("clips wait for it" if self._display is not None
                 else "no frame is handed on until it opens (its size is what boxes are in)")
         return dataclasses.replace(
             down, reason=f"main stream {main.name}: {down.reason}; the substream (detect_uri) "
                          f"is read, {then}")
+
+    def _broken(self) -> Health | None:
+        """``running``, with the reason, for a minute after a broken picture was left out."""
+        pictures = self._pictures
+        if pictures is None or pictures.since is None \
+                or time.monotonic() - pictures.since > _BROKEN_SHOWN_S:
+            return None
+        return Health("running", f"{self.stats.corrupt} corrupt: {pictures.reason}",
+                      self.stats.retries)
 
     def stop(self) -> None:
         super().stop()
@@ -324,12 +339,10 @@ class PyAvSource(Source):
             if ring is not None and packet.pts is not None and ring.wanted:
                 ring.push(bytes(packet), packet.pts, packet.dts, stream.clock(packet.pts, now),
                           packet.is_keyframe)
-            try:
-                decoded = stream.video.codec_context.decode(packet)
-            except av.error.FFmpegError:
-                stats.corrupt += 1
-                continue
-            for image in decoded:
+            if stream.pictures is None:
+                stream.pictures = self._pictures = Pictures(stream.video.codec_context, stats,
+                                                            reader.name)
+            for image in stream.pictures.decode(packet):
                 index += 1
                 ts = stream.clock(image.pts, now) if image.pts is not None else now
                 self._outage.recovered(reader.backoff)

@@ -357,18 +357,24 @@ class RtspServer:
 
 
 def write_h264(path: str | os.PathLike[str], images: Sequence[np.ndarray], fps: int = 15,
-               gop: int | None = None, bframes: int = 0) -> Path:
+               gop: int | None = None, bframes: int = 0, slices: int | None = None) -> Path:
     """Encode BGR ``images`` (all one even size) as H.264 in MP4 at ``path`` with PyAV's
     libx264 (``ultrafast``; a keyframe every ``gop`` frames, default ``fps``; ``bframes``
-    B-frames between references, as some cameras send), for ``RtspServer(file=...)``. Needs
-    PyAV (the ``rtsp`` extra)."""
+    B-frames between references, as some cameras send; ``slices`` slices per picture, as many
+    cameras send: ``None`` leaves it to libx264's slice threads, one slice per encoder thread,
+    which depends on the machine's cores), for ``RtspServer(file=...)``. Needs PyAV (the
+    ``rtsp`` extra)."""
     import av
 
     height, width = images[0].shape[:2]
+    options = {"preset": "ultrafast", "g": str(gop or fps), "keyint_min": str(gop or fps),
+               "bf": str(bframes)}
+    if slices is not None:
+        options["x264-params"] = f"slices={slices}"
     with av.open(str(path), "w", format="mp4") as out:
-        stream = out.add_stream("libx264", rate=fps, options={
-            "preset": "ultrafast", "g": str(gop or fps), "keyint_min": str(gop or fps),
-            "bf": str(bframes)})
+        stream = out.add_stream("libx264", rate=fps, options=options)
+        if slices is not None:
+            stream.codec_context.thread_count = 1  # else one slice per thread, whatever asked
         assert isinstance(stream, av.VideoStream)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         for image in images:

@@ -183,7 +183,7 @@ function pipelineCard(info, stats, backend) {
   const card = el("article", { class: bad ? "card bad" : "card", "data-pipeline": name },
     el("h2", {}, el("a", { href: `/live/${encodeURIComponent(name)}` }, name), " ",
       stateBadge(state, { "data-field": "state" })));
-  if (state !== "running" && (health.reason || health.retries)) {
+  if (health.reason || (state !== "running" && health.retries)) {  // running: broken frames left out
     card.append(el("p", { class: bad ? "reason error" : "reason muted", "data-field": "reason",
       role: bad ? "alert" : null }, healthText(health)));
   }
