@@ -32,7 +32,7 @@ import numpy.typing as npt
 
 from ..model.catalog import resolve_model
 from .scene_video import astronaut_face_box, background, face_patch
-from .scripted_scene import LINE, MASK, ZONE, Crossing, encode_h264, flicker, paste
+from .scripted_scene import LINE, Crossing, encode_h264, flicker, in_mask, paste, scene_config
 
 __all__ = ["FastScene", "Pass"]
 
@@ -175,16 +175,11 @@ class FastScene:
 
     def in_mask(self, box: tuple[float, float, float, float], size: tuple[int, int]) -> bool:
         """Whether a box's centre lies in ``MASK`` (a detection there is a distractor's)."""
-        cx, cy = (box[0] + box[2]) / 2 / size[0], (box[1] + box[3]) / 2 / size[1]
-        xs, ys = [p[0] for p in MASK], [p[1] for p in MASK]
-        return min(xs) <= cx <= max(xs) and min(ys) <= cy <= max(ys)
+        return in_mask(box, size)
 
     def scene_config(self) -> dict[str, Any]:
         """``zones:``/``lines:`` of a pipeline config (normalized, anchor ``center``)."""
-        return {"zones": [{"name": "desk", "points": [list(p) for p in ZONE],
-                           "anchor": "center"}],
-                "lines": [{"name": "door", "points": [list(p) for p in LINE],
-                           "anchor": "center"}]}
+        return scene_config()
 
     # -- pictures -------------------------------------------------------------------------
     def render(self, size: tuple[int, int] | None = None) -> Iterator[npt.NDArray[np.uint8]]:

@@ -38,7 +38,7 @@ from ..model.catalog import resolve_model
 from .scene_video import astronaut_face_box, background, face_patch
 
 __all__ = ["LAMP", "LINE", "MASK", "ZONE", "Crossing", "Scene", "Visit", "encode_h264", "flicker",
-           "paste", "x264_available"]
+           "in_mask", "paste", "scene_config", "x264_available"]
 
 Point = tuple[float, float]
 
@@ -186,16 +186,11 @@ class Scene:
 
     def in_mask(self, box: tuple[float, float, float, float], size: tuple[int, int]) -> bool:
         """Whether a box's centre lies in ``MASK`` (a detection there is a distractor's)."""
-        cx, cy = (box[0] + box[2]) / 2 / size[0], (box[1] + box[3]) / 2 / size[1]
-        xs, ys = [p[0] for p in MASK], [p[1] for p in MASK]
-        return min(xs) <= cx <= max(xs) and min(ys) <= cy <= max(ys)
+        return in_mask(box, size)
 
     def scene_config(self) -> dict[str, Any]:
         """``zones:``/``lines:`` of a pipeline config (normalized, anchor ``center``)."""
-        return {"zones": [{"name": "desk", "points": [list(p) for p in ZONE],
-                           "anchor": "center"}],
-                "lines": [{"name": "door", "points": [list(p) for p in LINE],
-                           "anchor": "center"}]}
+        return scene_config()
 
     # -- pictures -------------------------------------------------------------------------
     def render(self, size: tuple[int, int] | None = None) -> Iterator[npt.NDArray[np.uint8]]:
@@ -226,6 +221,21 @@ class Scene:
         """
         size = size or _SIZE
         return encode_h264(lambda: self.render(size), self.fps, size, path)
+
+
+def in_mask(box: tuple[float, float, float, float], size: tuple[int, int]) -> bool:
+    """Whether a box's centre (pixels of a ``size`` frame) lies in ``MASK``: a detection there
+    is the lamp's, a distractor's."""
+    cx, cy = (box[0] + box[2]) / 2 / size[0], (box[1] + box[3]) / 2 / size[1]
+    xs, ys = [p[0] for p in MASK], [p[1] for p in MASK]
+    return min(xs) <= cx <= max(xs) and min(ys) <= cy <= max(ys)
+
+
+def scene_config() -> dict[str, Any]:
+    """``zones:``/``lines:`` of a pipeline config for the scenes' ``ZONE`` and ``LINE``
+    (normalized, anchor ``center``)."""
+    return {"zones": [{"name": "desk", "points": [list(p) for p in ZONE], "anchor": "center"}],
+            "lines": [{"name": "door", "points": [list(p) for p in LINE], "anchor": "center"}]}
 
 
 def encode_h264(frames: Callable[[], Iterable[npt.NDArray[np.uint8]]], fps: float,
