@@ -425,8 +425,8 @@ def _guessed_shapes_refused(specs: tuple[TensorSpec, ...], feeds: Mapping[str, n
     where = f" at its {node[1]} node {node[2]!r}" if node else f" ({str(exc)[:160]})"
     flags = " ".join(f"--input-shape {name}={dims}" for name, dims in example.items())
     api = ", ".join(f"{name!r}: [{dims.replace(',', ', ')}]" for name, dims in example.items())
-    return (f"the model refused the guessed input shapes ({tried}){where}; pass "
-            f"input_shapes={{{api}}} with its real sizes for the names (command line: {flags})")
+    return (f"the model refused the guessed input shapes ({tried}){where}; give its real sizes: "
+            f"{flags} (Python: input_shapes={{{api}}})")
 
 
 def _skip(report: LoadReport, spec: SessionSpec, note: str) -> None:

@@ -68,8 +68,8 @@ def unknown_sizes(inputs: Sequence[TensorSpec], fixed: Mapping[str, tuple[int, .
     flags = " ".join(f"--input-shape {n}={'x'.join(map(str, dims))}"
                      for n, dims in example.items())
     what = ", ".join(f"{s.name} {dims(s.shape)}" for s in unknown)
-    return (f"the size of {what} is not known (nothing guessed); pass "
-            f"input_shapes={{{api}}} with the size it will run at (command line: {flags})")
+    return (f"the size of {what} is not known, and none is guessed: give the size it runs at, "
+            f"{flags} (Python: input_shapes={{{api}}})")
 
 
 def dims(shape: Sequence[Dim]) -> str:

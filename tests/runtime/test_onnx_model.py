@@ -75,7 +75,7 @@ def test_dynamic_shapes_without_input_shapes_skip_warmup_with_a_note(
     onnx.save(model, mine)
     with caplog.at_level(logging.WARNING), edgeinfer.load_model(mine) as m:
         assert not m.report.warmed_up
-        assert "pass input_shapes" in m.report.warmup_note
+        assert "give its real sizes: --input-shape images=" in m.report.warmup_note
         assert m.inputs[0].shape == ("batch", 3, "height", "width")
         assert m.run(image)["output0"].shape == (1, 22, 2100)
     assert "warm-up skipped" in caplog.text
