@@ -88,11 +88,22 @@ class CommandServer:
         self._unsubscribe: Callable[[], None] | None = None
         self._log = _Throttle()
 
+    def listen(self) -> None:
+        """Subscribe: commands from now on are queued (up to 32), answered once `start` runs.
+
+        The daemon listens before its pipelines start and serves after: a client that sends a
+        command on seeing the first result (published before the birth) is answered, not lost.
+        """
+        if self._unsubscribe is None:
+            self._unsubscribe = self.client.subscribe(self.client.topics.commands, 1,
+                                                      self._enqueue)
+
     def start(self) -> None:
+        """Answer commands (the queued ones first); subscribes if `listen` did not."""
         self._thread = threading.Thread(target=self._work, name="edgeinfer-commands",
                                         daemon=True)
         self._thread.start()
-        self._unsubscribe = self.client.subscribe(self.client.topics.commands, 1, self._enqueue)
+        self.listen()
 
     def stop(self) -> None:
         if self._unsubscribe is not None:
@@ -110,8 +121,10 @@ class CommandServer:
         return None if self.died is None else f"command thread died: {self.died}"
 
     def stats(self) -> dict[str, Any]:
+        state = ("dead" if self.problem() else "starting" if self._thread is None
+                 else "running")
         return {"received": self.received, "errors": self.errors, "ignored": self.ignored,
-                "state": "dead" if self.problem() else "running"}
+                "state": state, "waiting": len(self._queue)}
 
     # -- network thread: keep it short ---------------------------------------------------------
     def _enqueue(self, message: Message) -> None:

@@ -82,6 +82,13 @@ class MqttLink:
                                      self.config.runtime.resolved_state_dir(), client=client)
         self.plumbing.start()
         self._next_stats = time.monotonic() + mqtt.stats_interval_s
+        policy = command_policy(mqtt)
+        if policy is not None:  # listening before the pipelines start, answering from ready()
+            self.commands = CommandServer(client, self.handlers(),
+                                          max_bytes=mqtt.max_command_bytes,
+                                          allow=policy.allow, signed=policy.signed,
+                                          opener=self._opener)
+            self.commands.listen()
 
     def context(self) -> dict[str, Any]:
         """What sources and sinks get: ``mqtt`` for MQTT sinks, ``subscribe`` for MQTT sources."""
@@ -109,13 +116,8 @@ class MqttLink:
     def ready(self) -> None:
         """The pipelines run: announce them, answer commands, publish discovery."""
         client = self._client()
-        policy = command_policy(self.mqtt)
-        if policy is not None:  # subscribed before the birth: "online" means commands answered
-            self.commands = CommandServer(client, self.handlers(),
-                                          max_bytes=self.mqtt.max_command_bytes,
-                                          allow=policy.allow, signed=policy.signed,
-                                          opener=self._opener)
-            self.commands.start()
+        if self.commands is not None:  # subscribed since start(): "online" means answered,
+            self.commands.start()      # and a command sent on seeing a result waited for this
         self._shape = self._current_shape()
         self.publish_birth()
         if self.mqtt.homeassistant.enabled:
