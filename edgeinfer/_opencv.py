@@ -18,4 +18,10 @@ def quiet_opencv() -> None:
         return
     import cv2
 
-    cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_ERROR)
+    # cv2.utils.logging is not there in every build (OpenCV 4.8's wheels lack it); cv2.setLogLevel
+    # takes the same enum, where 2 is LOG_LEVEL_ERROR. A build with neither keeps its own level.
+    log = getattr(cv2.utils, "logging", None)
+    if log is not None:
+        log.setLogLevel(log.LOG_LEVEL_ERROR)
+    elif hasattr(cv2, "setLogLevel"):
+        cv2.setLogLevel(2)

@@ -153,8 +153,10 @@ def _convert(data: Any) -> Config:
         return config
     pipelines = list(config.pipelines)
     for i, task in registered.items():
-        try:  # the pipeline's own checks run again, with its task
+        try:  # the pipeline's own checks run again, with its task: called here, as the
+            # msgspec releases pyproject admits differ on whether replace() runs them
             pipelines[i] = msgspec.structs.replace(pipelines[i], task=task)
+            pipelines[i].__post_init__()
         except ValueError as exc:
             raise msgspec.ValidationError(f"{exc} - at `$.pipelines[{i}]`") from None
     return msgspec.structs.replace(config, pipelines=pipelines)

@@ -232,6 +232,10 @@ def _require_tooling() -> None:
         import onnx  # noqa: F401  (onnxruntime's quantizer reads and writes models with it)
         import onnxruntime.quantization  # noqa: F401
     except ImportError as exc:
+        if exc.name is None:  # the package is there, and its own import failed: say why
+            raise BackendUnavailableError(
+                f"onnxruntime's quantizer does not import here: {exc}; "
+                "pip install -U 'edgeinfer[quantize]'") from exc
         raise BackendUnavailableError(
             f"quantization needs onnxruntime and onnx ({exc.name} is missing): "
             "pip install 'edgeinfer[quantize]'") from exc
