@@ -131,6 +131,7 @@ def test_chromium_plays_the_remuxed_clip(remuxed: tuple[Recorder, dict[str, Any]
             pytest.fail("CI is set and chromium is not installed")
         pytest.skip("chromium is not installed (apt-get install chromium)")
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    assert remuxed[1]["clip"], remuxed[1]  # no clip: nothing to play (and no page in the cwd)
     clip = Path(str(remuxed[1]["clip"]))
     (clip.parent / "play.html").write_text(
         f'<video id="v" src="{clip.name}" muted playsinline></video>')
