@@ -141,11 +141,10 @@ class Decision:
                 if self.created else ""
             tried = ""
             if self.tries:
-                tried = (f"; measured again {self.tries}x at load, the box busy again each time"
-                         f" (last at "
+                tried = (f"; {self.tries} more tries ran into load (last at "
                          f"{time.strftime('%H:%M:%S', time.localtime(self.tried_at))})")
             return (f"provisional: measured under load ({self.load.describe()}){when}{tried}; "
-                    "the next load that finds the box quiet measures it again")
+                    "a load on a quiet box measures it again")
         if self.load is not None:
             again = f", re-checked {self.rechecks}x" if self.rechecks else ""
             return (f"final: measured with other processes at {self.load.others * 100:.0f} % of "

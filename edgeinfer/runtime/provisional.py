@@ -85,8 +85,8 @@ def _confirm(spec: SessionSpec, cached: Decision, gate: Gate, session: Session,
     if load is None:
         why_not = "the load cannot be read here (no /proc)"
     elif load.others >= settings.busy_share:
-        why_not = (f"the box is busy now too, {load.describe()} (a load measures it again when "
-                   f"they use under {settings.busy_share * 100:.0f} %)")
+        why_not = (f"the box is busy now too ({load.others * 100:.0f} %; quiet is under "
+                   f"{settings.busy_share * 100:.0f} %)")
     elif cached.tried_at + settings.min_interval_s > time.time():
         why_not = (f"the last {cached.tries} tries ran into load; next try after "
                    f"{_clock(cached.tried_at + settings.min_interval_s)}")
