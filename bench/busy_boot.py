@@ -275,10 +275,13 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
             found = "re-checked: nothing to compare (one correct candidate), or it failed"
         else:
             found = f"no re-check in {served['served_s']:.0f} s (load {_pct(served['load'])})"
+        old = (f"{r['old']['picked']} (load {_pct(r['old_load'])})"
+               if r["old"].get("picked") is not None else "not run (--skip old)")
+        after = served["picked"] if served.get("picked") is not None else "not run"
         lines.append(
-            f"| {i} | {r['old']['picked']} (load {_pct(r['old_load'])}) | {_r(r['ratio_old'])} "
+            f"| {i} | {old} | {_r(r['ratio_old'])} "
             f"| {r['new']['picked']} ({_pct(r['new']['load'])}) | {_r(r['ratio_new'])} "
-            f"| {served['picked']} | {_r(r['ratio_recheck'])} | {found} "
+            f"| {after} | {_r(r['ratio_recheck'])} | {found} "
             f"| {r['fastest']} {r['timed']['ms'][r['fastest']]:.2f} ms "
             f"({_pct(r['timed']['load'])}) |")
     lines += ["", f"(d) the next short-lived process (a new `load_model` on (b)'s cached decision "
