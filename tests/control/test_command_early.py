@@ -6,9 +6,9 @@ command subscription, made only at the birth: on a busy box the command was drop
 broker, unanswered (tests/control/test_daemon_mqtt.py's reload test failed so in a CI run).
 The link now subscribes when it connects, queues what arrives, and answers from the birth on.
 
-Deterministic: the broker starts after the link, so the link's own connect hook (run after its
-subscriptions) tells the test when the broker has the subscription; the command then goes out
-before ``ready()``.
+Deterministic: the broker starts after the link; the link's own connect hook (run after its
+subscriptions are sent) and then a marker the link publishes on the same connection tell the
+test when the broker has the subscription; the command then goes out before ``ready()``.
 """
 
 from __future__ import annotations
@@ -70,6 +70,10 @@ def test_a_command_sent_before_the_birth_is_answered_after_it(tmp_path: Path) ->
         peer = Peer(broker.host, broker.port)
         try:
             peer.subscribe(f"{base}/#")
+            # The link's SUBSCRIBE went out before this (its connect hook ran after it), on the
+            # same connection: once the broker relays this marker it has the subscription.
+            link.plumbing.client.publish(f"{base}/marker", b"1", qos=1)
+            peer.next(f"{base}/marker", timeout=30)
             peer.client.publish(f"{base}/cmd/status", json.dumps({"id": 5}), qos=1)
             assert link.commands is not None
             deadline = time.monotonic() + 20
