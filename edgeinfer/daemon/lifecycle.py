@@ -204,6 +204,9 @@ class Daemon:
         health = pipeline.health()
         if health.ok:
             logger.info("pipeline %s running: %s on %s", pc.name, model.name, model.provider)
+        elif health.state == "starting":  # a stream that opened, before its first frame
+            logger.info("pipeline %s started (%s on %s), %s", pc.name, model.name,
+                        model.provider, health.describe())
         else:  # a camera that is not there: the pipeline waits for it, and says so
             logger.warning("pipeline %s started (%s on %s) but is %s", pc.name, model.name,
                            model.provider, health.describe())
