@@ -6,16 +6,19 @@ camera missing from the network."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from edgeinfer.config.pipeline import CameraSource as CameraConfig
 from edgeinfer.config.pipeline import ReconnectConfig
+from edgeinfer.pipeline import Pipeline
 from edgeinfer.sources import open_source
 from edgeinfer.testing.streams import APT_PACKAGES, RtspServer, rtsp_available
 
@@ -198,3 +201,34 @@ def test_a_trickling_reply_is_a_slow_camera_not_a_missing_one() -> None:
         f"slow or incomplete reply from the camera at 127.0.0.1:{server.port}: "), health.reason
     assert "is the camera on this network" not in health.reason
     assert "raise open_timeout_s" in health.reason
+
+
+def test_a_pipeline_on_a_camera_that_sends_no_rtp_never_reads_as_running(
+        h264: RtspServer, blazeface_path: Path, tmp_path: Path) -> None:
+    """The state every surface shows (``Pipeline.health``: ``/v1/pipelines``, the status
+    topic), sampled from ``start()`` through two connections lost after PLAY."""
+    proxy = MuteProxy(h264.port)
+    config = {"runtime": {"state_dir": str(tmp_path / "state")}, "pipelines": [{
+        "name": "cam", "source": {"type": "camera", "backend": "pyav",
+                                  "uri": f"rtsp://127.0.0.1:{proxy.port}/test",
+                                  "open_timeout_s": 1,
+                                  "reconnect": {"initial_s": 0.05, "max_s": 0.1}},
+        "model": {"path": str(blazeface_path), "threads": 1, "probe": False},
+        "task": {"type": "detect", "decoder": "blazeface"}, "sinks": []}]}
+    path = tmp_path / "cam.json"
+    path.write_text(json.dumps(config))
+    pipe = Pipeline.from_config(str(path))
+    samples = []
+    try:
+        pipe.start()
+        deadline = time.monotonic() + 20
+        while pipe.source.stats.errors < 2 and time.monotonic() < deadline:
+            samples.append(pipe.health())
+            time.sleep(0.005)
+    finally:
+        pipe.close()
+        proxy.close()
+    assert pipe.source.stats.errors >= 2 and pipe.stats.processed == 0
+    running = [h for h in samples if h.ok or not h.reason]
+    assert not running, f"{len(running)} of {len(samples)} samples: {running[0]}"
+    assert any("no RTP arrived" in h.reason for h in samples)
