@@ -98,8 +98,11 @@ class ConnectionGuard:
                  max_head_total: int = 4 << 20) -> None:
         self.max_total, self.max_per_client = max_total, max_per_client
         self.header_timeout = header_timeout
-        self.max_head, self.max_head_per_client = max_head, max_head_per_client
+        # One head never passes its address's share, nor that the total (a smaller outer
+        # limit wins; stats() shows the values in force).
         self.max_head_total = max_head_total
+        self.max_head_per_client = min(max_head_per_client, max_head_total)
+        self.max_head = min(max_head, self.max_head_per_client)
         self.log = QuietLog()
         self._open: OrderedDict[GuardedHandler, None] = OrderedDict()  # oldest first
         self._waiting: OrderedDict[GuardedHandler, None] = OrderedDict()  # no request running

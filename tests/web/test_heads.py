@@ -182,7 +182,15 @@ def _wait(server: WebServer, count: str, at_least: int) -> None:
         time.sleep(0.05)
 
 
-def test_head_limits_must_nest() -> None:
-    with pytest.raises(msgspec.ValidationError, match="max_header_bytes_per_client"):
-        msgspec.convert({"max_header_bytes": 65536, "max_header_bytes_per_client": 4096},
-                        HttpConfig)
+def test_a_head_limit_never_passes_the_one_outside_it(start: Any) -> None:
+    server = start(max_header_bytes=65536, max_header_bytes_per_client=4096,
+                   max_header_bytes_total=2048)
+    stats = server.stats()["connections"]
+    assert (stats["max_header_bytes"], stats["max_header_bytes_per_client"],
+            stats["max_header_bytes_total"]) == (2048, 2048, 2048)
+    socks = _open(server, 1, 1, "127.34.0")
+    try:
+        _send_heads(socks, 4096, 5)
+        _wait(server, "heads_too_large", 1)
+    finally:
+        socks[0].close()
