@@ -49,6 +49,9 @@ _MAINTAIN_EVERY_S = 3600.0
 _BACKOFF_FIRST_S = 0.1
 _BACKOFF_MAX_S = 5.0
 _BATCH_FAULT_TRIES = 2  # failures of one batch, the database answering after each: the batch's
+# Rejected messages per transaction, and their bytes: ~40 ms of upserts here (measured), the
+# most a genuine result waits for junk inside the collector.
+_REJECTED_BATCH, _REJECTED_BATCH_BYTES = 500, 2 * 2**20
 _DELIVERY_OVERHEAD = 512  # bytes a message costs beyond its payload and topic (objects, token)
 
 
@@ -82,12 +85,26 @@ class _Lanes:
             self._cond.notify_all()
             return True
 
-    def get(self, timeout: float) -> tuple[Delivery, int] | None:
-        """The next message, a device's first; ``None`` after ``timeout`` s without one."""
+    def get(self, timeout: float, *, only_devices: bool = False) -> tuple[Delivery, int] | None:
+        """The next message, a device's first (``only_devices``: only those); ``None`` after
+        ``timeout`` s without one."""
+        lanes = self._lanes[:1] if only_devices else self._lanes
         with self._cond:
-            if not self._cond.wait_for(lambda: self._lanes[0] or self._lanes[1], timeout):
+            if not self._cond.wait_for(lambda: any(lanes), timeout):
                 return None
-            return (self._lanes[0] or self._lanes[1]).popleft()
+            self._cond.notify_all()  # room in a lane for a waiting `put`
+            return next(lane for lane in lanes if lane).popleft()
+
+    def take_rejected(self, most: int, nbytes: int) -> list[tuple[Delivery, int]]:
+        """Up to ``most`` rejected messages of ``nbytes`` queued now, without waiting."""
+        lane, size = self._lanes[1], 0
+        out: list[tuple[Delivery, int]] = []
+        with self._cond:
+            while lane and len(out) < most and size + lane[0][1] <= nbytes:
+                out.append(lane.popleft())
+                size += out[-1][1]
+            self._cond.notify_all()
+        return out
 
     def release(self, size: int) -> None:
         """The writer is done with messages of ``size`` bytes (committed or given up)."""
@@ -298,20 +315,25 @@ class Collector:
         return False
 
     def _gather(self) -> list[tuple[Delivery, int]]:
-        """Messages for one batch (with their sizes): up to ``max_rows``, waiting at most
-        ``max_age_s`` after the first; returns early (possibly empty) when stopping."""
+        """Messages for one batch (with their sizes), of one lane: device messages, up to
+        ``max_rows`` and waiting at most ``max_age_s`` after the first, but no longer once
+        rejected ones wait; or, when no device message is queued, up to `_REJECTED_BATCH`
+        rejected ones queued now. Returns early (possibly empty) when stopping."""
         limit, max_age = self.config.batch.max_rows, self.config.batch.max_age_s
         first = self._queue.get(timeout=0.2)
         if first is None:
             return []
+        if first[0].record is None:
+            return [first, *self._queue.take_rejected(min(limit, _REJECTED_BATCH) - 1,
+                                                      _REJECTED_BATCH_BYTES - first[1])]
         batch = [first]
         deadline = time.monotonic() + max_age
         while len(batch) < limit:
             left = deadline - time.monotonic()
-            item = self._queue.get(timeout=max(0.0, min(left, 0.05)))
+            item = self._queue.get(timeout=max(0.0, min(left, 0.05)), only_devices=True)
             if item is not None:
                 batch.append(item)
-            elif left <= 0 or self._stopping.is_set():
+            elif left <= 0 or self._stopping.is_set() or self._queue.depth()[1]:
                 break
         return batch
 
