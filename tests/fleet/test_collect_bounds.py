@@ -12,11 +12,13 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-from collectors import wait
+from collectors import CollectorProcess, wait
 
+from edgeinfer._net import free_port
 from edgeinfer.config.collect import BatchConfig, CollectConfig, DatabaseConfig, MqttSourceConfig
 from edgeinfer.fleet.collector import Collector
 from edgeinfer.fleet.db import Database
@@ -176,3 +178,64 @@ def test_a_row_the_server_drops_the_connection_on_is_parked_and_a_restart_moves_
     finally:
         pub.loop_stop()
         pub.disconnect()
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_collector_memory_stays_bounded_by_queue_bytes_while_writes_wait(
+        tmp_path: Path, pg: Postgres) -> None:
+    """``edgeinfer collect`` as a subprocess, ``queue_bytes`` 8 MiB, while its writes wait on a
+    lock: 100 statuses of 900 KiB (88 MiB) arrive. Its RSS grows by well under the 88 MiB
+    (backpressure, nothing dropped); once the lock goes every status is stored."""
+    schema, prefix = "b" + uuid.uuid4().hex[:10], "b" + uuid.uuid4().hex[:6]
+    with Mosquitto("max_queued_messages 1000000\nmax_inflight_messages 0\n") as broker:
+        path = tmp_path / "collect.yaml"
+        metrics = free_port()
+        path.write_text(f"""
+database: {{dsn: "{pg.dsn}", schema: {schema}, connect_timeout_s: 2}}
+source: {{type: mqtt, host: {broker.host}, port: {broker.port}, prefix: {prefix},
+         client_id: {schema}, receive_maximum: 1000}}
+batch: {{max_rows: 500, max_age_s: 0.1, queue: 1000, queue_bytes: {8 * 2**20}}}
+metrics: {{port: {metrics}}}
+""")
+        collector = CollectorProcess(path, metrics, 30)
+        collector.start()
+        pub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+        pub.max_queued_messages_set(0)
+        pub.connect(broker.host, broker.port)
+        pub.loop_start()
+        lock = psycopg.connect(pg.dsn, connect_timeout=2)
+        try:
+            assert collector.proc is not None
+            before = _rss_mib(collector.proc.pid)
+            lock.execute(f"LOCK TABLE {schema}.devices IN ACCESS EXCLUSIVE MODE")
+            pad = "x" * (900 * 1024)
+            infos = [pub.publish(f"{prefix}/dev{d}/status", json.dumps(
+                {"state": "online", "ts": time.time(), "pad": pad}), qos=1) for d in range(100)]
+            for info in infos:
+                info.wait_for_publish(30)
+            wait(lambda: collector.scrape().get("edgeinfer_collect_received_total", 0) > 0, 20)
+            peak = before
+            for _ in range(20):  # 2 s of the collector held back
+                peak = max(peak, _rss_mib(collector.proc.pid))
+                time.sleep(0.1)
+            held = collector.scrape().get("edgeinfer_collect_queue_bytes", 0)
+            assert held <= 8 * 2**20
+            lock.rollback()
+            wait(lambda: _query(pg, f"SELECT count(*) FROM {schema}.devices") == [(100,)], 60,
+                 lambda: collector.log.read_text())
+            print(f"collector RSS {before:.0f} MiB -> {peak:.0f} MiB held back, "
+                  f"{held / 2**20:.1f} MiB queued")
+            assert peak - before < 48, f"RSS {before:.0f} -> {peak:.0f} MiB"
+            collector.terminate()
+        finally:
+            lock.close()
+            pub.loop_stop()
+            pub.disconnect()
+            if collector.proc is not None and collector.proc.poll() is None:
+                collector.kill()
