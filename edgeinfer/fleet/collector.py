@@ -35,9 +35,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..errors import SourceError, StorageDataError, StorageError
 from .records import Delivery, Record, Rejection, rejection
 
+from .db import WriteResult
+
 if TYPE_CHECKING:
     from ..config.collect import CollectConfig
-    from .db import Database, WriteResult
+    from .db import Database
 
 __all__ = ["Collector", "Source"]
 
@@ -162,6 +164,7 @@ class _Stats:
         self.rows = 0
         self.duplicates = 0
         self.failures = 0
+        self.unparked = 0
         self.receive_lag: deque[float] = deque(maxlen=_LAG_SAMPLES)
         self.device_lag: deque[float] = deque(maxlen=_LAG_SAMPLES)
         self.commits: deque[tuple[float, int]] = deque()
@@ -290,6 +293,7 @@ class Collector:
                 "received": s.received, "rows": s.rows, "rows_per_s": s.rate(now),
                 "batches": s.batches, "duplicates": s.duplicates, "rejected": s.rejected,
                 "redeliveries": s.redeliveries, "db_failures": s.failures,
+                "unparked": s.unparked,
             }
         genuine, junk = self._queue.depth()
         out["queue_depth"] = genuine + junk
@@ -368,7 +372,7 @@ class Collector:
             return self._retrying(records, parked)
         except StorageDataError as exc:
             if not records:
-                raise  # a rejected message the database refuses: a bug, not a message's fault
+                return self._unparkable(parked, exc, refused)
             if len(records) > 1:
                 half = len(records) // 2
                 first = self._isolate(records[:half], parked, refused)
@@ -383,6 +387,25 @@ class Collector:
                             record.received)
             refused.append(bad)
             return self._isolate([], [*parked, bad], refused)
+
+    def _unparkable(self, parked: Sequence[Rejection], exc: StorageDataError,
+                    refused: list[Rejection]) -> WriteResult | None:
+        """Rejected messages whose parking fails while the database answers: split down to
+        the one that fails; that one is acknowledged unparked (a crash loop replaying it would
+        stall the fleet), logged and counted (``unparked``)."""
+        if len(parked) > 1:
+            half = len(parked) // 2
+            first = self._isolate([], parked[:half], refused)
+            if first is None:
+                return None
+            second = self._isolate([], parked[half:], refused)
+            return _sum(first, second) if second is not None else None
+        for bad in parked:
+            logger.error("rejected message on %s (%d bytes) cannot be parked, acknowledged "
+                         "and counted only: %s", bad.topic, bad.size, exc)
+        with self._stats.lock:
+            self._stats.unparked += len(parked)
+        return WriteResult(0, 0, 0, 0)
 
     def _retrying(self, records: list[Record], parked: Sequence[Rejection]) -> WriteResult | None:
         """One write, tried again with backoff while the database (not the data) fails;

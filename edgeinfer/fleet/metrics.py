@@ -34,6 +34,8 @@ _COUNTERS = (
     ("redeliveries", "edgeinfer_collect_redeliveries",
      "Messages the source marked as possibly delivered before."),
     ("db_failures", "edgeinfer_collect_db_failures", "Database writes that failed (retried)."),
+    ("unparked", "edgeinfer_collect_unparked",
+     "Rejected messages the database would not park either: acknowledged, logged, counted."),
 )
 
 

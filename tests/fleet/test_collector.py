@@ -435,3 +435,38 @@ class _DropsOn(MemoryDatabase):
         if any(self.marker in r.payload for r in records):
             raise StorageError("server closed the connection unexpectedly")
         return super().write(records, rejected)
+
+
+def test_a_rejected_message_that_cannot_be_parked_is_counted_not_a_crash_loop() -> None:
+    """Parking one junk message fails every time while the database answers: the junk batch is
+    split down to it, the others parked, it acknowledged, logged and counted as ``unparked``;
+    the collector runs on (it used to raise, exit, and replay it at every start)."""
+    db = _DropsOnParked(b"cannot-park")
+    messages = _messages(devices=2, results=20, events=0)
+    messages += [("fleet/dev0/cam/result", b"{junk cannot-park"),
+                 ("fleet/dev0/cam/result", b"{junk 2")]
+    deliveries = _deliveries(messages)
+    source = ListSource(deliveries, db)
+    collector = Collector(_config(max_rows=64, max_age_s=0.05), source, db)
+    thread = _run(collector)
+    _wait(lambda: len(source.acked) == len(deliveries))
+    collector.stop()
+    thread.join(5)
+    assert len(db.rows) == 40
+    parked = {r.payload for r in db.parked}
+    assert b"{junk 2" in parked and b"{junk cannot-park" not in parked
+    assert collector.stats()["unparked"] == 1
+
+
+class _DropsOnParked(MemoryDatabase):
+    """Every write parking a payload with ``marker`` fails as a dropped connection; the
+    database answers probes all along."""
+
+    def __init__(self, marker: bytes) -> None:
+        super().__init__()
+        self.marker = marker
+
+    def write(self, records: Sequence[Record], rejected: Sequence[Rejection] = ()) -> WriteResult:
+        if any(self.marker in r.payload for r in rejected):
+            raise StorageError("server closed the connection unexpectedly")
+        return super().write(records, rejected)
