@@ -135,7 +135,8 @@ class Source(Protocol):
         """Start receiving; ``deliver`` is called for each message and may block."""
 
     def ack(self, tokens: Sequence[Any]) -> None:
-        """Acknowledge messages after their commit, in delivery order (writer thread)."""
+        """Acknowledge messages after their commit, in delivery order within each lane
+        (device messages, rejected ones; writer thread)."""
 
     def stop(self) -> None:
         """Stop receiving and disconnect."""
