@@ -106,12 +106,18 @@ class BatchConfig(ConfigStruct, frozen=True):
             (faster), smaller ones through a multi-row INSERT.
         queue: Messages received and not yet written that the collector holds (the source is
             not read beyond it: backpressure goes to the broker).
+        queue_bytes: ... and their bytes (payloads, the batch in hand included): the
+            collector's memory for messages. One message over it is still taken alone.
+        max_bytes: Bytes of values in one SQL statement: a batch over it is written in several
+            statements (of one transaction), far below PostgreSQL's 1 GiB message limit.
     """
 
     max_rows: Annotated[int, Meta(ge=1, le=100_000)] = 2000
     max_age_s: Annotated[float, Meta(ge=0.001, le=60)] = 0.2
     copy_from: Annotated[int, Meta(ge=1, le=100_000)] = 50
     queue: Annotated[int, Meta(ge=1, le=1_000_000)] = 20_000
+    queue_bytes: Annotated[int, Meta(ge=4096, le=64 * 2**30)] = 256 * 2**20
+    max_bytes: Annotated[int, Meta(ge=4096, le=512 * 2**20)] = 32 * 2**20
 
 
 class CollectMetricsConfig(ConfigStruct, frozen=True):

@@ -25,7 +25,15 @@ them).
 Failures. A failure of the database (connection, timeout, serialization) raises
 `StorageError`: the same batch can be written again later. A refusal of the data (a value
 out of a column's range, a character it cannot store, a value the driver cannot convert)
-raises `StorageDataError`: the same rows fail again, so the caller isolates them.
+raises `StorageDataError`: the same rows fail again, so the caller isolates them. So does a
+statement over one of the server's limits (class 54, ``program_limit_exceeded``).
+
+Bytes. Every statement is bounded by rows (`_CHUNK`) and by the bytes of its values
+(``max_bytes``, ``batch.max_bytes``): a batch of big statuses is written in as many statements
+as it takes (one transaction still), never one message near PostgreSQL's 1 GiB limit, where
+the server drops the connection (``invalid message length``). A single row over the budget goes
+alone. `Database.probe` tells the collector whether a failure was the database's or the
+batch's.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, LiteralString, TypeVar
 
@@ -53,6 +61,7 @@ _T = TypeVar("_T")
 
 _LOCK = 0x45494E46  # "EINF": advisory lock class of migrations and maintenance, per schema
 _CHUNK = 250  # rows per multi-row INSERT: longer statements plan slower per row (measured)
+_VALUE_OVERHEAD = 16  # bytes a value costs in a Bind message beyond its own (length, format)
 
 # Per table: its columns as written, one row of a multi-row INSERT (ts and received come as
 # Unix seconds, the payload as JSON text), and the same conversion from the staging table.
@@ -104,11 +113,15 @@ class Database:
         config: Where and how (``database:`` of ``collect.yaml``).
         copy_from: Batches of at least this many results and events are written through COPY
             (``batch.copy_from`` of ``collect.yaml``).
+        max_bytes: Bytes of values in one statement (``batch.max_bytes``): more rows are
+            written in several statements.
     """
 
-    def __init__(self, config: DatabaseConfig, *, copy_from: int = 500) -> None:
+    def __init__(self, config: DatabaseConfig, *, copy_from: int = 500,
+                 max_bytes: int = 32 * 2**20) -> None:
         self._config = config
         self._copy_from = copy_from
+        self._max_bytes = max_bytes
         self._conn: psycopg.Connection[Any] | None = None
 
     def connect(self) -> None:
@@ -137,6 +150,15 @@ class Database:
                 f"cannot connect to PostgreSQL at {self._where()}: {exc}")) from None
         self._conn = conn
         log.info("connected to PostgreSQL at %s", self._where())
+
+    def probe(self) -> None:
+        """Whether the database answers: connect (again, after a failure) and run
+        ``SELECT 1``.
+
+        Raises:
+            StorageError: it does not; the database, not a batch, is failing.
+        """
+        self._transaction("probe", lambda conn: conn.execute("SELECT 1").fetchone())
 
     def migrate(self) -> list[int]:
         """Apply the migrations this database lacks, in one transaction under an advisory
@@ -265,8 +287,7 @@ class Database:
                     target, sql.SQL(cols), sql.SQL(staged), staging))
                 return max(cur.rowcount, 0)
             inserted = 0
-            for start in range(0, len(rows), _CHUNK):
-                chunk = rows[start:start + _CHUNK]
+            for chunk in _chunks(rows, self._max_bytes):
                 cur.execute(sql.SQL("INSERT INTO {} ({}) VALUES {} ON CONFLICT DO NOTHING").format(
                     target, sql.SQL(cols), sql.SQL(", ").join([sql.SQL(values)] * len(chunk))),
                     [value for row in chunk for value in row])
@@ -301,12 +322,15 @@ class Database:
             return 0
         from psycopg import sql
 
-        values = sql.SQL(", ").join([sql.SQL(row)] * len(rows))
+        done = 0
         with conn.cursor() as cur:
-            cur.execute(sql.SQL(statement).format(
-                t=sql.Identifier(self._config.schema, table), v=values),
-                [value for r in rows for value in r])
-            return max(cur.rowcount, 0)
+            for chunk in _chunks(rows, self._max_bytes):
+                values = sql.SQL(", ").join([sql.SQL(row)] * len(chunk))
+                cur.execute(sql.SQL(statement).format(
+                    t=sql.Identifier(self._config.schema, table), v=values),
+                    [value for r in chunk for value in r])
+                done += max(cur.rowcount, 0)
+        return done
 
     def _transaction(self, what: str, body: Callable[[psycopg.Connection[Any]], _T]) -> _T:
         import psycopg
@@ -317,8 +341,8 @@ class Database:
         try:
             with conn.transaction():
                 return body(conn)
-        except (psycopg.DataError, psycopg.IntegrityError, ValueError, TypeError,
-                OverflowError) as exc:
+        except (psycopg.DataError, psycopg.IntegrityError, psycopg.errors.ProgramLimitExceeded,
+                ValueError, TypeError, OverflowError) as exc:
             # The data's fault, not the connection's: the same rows would fail again.
             raise StorageDataError(self._scrub(
                 f"PostgreSQL {what} refused the data: {type(exc).__name__}: {exc}")) from exc
@@ -368,3 +392,30 @@ def _rejected_rows(rejected: Sequence[Rejection]) -> list[tuple[Any, ...]]:
         digest = hashlib.sha256(r.topic.encode("utf-8", "replace") + b"\0" + r.payload).digest()
         rows[digest] = (digest, r.topic, r.reason, r.payload, r.size, r.received, r.received)
     return list(rows.values())
+
+
+def _chunks(rows: Sequence[tuple[Any, ...]],
+            max_bytes: int) -> Iterator[Sequence[tuple[Any, ...]]]:
+    """``rows`` in runs of at most `_CHUNK` rows and ``max_bytes`` of values (a row over it
+    alone): one statement each."""
+    start, size = 0, 0
+    for i, row in enumerate(rows):
+        cost = _row_bytes(row)
+        if i > start and (i - start >= _CHUNK or size + cost > max_bytes):
+            yield rows[start:i]
+            start, size = i, 0
+        size += cost
+    if start < len(rows):
+        yield rows[start:]
+
+
+def _row_bytes(row: Sequence[Any]) -> int:
+    """What a row's values cost in a statement, at most (a non-ASCII character up to 4 bytes)."""
+    size = 0
+    for value in row:
+        if isinstance(value, str):
+            size += len(value) if value.isascii() else 4 * len(value)
+        elif isinstance(value, (bytes, bytearray, memoryview)):
+            size += len(value)
+        size += _VALUE_OVERHEAD
+    return size

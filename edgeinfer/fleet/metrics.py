@@ -34,6 +34,8 @@ _COUNTERS = (
     ("redeliveries", "edgeinfer_collect_redeliveries",
      "Messages the source marked as possibly delivered before."),
     ("db_failures", "edgeinfer_collect_db_failures", "Database writes that failed (retried)."),
+    ("unparked", "edgeinfer_collect_unparked",
+     "Rejected messages the database would not park either: acknowledged, logged, counted."),
 )
 
 
@@ -55,6 +57,13 @@ class CollectorMetrics:
         yield GaugeMetricFamily("edgeinfer_collect_queue_depth",
                                 "Messages received and not yet written.",
                                 value=s.get("queue_depth", 0))
+        yield GaugeMetricFamily("edgeinfer_collect_queue_rejected_depth",
+                                "Rejected messages waiting in their own lane (of queue_depth).",
+                                value=s.get("queue_rejected", 0))
+        yield GaugeMetricFamily("edgeinfer_collect_queue_bytes",
+                                "Bytes of messages held (queued and in the batch in hand); at "
+                                "most batch.queue_bytes.",
+                                value=s.get("queue_bytes", 0))
         lag = GaugeMetricFamily("edgeinfer_collect_lag_seconds",
                                 "Lag to the commit over recent messages: from the collector's "
                                 "receive (since=receive) or the device's time (since=device).",
