@@ -21,11 +21,7 @@ once per connection rather than per batch, so the catalog does not churn) then
 wins (``status_received``, then the device's ``status_ts``); a status longer than
 ``status_max_bytes`` is stored summarised (`edgeinfer.fleet.records.bounded_status`). Rejected
 messages go to ``rejected`` in the same transaction, once per distinct topic and payload
-(``times`` counts them), the payload cut to ``rejected.payload_bytes``, and only while their
-source has fewer than ``rejected.per_source`` rows there and the table fewer than
-``rejected.max_rows``: past a cap a message is only counted in ``rejected_sources`` (the latest
-one's payload kept as a sample). Collectors take turns at the caps (an advisory lock), so
-they hold with several.
+(``times`` counts them), within the caps of `edgeinfer.fleet.rejected`.
 
 Failures. A failure of the database (connection, timeout, serialization) raises
 `StorageError`: the same batch can be written again later. A refusal of the data (a value
@@ -35,7 +31,6 @@ raises `StorageDataError`: the same rows fail again, so the caller isolates them
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -47,6 +42,7 @@ from ..errors import StorageDataError, StorageError
 from .migrations import MIGRATIONS
 from .partitions import maintain
 from .records import Record, Rejection, bounded_status
+from .rejected import park, rejected_rows
 
 if TYPE_CHECKING:
     import psycopg
@@ -216,7 +212,7 @@ class Database:
                     for r in newest.values()]
         truncated = sum(text is not None for text in bounded.values())
         copy = len(results) + len(events) >= self._copy_from
-        parked = _rejected_rows(rejected, self._config.rejected.payload_bytes)
+        parked = rejected_rows(rejected, self._config.rejected.payload_bytes)
 
         def batch(conn: psycopg.Connection[Any]) -> WriteResult:
             n_results = self._rows(conn, "results", results, copy)
@@ -302,92 +298,8 @@ class Database:
 
     def _rejected(self, conn: psycopg.Connection[Any],
                   rows: list[tuple[Any, ...]]) -> tuple[int, int]:
-        """Park ``rows`` (`_rejected_rows`) within the caps; returns the rows inserted or
-        counted again, and the messages past a cap (only counted per source)."""
-        if not rows:
-            return 0, 0
-        from psycopg import sql
-
-        limits, schema = self._config.rejected, self._config.schema
-        table = sql.Identifier(schema, "rejected")
-        conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_LOCK + 1, schema))
-        known = {bytes(d) for (d,) in conn.execute(sql.SQL(
-            "SELECT digest FROM {} WHERE digest = ANY(%s)").format(table), ([r[0] for r in rows],))}
-        have: dict[str, int] = dict(conn.execute(sql.SQL(
-            "SELECT source, count(*) FROM {} WHERE source = ANY(%s) GROUP BY source").format(table),
-            (sorted({r[1] for r in rows}),)).fetchall())
-        total_row = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(table)).fetchone()
-        total = int(total_row[0]) if total_row is not None else 0
-        keep, past = [], []
-        for r in rows:
-            if r[0] in known:
-                keep.append(r)  # a repeat only counts: the row is there already
-            elif have.get(r[1], 0) < limits.per_source and total < limits.max_rows:
-                keep.append(r)
-                have[r[1]] = have.get(r[1], 0) + 1
-                total += 1
-            else:
-                past.append(r)
-        stored = self._upsert(
-            conn, "rejected", "(%s, %s, %s, %s, %s, %s, to_timestamp(%s), to_timestamp(%s), %s)",
-            keep,
-            "INSERT INTO {t} AS r (digest, source, topic, reason, payload, size, received,"
-            " last_received, times) VALUES {v} ON CONFLICT (digest) DO UPDATE"
-            " SET times = r.times + EXCLUDED.times, reason = EXCLUDED.reason,"
-            " last_received = greatest(r.last_received, EXCLUDED.last_received)")
-        self._count_sources(conn, rows, past)
-        return stored, sum(r[8] for r in past)
-
-    def _count_sources(self, conn: psycopg.Connection[Any], rows: list[tuple[Any, ...]],
-                       past: list[tuple[Any, ...]]) -> None:
-        """Count every rejected message per source in ``rejected_sources``, the ones past a
-        cap as dropped (the latest as the sample); sources past ``max_sources`` count as
-        ``*``."""
-        from psycopg import sql
-
-        table = sql.Identifier(self._config.schema, "rejected_sources")
-        sources = sorted({r[1] for r in rows})
-        listed = {s for (s,) in conn.execute(sql.SQL(
-            "SELECT source FROM {} WHERE source = ANY(%s)").format(table), (sources,))}
-        count_row = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(table)).fetchone()
-        room = self._config.rejected.max_sources - (int(count_row[0]) if count_row else 0)
-        name: dict[str, str] = {}
-        for source in sources:
-            if source in listed or source == "*":
-                name[source] = source
-            elif room > 0:
-                name[source], room = source, room - 1
-            else:
-                name[source] = "*"
-        # source -> [times, dropped, dropped bytes, first, last, sample row]
-        agg: dict[str, list[Any]] = {}
-        dropped = {id(r) for r in past}
-        for r in rows:
-            entry = agg.setdefault(name[r[1]], [0, 0, 0, r[6], r[6], None])
-            entry[0] += r[8]
-            entry[3], entry[4] = min(entry[3], r[6]), max(entry[4], r[6])
-            if id(r) in dropped:
-                entry[1] += r[8]
-                entry[2] += r[5] * r[8]
-                if entry[5] is None or entry[5][6] <= r[6]:
-                    entry[5] = r
-        values = [(source, times, n, size, first, last,
-                   *((sample[2], sample[3], sample[4], sample[5]) if sample is not None
-                     else (None, None, None, None)))
-                  for source, (times, n, size, first, last, sample) in agg.items()]
-        self._upsert(
-            conn, "rejected_sources",
-            "(%s, %s, %s, %s, to_timestamp(%s), to_timestamp(%s), %s, %s, %s, %s)", values,
-            "INSERT INTO {t} AS s (source, times, dropped, dropped_bytes, first_received,"
-            " last_received, sample_topic, sample_reason, sample, sample_size) VALUES {v}"
-            " ON CONFLICT (source) DO UPDATE SET times = s.times + EXCLUDED.times,"
-            " dropped = s.dropped + EXCLUDED.dropped,"
-            " dropped_bytes = s.dropped_bytes + EXCLUDED.dropped_bytes,"
-            " last_received = greatest(s.last_received, EXCLUDED.last_received),"
-            " sample_topic = coalesce(EXCLUDED.sample_topic, s.sample_topic),"
-            " sample_reason = coalesce(EXCLUDED.sample_reason, s.sample_reason),"
-            " sample = coalesce(EXCLUDED.sample, s.sample),"
-            " sample_size = coalesce(EXCLUDED.sample_size, s.sample_size)")
+        """Park rejected ``rows`` within ``database.rejected`` (`edgeinfer.fleet.rejected`)."""
+        return park(conn, self._config.schema, self._config.rejected, rows, self._upsert)
 
     def _upsert(self, conn: psycopg.Connection[Any], table: str, row: str,
                 rows: Sequence[tuple[Any, ...]], statement: str) -> int:
@@ -454,16 +366,3 @@ class Database:
             if secret:
                 text = text.replace(secret, "***")
         return text
-
-
-def _rejected_rows(rejected: Sequence[Rejection], keep: int) -> list[tuple[Any, ...]]:
-    """One row per distinct (topic, payload kept): ``(digest, source, topic, reason, payload
-    cut to keep bytes, size, received, times)``; a message twice in a batch is one row
-    (``times`` 2), as ON CONFLICT DO UPDATE may not touch a row twice in one statement."""
-    rows: dict[bytes, tuple[Any, ...]] = {}
-    for r in rejected:
-        digest = hashlib.sha256(r.topic.encode("utf-8", "replace") + b"\0" + r.payload).digest()
-        times = rows[digest][8] + 1 if digest in rows else 1
-        rows[digest] = (digest, r.source, r.topic, r.reason, r.payload[:keep], r.size,
-                        r.received, r.received, times)
-    return list(rows.values())
