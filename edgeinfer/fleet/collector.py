@@ -150,7 +150,7 @@ class Source(Protocol):
 
 
 class _Nothing:
-    results = events = statuses = duplicates = 0
+    results = events = statuses = duplicates = rejected_dropped = statuses_truncated = 0
 
 
 class _Stats:
@@ -166,6 +166,9 @@ class _Stats:
         self.duplicates = 0
         self.failures = 0
         self.unparked = 0
+        self.rejected_dropped = 0
+        self.statuses_truncated = 0
+        self.devices_pruned = 0
         self.receive_lag: deque[float] = deque(maxlen=_LAG_SAMPLES)
         self.device_lag: deque[float] = deque(maxlen=_LAG_SAMPLES)
         self.commits: deque[tuple[float, int]] = deque()
@@ -178,6 +181,8 @@ class _Stats:
             self.rows += rows
             self.duplicates += result.duplicates
             self.rejected += refused
+            self.rejected_dropped += result.rejected_dropped
+            self.statuses_truncated += result.statuses_truncated
             for d in deliveries:
                 if d.redelivered:
                     self.redeliveries += 1
@@ -206,7 +211,9 @@ def quantile(samples: Sequence[float], q: float) -> float:
 
 def _sum(a: WriteResult, b: WriteResult) -> WriteResult:
     return type(a)(a.results + b.results, a.events + b.events, a.statuses + b.statuses,
-                   a.duplicates + b.duplicates, a.rejected + b.rejected)
+                   a.duplicates + b.duplicates, a.rejected + b.rejected,
+                   a.rejected_dropped + b.rejected_dropped,
+                   a.statuses_truncated + b.statuses_truncated)
 
 
 class Collector:
@@ -284,7 +291,8 @@ class Collector:
 
     def stats(self) -> dict[str, Any]:
         """Counters and lag: received, rows (and rows/s over the last 10 s), batches,
-        duplicates, rejected, redeliveries, database failures, queue depth, and the p50/p99
+        duplicates, rejected (and past the caps of ``rejected``), statuses stored summarised,
+        devices pruned, redeliveries, database failures, queue depth, and the p50/p99
         lag in seconds from receive to commit and from the device's time to commit."""
         s = self._stats
         now = time.time()
@@ -295,6 +303,8 @@ class Collector:
                 "batches": s.batches, "duplicates": s.duplicates, "rejected": s.rejected,
                 "redeliveries": s.redeliveries, "db_failures": s.failures,
                 "unparked": s.unparked,
+                "rejected_dropped": s.rejected_dropped,
+                "statuses_truncated": s.statuses_truncated, "devices_pruned": s.devices_pruned,
             }
         genuine, junk = self._queue.depth()
         out["queue_depth"] = genuine + junk
@@ -385,7 +395,7 @@ class Collector:
             logger.warning("message on %s refused by the database, parked in rejected: %s",
                            record.topic, exc)
             bad = rejection(record.topic, record.payload.encode("utf-8", "replace"), exc,
-                            record.received)
+                            record.received, record.device)
             refused.append(bad)
             return self._isolate([], [*parked, bad], refused)
 
@@ -453,6 +463,8 @@ class Collector:
             return
         try:
             self.maintenance = self.db.maintain(now)
+            with self._stats.lock:
+                self._stats.devices_pruned += self.maintenance.get("devices_pruned", 0)
             self._last_maintain = now
         except StorageError as exc:
             logger.warning("database maintenance failed (%s); trying again later", exc)

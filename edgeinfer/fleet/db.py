@@ -18,9 +18,10 @@ Writes. One transaction per `Database.write`: results and events by a multi-row
 ``copy_from`` rows by COPY into a session temporary table (``ON COMMIT DELETE ROWS``: made
 once per connection rather than per batch, so the catalog does not churn) then
 ``INSERT ... SELECT ... ON CONFLICT DO NOTHING``. Statuses are upserted; the last received
-wins (``status_received``, then the device's ``status_ts``). Rejected messages go to
-``rejected`` in the same transaction, once per distinct topic and payload (``times`` counts
-them).
+wins (``status_received``, then the device's ``status_ts``); a status longer than
+``status_max_bytes`` is stored summarised (`edgeinfer.fleet.records.bounded_status`). Rejected
+messages go to ``rejected`` in the same transaction, once per distinct topic and payload
+(``times`` counts them), within the caps of `edgeinfer.fleet.rejected`.
 
 Failures. A failure of the database (connection, timeout, serialization) raises
 `StorageError`: the same batch can be written again later. A refusal of the data (a value
@@ -38,7 +39,6 @@ batch's.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 from collections.abc import Callable, Iterator, Sequence
@@ -49,7 +49,8 @@ from ..config.collect import DatabaseConfig
 from ..errors import StorageDataError, StorageError
 from .migrations import MIGRATIONS
 from .partitions import maintain
-from .records import Record, Rejection
+from .records import Record, Rejection, bounded_status
+from .rejected import park, rejected_rows
 
 if TYPE_CHECKING:
     import psycopg
@@ -96,6 +97,9 @@ class WriteResult:
         duplicates: Rows skipped: results and events already present (or twice in the
             batch), and statuses no newer than the stored one.
         rejected: Rejected messages parked (or counted again) in ``rejected``.
+        rejected_dropped: Rejected messages past a cap of ``rejected``: counted in
+            ``rejected_sources``, not stored.
+        statuses_truncated: Statuses over ``status_max_bytes``, stored summarised.
     """
 
     results: int
@@ -103,6 +107,8 @@ class WriteResult:
     statuses: int
     duplicates: int
     rejected: int = 0
+    rejected_dropped: int = 0
+    statuses_truncated: int = 0
 
 
 class Database:
@@ -222,18 +228,23 @@ class Database:
             if r.kind == "status" and (r.device not in newest or (
                     newest[r.device].received, newest[r.device].ts) <= (r.received, r.ts)):
                 newest[r.device] = r
-        statuses = [(r.device, r.payload, r.ts, r.received) for r in newest.values()]
+        limit = self._config.status_max_bytes
+        bounded = {d: bounded_status(r.payload, limit) for d, r in newest.items()}
+        statuses = [(r.device, bounded[r.device] or r.payload, r.ts, r.received)
+                    for r in newest.values()]
+        truncated = sum(text is not None for text in bounded.values())
         copy = len(results) + len(events) >= self._copy_from
-        parked = _rejected_rows(rejected)
+        parked = rejected_rows(rejected, self._config.rejected.payload_bytes)
 
         def batch(conn: psycopg.Connection[Any]) -> WriteResult:
             n_results = self._rows(conn, "results", results, copy)
             n_events = self._rows(conn, "events", events, copy)
             n_statuses = self._statuses(conn, statuses)
-            n_rejected = self._rejected(conn, parked)
+            n_rejected, n_dropped = self._rejected(conn, parked)
             skipped = len(results) - n_results + len(events) - n_events
             skipped += sum(r.kind == "status" for r in records) - n_statuses
-            return WriteResult(n_results, n_events, n_statuses, skipped, n_rejected)
+            return WriteResult(n_results, n_events, n_statuses, skipped, n_rejected,
+                               n_dropped, truncated)
 
         return self._transaction("write", batch)
 
@@ -247,7 +258,7 @@ class Database:
 
         Returns:
             ``{"created": [table names], "moved": rows, "dropped": [table names],
-            "deleted": rows}``.
+            "deleted": rows, "devices_pruned": devices}``.
 
         Raises:
             StorageError: a database failure; nothing was changed.
@@ -306,13 +317,10 @@ class Database:
             " WHERE d.status_received IS NULL OR (d.status_received, d.status_ts)"
             " < (EXCLUDED.status_received, EXCLUDED.status_ts)")
 
-    def _rejected(self, conn: psycopg.Connection[Any], rows: list[tuple[Any, ...]]) -> int:
-        return self._upsert(
-            conn, "rejected", "(%s, %s, %s, %s, %s, to_timestamp(%s), to_timestamp(%s))", rows,
-            "INSERT INTO {t} AS r (digest, topic, reason, payload, size, received,"
-            " last_received) VALUES {v} ON CONFLICT (digest) DO UPDATE"
-            " SET times = r.times + 1, reason = EXCLUDED.reason,"
-            " last_received = greatest(r.last_received, EXCLUDED.last_received)")
+    def _rejected(self, conn: psycopg.Connection[Any],
+                  rows: list[tuple[Any, ...]]) -> tuple[int, int]:
+        """Park rejected ``rows`` within ``database.rejected`` (`edgeinfer.fleet.rejected`)."""
+        return park(conn, self._config.schema, self._config.rejected, rows, self._upsert)
 
     def _upsert(self, conn: psycopg.Connection[Any], table: str, row: str,
                 rows: Sequence[tuple[Any, ...]], statement: str) -> int:
@@ -382,16 +390,6 @@ class Database:
             if secret:
                 text = text.replace(secret, "***")
         return text
-
-
-def _rejected_rows(rejected: Sequence[Rejection]) -> list[tuple[Any, ...]]:
-    """One row per distinct (topic, payload kept): a message twice in a batch is one row, as
-    ON CONFLICT DO UPDATE may not touch a row twice in one statement."""
-    rows: dict[bytes, tuple[Any, ...]] = {}
-    for r in rejected:
-        digest = hashlib.sha256(r.topic.encode("utf-8", "replace") + b"\0" + r.payload).digest()
-        rows[digest] = (digest, r.topic, r.reason, r.payload, r.size, r.received, r.received)
-    return list(rows.values())
 
 
 def _chunks(rows: Sequence[tuple[Any, ...]],

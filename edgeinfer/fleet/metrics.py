@@ -1,5 +1,6 @@
 """The collector's Prometheus endpoint (``metrics:`` in ``collect.yaml``): lag, rows/s, batches,
-duplicates skipped, redeliveries, rejected messages, queue depth and database failures.
+duplicates skipped, redeliveries, rejected messages (stored and past the caps), statuses stored
+summarised, devices pruned, queue depth and database failures.
 
 Like the daemon's endpoint (`edgeinfer.control.metrics`) it computes everything from
 `Collector.stats` when scraped, on its own registry, served by one thread; it binds loopback by
@@ -31,6 +32,13 @@ _COUNTERS = (
     ("rejected", "edgeinfer_collect_rejected",
      "Messages that are no row (not a device's result, event or status, or refused by the "
      "database): parked in the rejected table and acknowledged."),
+    ("rejected_dropped", "edgeinfer_collect_rejected_dropped",
+     "Rejected messages past a cap of the rejected table (per source or in all): counted per "
+     "source in rejected_sources, not stored."),
+    ("statuses_truncated", "edgeinfer_collect_statuses_truncated",
+     "Device statuses over database.status_max_bytes, stored summarised."),
+    ("devices_pruned", "edgeinfer_collect_devices_pruned",
+     "Devices deleted by retention: no status received for retention_days."),
     ("redeliveries", "edgeinfer_collect_redeliveries",
      "Messages the source marked as possibly delivered before."),
     ("db_failures", "edgeinfer_collect_db_failures", "Database writes that failed (retried)."),

@@ -29,6 +29,8 @@ class WriteResult:
     statuses: int
     duplicates: int
     rejected: int = 0
+    rejected_dropped: int = 0
+    statuses_truncated: int = 0
 
 
 class MemoryDatabase:
