@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from conftest import Client, Host
+from webclient import Client, Host
 
 from edgeinfer._net import free_port
 from edgeinfer.config.http import HttpConfig
