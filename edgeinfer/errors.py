@@ -23,6 +23,8 @@ caught, with ``raise X from exc`` so the original stays in the chain::
     │   ├── BackendUnavailableError              onnxruntime / LiteRT not installed
     │   └── ProviderFallbackError                strict_providers and the runtime fell back
     ├── StateError                      exit 70  a closed model used, a resource misused
+    ├── PipelineBuildError              exit 70  building one pipeline failed unforeseen: its
+    │                                            failure (the others run on), with the cause
     ├── AlreadyRunningError             exit 75  (EX_TEMPFAIL) another process holds the state dir
     ├── StorageError                    exit 73  (EX_CANTCREAT) state (the outbox) cannot be created
     │   └── StorageDataError                     the database refused the data itself, not the
@@ -50,6 +52,7 @@ __all__ = [
     "OtaError",
     "OutputLayoutError",
     "OtaRejected",
+    "PipelineBuildError",
     "ProviderError",
     "ProviderFallbackError",
     "SourceError",
@@ -160,6 +163,15 @@ class ProviderFallbackError(ProviderError):
 
 class StateError(EdgeInferError):
     """An object was used in a state that does not allow it (a closed model, a dead worker)."""
+
+    exit_code = 70
+
+
+class PipelineBuildError(EdgeInferError):
+    """Building one pipeline raised something no check foresaw (a model file's metadata or
+    shapes that a parser, decoder or numpy chokes on, or a bug): that pipeline fails with the
+    cause in its reason, and with ``required: false`` the daemon and the other pipelines run
+    on. The original exception is its ``__cause__``."""
 
     exit_code = 70
 

@@ -152,8 +152,9 @@ class ClipWriter:
                     raise _Gone()
         except _Gone:
             self._missing(clip, "the camera's packets from a keyframe before the clip's start "
-                                "were gone (the stream reconnected, or the packet buffer, "
-                                "clips.buffer_mb, was full)")
+                                "were gone (the stream reconnected, the packet buffer, "
+                                "clips.buffer_mb, was full, or the camera sends keyframes "
+                                "too rarely: more than 20 s apart)")
             return
         except Exception as exc:  # FFmpeg's muxer, or the disk
             self._count("errors")

@@ -52,7 +52,8 @@ def cmd_collect(args: argparse.Namespace) -> int:
         print(f"edgeinfer collect: migrations applied: {applied or 'none (up to date)'}")
         return 0
     _check_receive_maximum(config)
-    db = Database(config.database, copy_from=config.batch.copy_from)
+    db = Database(config.database, copy_from=config.batch.copy_from,
+                  max_bytes=config.batch.max_bytes)
     collector = Collector(config, make_source(config.source), db)
     server = _metrics(collector, config)
     _handle_signals(collector)

@@ -19,7 +19,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
-from ..fleet.listing import Fleet, render_table
+from ..fleet.listing import MAX_DEVICES, Fleet, render_table
 from ._broker import listener_config
 
 if TYPE_CHECKING:
@@ -41,6 +41,9 @@ def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, help="broker port (default: the config's, or 1883)")
     p.add_argument("--wait", type=float, default=2.0, metavar="S",
                    help="how long to gather retained status and stats (default: %(default)s s)")
+    p.add_argument("--max-devices", type=int, default=MAX_DEVICES, metavar="N",
+                   help="devices kept; past it the ones seen least recently are dropped and "
+                        "counted (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="one JSON document")
 
 
@@ -50,6 +53,8 @@ def cmd_fleet(args: argparse.Namespace) -> int:
 
     if not 0 < args.wait <= 3600:
         raise ConfigError(f"--wait: {args.wait} is not between 0 and 3600 seconds")
+    if not 1 <= args.max_devices <= 1_000_000:
+        raise ConfigError(f"--max-devices: {args.max_devices} is not between 1 and 1000000")
     config = _config(args)
     try:
         client = MqttClient(config, "fleet", announce=False)
@@ -58,7 +63,7 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     inbox: queue.Queue[Message] = queue.Queue(maxsize=100_000)
     for kind in ("stats", "status"):
         client.subscribe(f"{config.prefix}/+/{kind}", 1, inbox.put)
-    fleet = Fleet(config.prefix)
+    fleet = Fleet(config.prefix, args.max_devices)
     client.start()
     try:
         if not client.wait_connected(args.wait):
@@ -80,11 +85,14 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"broker": broker, "prefix": config.prefix, "ts": round(time.time(), 3),
                           "devices": [d.to_dict() for d in devices],
-                          "ignored": fleet.ignored}, indent=2))
+                          "ignored": fleet.ignored, "dropped": fleet.dropped}, indent=2))
     elif devices:
         print(f"edgeinfer fleet: broker {broker}, prefix {config.prefix}/, {len(devices)} "
               f"device(s)", file=sys.stderr)
         print(render_table(devices))
+    if fleet.dropped and not args.json:
+        print(f"edgeinfer fleet: {fleet.dropped} device(s) over --max-devices "
+              f"{args.max_devices} dropped, the ones seen least recently", file=sys.stderr)
     else:
         print(f"edgeinfer fleet: no device status under {config.prefix}/ on the broker "
               f"{broker} (another broker: --host/--port or -c config.yaml)", file=sys.stderr)

@@ -14,9 +14,29 @@ from ._types import DAY, ClientId, ConfigStruct, Host, Port, Text, TopicPath
 from .mqtt import TlsConfig
 
 __all__ = ["BatchConfig", "CollectConfig", "CollectMetricsConfig", "DatabaseConfig",
-           "MqttSourceConfig", "NatsSourceConfig"]
+           "MqttSourceConfig", "NatsSourceConfig", "RejectedLimits"]
 
 Name = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,64}(?![\s\S])")]
+
+
+class RejectedLimits(ConfigStruct, frozen=True):
+    """How much of the ``rejected`` table any client on the broker may fill. A message's
+    *source* is the device level of its topic (the broker does not tell a subscriber who
+    published); messages past a cap are counted per source in ``rejected_sources``, with the
+    latest one's payload as a sample, and not stored.
+
+    Attributes:
+        per_source: Rows a source may have in ``rejected``.
+        max_rows: Rows ``rejected`` may hold in all.
+        max_sources: Sources ``rejected_sources`` counts one by one; further ones are counted
+            together as the source ``*``.
+        payload_bytes: Bytes of a payload stored (in ``rejected`` and as a sample).
+    """
+
+    per_source: Annotated[int, Meta(ge=1, le=1_000_000)] = 100
+    max_rows: Annotated[int, Meta(ge=1, le=10_000_000)] = 10_000
+    max_sources: Annotated[int, Meta(ge=1, le=10_000_000)] = 10_000
+    payload_bytes: Annotated[int, Meta(ge=0, le=64 * 1024)] = 4096
 
 
 class DatabaseConfig(ConfigStruct, frozen=True):
@@ -30,8 +50,13 @@ class DatabaseConfig(ConfigStruct, frozen=True):
         partition: Results and events tables are partitioned by ``day`` or ``month`` of their
             device time.
         retention_days: Rows received longer ago than this are deleted (whole partitions
-            dropped when every row of theirs is), parked rejected messages too (``None``: kept).
+            dropped when every row of theirs is), parked rejected messages and their counts
+            too, and devices whose newest status is older (``None``: kept).
         connect_timeout_s: How long a connection attempt may take.
+        status_max_bytes: A status longer than this is stored summarised: its top-level
+            fields that fit (``state``, ``version``, ``ts`` first), and ``_truncated`` saying
+            its size and what was left out.
+        rejected: The caps of the ``rejected`` table.
     """
 
     dsn: Text
@@ -40,6 +65,8 @@ class DatabaseConfig(ConfigStruct, frozen=True):
     partition: Literal["day", "month"] = "day"
     retention_days: Annotated[int, Meta(ge=1, le=36500)] | None = 90
     connect_timeout_s: Annotated[float, Meta(ge=0.5, le=300)] = 10.0
+    status_max_bytes: Annotated[int, Meta(ge=1024, le=1024 * 1024)] = 64 * 1024
+    rejected: RejectedLimits = msgspec.field(default_factory=RejectedLimits)
 
 
 class MqttSourceConfig(ConfigStruct, frozen=True, tag="mqtt", tag_field="type"):
@@ -106,12 +133,18 @@ class BatchConfig(ConfigStruct, frozen=True):
             (faster), smaller ones through a multi-row INSERT.
         queue: Messages received and not yet written that the collector holds (the source is
             not read beyond it: backpressure goes to the broker).
+        queue_bytes: ... and their bytes (payloads, the batch in hand included): the
+            collector's memory for messages. One message over it is still taken alone.
+        max_bytes: Bytes of values in one SQL statement: a batch over it is written in several
+            statements (of one transaction), far below PostgreSQL's 1 GiB message limit.
     """
 
     max_rows: Annotated[int, Meta(ge=1, le=100_000)] = 2000
     max_age_s: Annotated[float, Meta(ge=0.001, le=60)] = 0.2
     copy_from: Annotated[int, Meta(ge=1, le=100_000)] = 50
     queue: Annotated[int, Meta(ge=1, le=1_000_000)] = 20_000
+    queue_bytes: Annotated[int, Meta(ge=4096, le=64 * 2**30)] = 256 * 2**20
+    max_bytes: Annotated[int, Meta(ge=4096, le=512 * 2**20)] = 32 * 2**20
 
 
 class CollectMetricsConfig(ConfigStruct, frozen=True):

@@ -54,6 +54,15 @@ class HttpConfig(ConfigStruct, frozen=True):
             refused).
         header_timeout_s: A connection that has not sent a whole request head this long after
             it opened or after its last answer is closed (idle keep-alive, slowloris).
+        max_header_bytes: Largest request head (request line and headers) one connection may
+            send; a larger one is answered 431 and closed. One header line is also capped at
+            this or 8190 bytes, whichever is smaller.
+        max_header_bytes_per_client: Most bytes of request heads not yet complete that the
+            connections from one address may hold together; past it that address's oldest
+            half-sent head is closed (431).
+        max_header_bytes_total: The same for all connections together; past it the oldest
+            half-sent head of any address is closed (503), so a new request gets room. Each
+            of the three applies at most the next (``/v1/status`` shows the values in force).
         body_timeout_s: Longest time a client may take to send a request body (408 beyond).
         live_stall_s: A live viewer whose connection takes no frame for this long is dropped.
         auth_failures_per_client: Failed token checks (wrong bearer token or login) one address
@@ -75,6 +84,9 @@ class HttpConfig(ConfigStruct, frozen=True):
     max_connections: Annotated[int, Meta(ge=4, le=65536)] | None = None
     max_connections_per_client: Annotated[int, Meta(ge=1, le=65536)] = 32
     header_timeout_s: Annotated[float, Meta(ge=0.5, le=3600)] = 10.0
+    max_header_bytes: Annotated[int, Meta(ge=1024, le=1 << 20)] = 32 << 10
+    max_header_bytes_per_client: Annotated[int, Meta(ge=1024, le=1 << 30)] = 1 << 20
+    max_header_bytes_total: Annotated[int, Meta(ge=1024, le=1 << 30)] = 4 << 20
     body_timeout_s: Annotated[float, Meta(ge=0.5, le=3600)] = 60.0
     live_stall_s: Annotated[float, Meta(ge=0.5, le=3600)] = 10.0
     auth_failures_per_client: Annotated[int, Meta(ge=1, le=100_000)] = 5

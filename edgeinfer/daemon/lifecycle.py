@@ -37,7 +37,7 @@ from ..control.handlers import CommandHandlers
 from ..control.link import MqttLink
 from ..control.metrics import MetricsServer
 from ..control.status import device_birth, device_stats
-from ..errors import ConfigError, EdgeInferError
+from ..errors import ConfigError, EdgeInferError, PipelineBuildError
 from ..ota.agent import OtaAgent
 from ..pipeline import Pipeline
 from ..runtime.memory import return_frames_to_the_os, set_memory_budget
@@ -179,14 +179,28 @@ class Daemon:
         nothing is left open if it fails. What `validate-config` finds in it is refused first,
         with its words, before the model loads. A model installed by an update (the OTA
         store's ``current``) replaces the configured one; if it cannot load, the configured
-        model is used."""
+        model is used.
+
+        Raises:
+            EdgeInferError: the pipeline cannot start; anything unforeseen (a ``TypeError``
+                from a model's metadata, a ``RecursionError``, a ``MemoryError``) comes as a
+                ``PipelineBuildError`` naming it, so it is this pipeline's failure alone.
+        """
+        try:
+            return self._build_pipeline(pc, config)
+        except EdgeInferError:
+            raise
+        except Exception as exc:
+            raise _unforeseen(pc.name, exc) from exc
+
+    def _build_pipeline(self, pc: PipelineConfig, config: Config | None) -> Pipeline:
         stops = [p for p in pipeline_problems(config or self.config, pc) if p.stops]
         if stops:
             raise ConfigError("; ".join(str(p) for p in stops))
         effective = self.ota.effective(pc) if self.ota is not None else pc
         try:
             model = load_pipeline_model(effective, self.config.runtime)
-        except EdgeInferError as exc:
+        except Exception as exc:
             if effective is pc:
                 raise
             logger.error("pipeline %s: the updated model %s does not load (%s); using the "
@@ -204,6 +218,9 @@ class Daemon:
         health = pipeline.health()
         if health.ok:
             logger.info("pipeline %s running: %s on %s", pc.name, model.name, model.provider)
+        elif health.state == "starting":  # a stream that opened, before its first frame
+            logger.info("pipeline %s started (%s on %s), %s", pc.name, model.name,
+                        model.provider, health.describe())
         else:  # a camera that is not there: the pipeline waits for it, and says so
             logger.warning("pipeline %s started (%s on %s) but is %s", pc.name, model.name,
                            model.provider, health.describe())
@@ -485,3 +502,16 @@ class Daemon:
         if self._signals > 1:
             os._exit(EXIT_FORCED)  # the user insists: do not wait for a stuck stage
         self._stop.set()
+
+
+def _unforeseen(name: str, exc: BaseException) -> PipelineBuildError:
+    """``exc``, raised building pipeline ``name``, as its typed failure (logged with the
+    traceback: it is a case no check foresaw)."""
+    logger.error("pipeline %s: building it raised %s", name, type(exc).__name__, exc_info=exc)
+    detail = str(exc)
+    if len(detail) > 300:
+        detail = detail[:300] + "..."
+    return PipelineBuildError(f"pipeline {name} could not be built: {type(exc).__name__}"
+                              f"{': ' + detail if detail else ''} (most often a model file "
+                              "whose metadata or shapes nothing reads; check the model with "
+                              "edgeinfer info)")

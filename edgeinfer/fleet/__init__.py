@@ -4,6 +4,7 @@ subscription, acknowledged after the commit) or a NATS JetStream cluster (durabl
 consumer); ``edgeinfer fleet`` lists the devices (``docs/fleet.md``).
 
 Modules: `records` (parsing untrusted device messages), `db` (schema migrations, partitions,
-idempotent batched writes, retention), `collector` (the network thread enqueues, the writer
-thread batches, commits, then acknowledges), `mqtt_source`, `nats_source`, `listing`.
+idempotent batched writes, retention), `rejected` (the caps of the rejected table),
+`collector` (the network thread enqueues, the writer thread batches, commits, then
+acknowledges), `mqtt_source`, `nats_source`, `listing`.
 """

@@ -1,15 +1,20 @@
-"""The fleet collector's core: a source's deliveries go into a bounded queue; one writer thread
+"""The fleet collector's core: a source's deliveries go into a queue bounded by count
+(``batch.queue``) and bytes (``batch.queue_bytes``, the batch in hand included: the collector's
+memory for messages), in two lanes, device messages ahead of rejected ones; one writer thread
 groups them into batches (``batch.max_rows`` messages or ``batch.max_age_s`` of age), writes
 each batch in one database transaction and only then acknowledges it to the source, in
-delivery order. A message is therefore acknowledged only once its row is committed (or it was
+delivery order within each lane. A message is therefore acknowledged only once its row is committed (or it was
 rejected as not a device message): a collector killed at any point loses nothing, and what it
 had not acknowledged comes again (the database drops duplicates by key).
 
 Two kinds of failure, kept apart. When the *database* fails (connection, timeout,
-serialization: `StorageError`), the writer keeps the batch, backs off, and writes it again until
-it succeeds or the collector is stopped; nothing is acknowledged meanwhile, and the full queue
+serialization: `StorageError`, and a probe, ``SELECT 1`` on a fresh connection, fails too), the
+writer keeps the batch, backs off, and writes it again until it succeeds or the collector is
+stopped; nothing is acknowledged meanwhile, and the full queue
 holds the source back (backpressure reaches the broker). When the *data* fails (the database
-or the driver refuses a value: `StorageDataError`), retrying cannot help: the writer splits the
+or the driver refuses a value: `StorageDataError`; or the same batch failed twice while the
+database answered the probe after each, as when a statement makes the server drop the
+connection), retrying cannot help: the writer splits the
 batch in halves until it has the rows that fail, parks each in the ``rejected`` table with the
 database's reason, writes the rest and acknowledges them all. Messages the source could not
 parse arrive already rejected and are parked the same way. No single message stalls the fleet.
@@ -21,7 +26,6 @@ the error (the CLI exits non-zero): never a collector that is up but deaf.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections import deque
@@ -31,9 +35,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..errors import SourceError, StorageDataError, StorageError
 from .records import Delivery, Record, Rejection, rejection
 
+from .db import WriteResult
+
 if TYPE_CHECKING:
     from ..config.collect import CollectConfig
-    from .db import Database, WriteResult
+    from .db import Database
 
 __all__ = ["Collector", "Source"]
 
@@ -44,6 +50,82 @@ _RATE_WINDOW_S = 10.0
 _MAINTAIN_EVERY_S = 3600.0
 _BACKOFF_FIRST_S = 0.1
 _BACKOFF_MAX_S = 5.0
+_BATCH_FAULT_TRIES = 2  # failures of one batch, the database answering after each: the batch's
+# Rejected messages per transaction, and their bytes: ~40 ms of upserts here (measured), the
+# most a genuine result waits for junk inside the collector.
+_REJECTED_BATCH, _REJECTED_BATCH_BYTES = 500, 2 * 2**20
+_DELIVERY_OVERHEAD = 512  # bytes a message costs beyond its payload and topic (objects, token)
+
+
+class _Lanes:
+    """The collector's queue: two FIFO lanes, device messages and rejected ones, each
+    bounded by count, both together by the bytes held (queued, and taken by the writer until it
+    `release`\\s them after the commit). The writer takes device messages first, so they never
+    wait behind a flood of junk. When nothing is held one message is let in whatever its size."""
+
+    def __init__(self, count: int, nbytes: int) -> None:
+        self._lanes: tuple[deque[tuple[Delivery, int]], deque[tuple[Delivery, int]]] = (
+            deque(), deque())
+        self._count, self._bytes = count, nbytes
+        self._cond = threading.Condition()
+        self.held = 0
+
+    def put(self, delivery: Delivery, size: int, timeout: float) -> bool:
+        """Queue ``delivery`` (``size`` bytes) in its lane; ``False`` if it did not fit within
+        ``timeout`` s."""
+        lane = self._lanes[delivery.record is None]
+
+        def fits() -> bool:
+            return self.held == 0 or (len(lane) < self._count
+                                      and self.held + size <= self._bytes)
+
+        with self._cond:
+            if not self._cond.wait_for(fits, timeout):
+                return False
+            lane.append((delivery, size))
+            self.held += size
+            self._cond.notify_all()
+            return True
+
+    def get(self, timeout: float, *, only_devices: bool = False) -> tuple[Delivery, int] | None:
+        """The next message, a device's first (``only_devices``: only those); ``None`` after
+        ``timeout`` s without one."""
+        lanes = self._lanes[:1] if only_devices else self._lanes
+        with self._cond:
+            if not self._cond.wait_for(lambda: any(lanes), timeout):
+                return None
+            self._cond.notify_all()  # room in a lane for a waiting `put`
+            return next(lane for lane in lanes if lane).popleft()
+
+    def take_rejected(self, most: int, nbytes: int) -> list[tuple[Delivery, int]]:
+        """Up to ``most`` rejected messages of ``nbytes`` queued now, without waiting."""
+        lane, size = self._lanes[1], 0
+        out: list[tuple[Delivery, int]] = []
+        with self._cond:
+            while lane and len(out) < most and size + lane[0][1] <= nbytes:
+                out.append(lane.popleft())
+                size += out[-1][1]
+            self._cond.notify_all()
+        return out
+
+    def release(self, size: int) -> None:
+        """The writer is done with messages of ``size`` bytes (committed or given up)."""
+        with self._cond:
+            self.held -= size
+            self._cond.notify_all()
+
+    def depth(self) -> tuple[int, int]:
+        """Messages queued in each lane (device messages, rejected ones)."""
+        with self._cond:
+            return len(self._lanes[0]), len(self._lanes[1])
+
+
+def _size(delivery: Delivery) -> int:
+    if delivery.record is not None:
+        record = delivery.record
+        return len(record.payload) + len(record.topic) + _DELIVERY_OVERHEAD
+    parked = delivery.rejection
+    return _DELIVERY_OVERHEAD + (len(parked.payload) + len(parked.topic) if parked else 0)
 
 
 class Source(Protocol):
@@ -53,7 +135,8 @@ class Source(Protocol):
         """Start receiving; ``deliver`` is called for each message and may block."""
 
     def ack(self, tokens: Sequence[Any]) -> None:
-        """Acknowledge messages after their commit, in delivery order (writer thread)."""
+        """Acknowledge messages after their commit, in delivery order within each lane
+        (device messages, rejected ones; writer thread)."""
 
     def stop(self) -> None:
         """Stop receiving and disconnect."""
@@ -67,7 +150,7 @@ class Source(Protocol):
 
 
 class _Nothing:
-    results = events = statuses = duplicates = 0
+    results = events = statuses = duplicates = rejected_dropped = statuses_truncated = 0
 
 
 class _Stats:
@@ -82,6 +165,10 @@ class _Stats:
         self.rows = 0
         self.duplicates = 0
         self.failures = 0
+        self.unparked = 0
+        self.rejected_dropped = 0
+        self.statuses_truncated = 0
+        self.devices_pruned = 0
         self.receive_lag: deque[float] = deque(maxlen=_LAG_SAMPLES)
         self.device_lag: deque[float] = deque(maxlen=_LAG_SAMPLES)
         self.commits: deque[tuple[float, int]] = deque()
@@ -94,6 +181,8 @@ class _Stats:
             self.rows += rows
             self.duplicates += result.duplicates
             self.rejected += refused
+            self.rejected_dropped += result.rejected_dropped
+            self.statuses_truncated += result.statuses_truncated
             for d in deliveries:
                 if d.redelivered:
                     self.redeliveries += 1
@@ -122,7 +211,9 @@ def quantile(samples: Sequence[float], q: float) -> float:
 
 def _sum(a: WriteResult, b: WriteResult) -> WriteResult:
     return type(a)(a.results + b.results, a.events + b.events, a.statuses + b.statuses,
-                   a.duplicates + b.duplicates, a.rejected + b.rejected)
+                   a.duplicates + b.duplicates, a.rejected + b.rejected,
+                   a.rejected_dropped + b.rejected_dropped,
+                   a.statuses_truncated + b.statuses_truncated)
 
 
 class Collector:
@@ -138,7 +229,7 @@ class Collector:
         self.config = config
         self.source = source
         self.db = db
-        self._queue: queue.Queue[Delivery] = queue.Queue(maxsize=config.batch.queue)
+        self._queue = _Lanes(config.batch.queue, config.batch.queue_bytes)
         self._stopping = threading.Event()
         self._started = threading.Event()
         self._stats = _Stats()
@@ -148,14 +239,12 @@ class Collector:
     def deliver(self, delivery: Delivery) -> None:
         """Take one message from the source (its network thread); blocks while the queue is
         full. After `stop` messages are dropped unacknowledged: the broker sends them again."""
+        size = _size(delivery)
         while not self._stopping.is_set():
-            try:
-                self._queue.put(delivery, timeout=0.5)
+            if self._queue.put(delivery, size, timeout=0.5):
                 with self._stats.lock:
                     self._stats.received += 1
                 return
-            except queue.Full:
-                continue
 
     def run(self) -> None:
         """Connect, start the source, and write batches until `stop`; the batch in hand when
@@ -175,7 +264,7 @@ class Collector:
             while not self._stopping.is_set():
                 batch = self._gather()
                 if batch:
-                    self._commit(batch)
+                    self._commit_held(batch)
                 self._maintain(time.time())
                 why = self.source.failure()
                 if why is not None:
@@ -202,7 +291,8 @@ class Collector:
 
     def stats(self) -> dict[str, Any]:
         """Counters and lag: received, rows (and rows/s over the last 10 s), batches,
-        duplicates, rejected, redeliveries, database failures, queue depth, and the p50/p99
+        duplicates, rejected (and past the caps of ``rejected``), statuses stored summarised,
+        devices pruned, redeliveries, database failures, queue depth, and the p50/p99
         lag in seconds from receive to commit and from the device's time to commit."""
         s = self._stats
         now = time.time()
@@ -212,8 +302,14 @@ class Collector:
                 "received": s.received, "rows": s.rows, "rows_per_s": s.rate(now),
                 "batches": s.batches, "duplicates": s.duplicates, "rejected": s.rejected,
                 "redeliveries": s.redeliveries, "db_failures": s.failures,
+                "unparked": s.unparked,
+                "rejected_dropped": s.rejected_dropped,
+                "statuses_truncated": s.statuses_truncated, "devices_pruned": s.devices_pruned,
             }
-        out["queue_depth"] = self._queue.qsize()
+        genuine, junk = self._queue.depth()
+        out["queue_depth"] = genuine + junk
+        out["queue_rejected"] = junk
+        out["queue_bytes"] = self._queue.held
         out["lag_s"] = {"receive": {"p50": quantile(receive_lag, 0.5),
                                     "p99": quantile(receive_lag, 0.99)},
                         "device": {"p50": quantile(device_lag, 0.5),
@@ -233,30 +329,34 @@ class Collector:
                 delay = min(delay * 2, _BACKOFF_MAX_S)
         return False
 
-    def _gather(self) -> list[Delivery]:
-        """Messages for one batch: up to ``max_rows``, waiting at most ``max_age_s`` after the
-        first; returns early (possibly empty) when stopping."""
+    def _gather(self) -> list[tuple[Delivery, int]]:
+        """Messages for one batch (with their sizes), of one lane: device messages, up to
+        ``max_rows`` and waiting at most ``max_age_s`` after the first, but no longer once
+        rejected ones wait; or, when no device message is queued, up to `_REJECTED_BATCH`
+        rejected ones queued now. Returns early (possibly empty) when stopping."""
         limit, max_age = self.config.batch.max_rows, self.config.batch.max_age_s
-        try:
-            first = self._queue.get(timeout=0.2)
-        except queue.Empty:
+        first = self._queue.get(timeout=0.2)
+        if first is None:
             return []
+        if first[0].record is None:
+            return [first, *self._queue.take_rejected(min(limit, _REJECTED_BATCH) - 1,
+                                                      _REJECTED_BATCH_BYTES - first[1])]
         batch = [first]
         deadline = time.monotonic() + max_age
         while len(batch) < limit:
-            try:
-                batch.append(self._queue.get_nowait())
-                continue
-            except queue.Empty:
-                pass
             left = deadline - time.monotonic()
-            if left <= 0 or self._stopping.is_set():
+            item = self._queue.get(timeout=max(0.0, min(left, 0.05)), only_devices=True)
+            if item is not None:
+                batch.append(item)
+            elif left <= 0 or self._stopping.is_set() or self._queue.depth()[1]:
                 break
-            try:
-                batch.append(self._queue.get(timeout=min(left, 0.05)))
-            except queue.Empty:
-                continue
         return batch
+
+    def _commit_held(self, held: list[tuple[Delivery, int]]) -> None:
+        try:
+            self._commit([d for d, _ in held])
+        finally:
+            self._queue.release(sum(size for _, size in held))
 
     def _commit(self, batch: list[Delivery]) -> None:
         records: list[Record] = [d.record for d in batch if d.record is not None]
@@ -283,7 +383,7 @@ class Collector:
             return self._retrying(records, parked)
         except StorageDataError as exc:
             if not records:
-                raise  # a rejected message the database refuses: a bug, not a message's fault
+                return self._unparkable(parked, exc, refused)
             if len(records) > 1:
                 half = len(records) // 2
                 first = self._isolate(records[:half], parked, refused)
@@ -295,14 +395,34 @@ class Collector:
             logger.warning("message on %s refused by the database, parked in rejected: %s",
                            record.topic, exc)
             bad = rejection(record.topic, record.payload.encode("utf-8", "replace"), exc,
-                            record.received)
+                            record.received, record.device)
             refused.append(bad)
             return self._isolate([], [*parked, bad], refused)
+
+    def _unparkable(self, parked: Sequence[Rejection], exc: StorageDataError,
+                    refused: list[Rejection]) -> WriteResult | None:
+        """Rejected messages whose parking fails while the database answers: split down to
+        the one that fails; that one is acknowledged unparked (a crash loop replaying it would
+        stall the fleet), logged and counted (``unparked``)."""
+        if len(parked) > 1:
+            half = len(parked) // 2
+            first = self._isolate([], parked[:half], refused)
+            if first is None:
+                return None
+            second = self._isolate([], parked[half:], refused)
+            return _sum(first, second) if second is not None else None
+        for bad in parked:
+            logger.error("rejected message on %s (%d bytes) cannot be parked, acknowledged "
+                         "and counted only: %s", bad.topic, bad.size, exc)
+        with self._stats.lock:
+            self._stats.unparked += len(parked)
+        return WriteResult(0, 0, 0, 0)
 
     def _retrying(self, records: list[Record], parked: Sequence[Rejection]) -> WriteResult | None:
         """One write, tried again with backoff while the database (not the data) fails;
         ``None`` when stopped meanwhile (after one last try)."""
         delay = _BACKOFF_FIRST_S
+        answered = 0  # failures after which the database answered a probe
         while True:
             try:
                 return self.db.write(records, parked)
@@ -314,17 +434,37 @@ class Collector:
                 if self._stopping.is_set():
                     logger.warning("database write failed while stopping (%s)", exc)
                     return None
+                if self._answers():
+                    # The database is up: what failed follows the batch (a statement over a
+                    # server limit, a row that makes the server drop the connection).
+                    answered += 1
+                    if answered >= _BATCH_FAULT_TRIES:
+                        raise StorageDataError(
+                            f"the database answers, yet writing these {len(records)} rows "
+                            f"failed {answered} times: {exc}") from exc
+                    logger.warning("database write of %d rows failed (%s), the database "
+                                   "answers: trying once more", len(records) + len(parked), exc)
+                    continue
                 logger.warning("database write of %d rows failed (%s); retrying in %.1f s",
                                len(records) + len(parked), exc, delay)
                 self._stopping.wait(delay)
                 # stopping: one last try for the batch in hand
                 delay = min(delay * 2, _BACKOFF_MAX_S)
 
+    def _answers(self) -> bool:
+        try:
+            self.db.probe()
+        except StorageError:
+            return False
+        return True
+
     def _maintain(self, now: float) -> None:
         if now - self._last_maintain < _MAINTAIN_EVERY_S:
             return
         try:
             self.maintenance = self.db.maintain(now)
+            with self._stats.lock:
+                self._stats.devices_pruned += self.maintenance.get("devices_pruned", 0)
             self._last_maintain = now
         except StorageError as exc:
             logger.warning("database maintenance failed (%s); trying again later", exc)

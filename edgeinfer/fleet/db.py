@@ -18,22 +18,30 @@ Writes. One transaction per `Database.write`: results and events by a multi-row
 ``copy_from`` rows by COPY into a session temporary table (``ON COMMIT DELETE ROWS``: made
 once per connection rather than per batch, so the catalog does not churn) then
 ``INSERT ... SELECT ... ON CONFLICT DO NOTHING``. Statuses are upserted; the last received
-wins (``status_received``, then the device's ``status_ts``). Rejected messages go to
-``rejected`` in the same transaction, once per distinct topic and payload (``times`` counts
-them).
+wins (``status_received``, then the device's ``status_ts``); a status longer than
+``status_max_bytes`` is stored summarised (`edgeinfer.fleet.records.bounded_status`). Rejected
+messages go to ``rejected`` in the same transaction, once per distinct topic and payload
+(``times`` counts them), within the caps of `edgeinfer.fleet.rejected`.
 
 Failures. A failure of the database (connection, timeout, serialization) raises
 `StorageError`: the same batch can be written again later. A refusal of the data (a value
 out of a column's range, a character it cannot store, a value the driver cannot convert)
-raises `StorageDataError`: the same rows fail again, so the caller isolates them.
+raises `StorageDataError`: the same rows fail again, so the caller isolates them. So does a
+statement over one of the server's limits (class 54, ``program_limit_exceeded``).
+
+Bytes. Every statement is bounded by rows (`_CHUNK`) and by the bytes of its values
+(``max_bytes``, ``batch.max_bytes``): a batch of big statuses is written in as many statements
+as it takes (one transaction still), never one message near PostgreSQL's 1 GiB limit, where
+the server drops the connection (``invalid message length``). A single row over the budget goes
+alone. `Database.probe` tells the collector whether a failure was the database's or the
+batch's.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, LiteralString, TypeVar
 
@@ -41,7 +49,8 @@ from ..config.collect import DatabaseConfig
 from ..errors import StorageDataError, StorageError
 from .migrations import MIGRATIONS
 from .partitions import maintain
-from .records import Record, Rejection
+from .records import Record, Rejection, bounded_status
+from .rejected import park, rejected_rows
 
 if TYPE_CHECKING:
     import psycopg
@@ -53,6 +62,7 @@ _T = TypeVar("_T")
 
 _LOCK = 0x45494E46  # "EINF": advisory lock class of migrations and maintenance, per schema
 _CHUNK = 250  # rows per multi-row INSERT: longer statements plan slower per row (measured)
+_VALUE_OVERHEAD = 16  # bytes a value costs in a Bind message beyond its own (length, format)
 
 # Per table: its columns as written, one row of a multi-row INSERT (ts and received come as
 # Unix seconds, the payload as JSON text), and the same conversion from the staging table.
@@ -87,6 +97,9 @@ class WriteResult:
         duplicates: Rows skipped: results and events already present (or twice in the
             batch), and statuses no newer than the stored one.
         rejected: Rejected messages parked (or counted again) in ``rejected``.
+        rejected_dropped: Rejected messages past a cap of ``rejected``: counted in
+            ``rejected_sources``, not stored.
+        statuses_truncated: Statuses over ``status_max_bytes``, stored summarised.
     """
 
     results: int
@@ -94,6 +107,8 @@ class WriteResult:
     statuses: int
     duplicates: int
     rejected: int = 0
+    rejected_dropped: int = 0
+    statuses_truncated: int = 0
 
 
 class Database:
@@ -104,11 +119,15 @@ class Database:
         config: Where and how (``database:`` of ``collect.yaml``).
         copy_from: Batches of at least this many results and events are written through COPY
             (``batch.copy_from`` of ``collect.yaml``).
+        max_bytes: Bytes of values in one statement (``batch.max_bytes``): more rows are
+            written in several statements.
     """
 
-    def __init__(self, config: DatabaseConfig, *, copy_from: int = 500) -> None:
+    def __init__(self, config: DatabaseConfig, *, copy_from: int = 500,
+                 max_bytes: int = 32 * 2**20) -> None:
         self._config = config
         self._copy_from = copy_from
+        self._max_bytes = max_bytes
         self._conn: psycopg.Connection[Any] | None = None
 
     def connect(self) -> None:
@@ -137,6 +156,15 @@ class Database:
                 f"cannot connect to PostgreSQL at {self._where()}: {exc}")) from None
         self._conn = conn
         log.info("connected to PostgreSQL at %s", self._where())
+
+    def probe(self) -> None:
+        """Whether the database answers: connect (again, after a failure) and run
+        ``SELECT 1``.
+
+        Raises:
+            StorageError: it does not; the database, not a batch, is failing.
+        """
+        self._transaction("probe", lambda conn: conn.execute("SELECT 1").fetchone())
 
     def migrate(self) -> list[int]:
         """Apply the migrations this database lacks, in one transaction under an advisory
@@ -200,18 +228,23 @@ class Database:
             if r.kind == "status" and (r.device not in newest or (
                     newest[r.device].received, newest[r.device].ts) <= (r.received, r.ts)):
                 newest[r.device] = r
-        statuses = [(r.device, r.payload, r.ts, r.received) for r in newest.values()]
+        limit = self._config.status_max_bytes
+        bounded = {d: bounded_status(r.payload, limit) for d, r in newest.items()}
+        statuses = [(r.device, bounded[r.device] or r.payload, r.ts, r.received)
+                    for r in newest.values()]
+        truncated = sum(text is not None for text in bounded.values())
         copy = len(results) + len(events) >= self._copy_from
-        parked = _rejected_rows(rejected)
+        parked = rejected_rows(rejected, self._config.rejected.payload_bytes)
 
         def batch(conn: psycopg.Connection[Any]) -> WriteResult:
             n_results = self._rows(conn, "results", results, copy)
             n_events = self._rows(conn, "events", events, copy)
             n_statuses = self._statuses(conn, statuses)
-            n_rejected = self._rejected(conn, parked)
+            n_rejected, n_dropped = self._rejected(conn, parked)
             skipped = len(results) - n_results + len(events) - n_events
             skipped += sum(r.kind == "status" for r in records) - n_statuses
-            return WriteResult(n_results, n_events, n_statuses, skipped, n_rejected)
+            return WriteResult(n_results, n_events, n_statuses, skipped, n_rejected,
+                               n_dropped, truncated)
 
         return self._transaction("write", batch)
 
@@ -225,7 +258,7 @@ class Database:
 
         Returns:
             ``{"created": [table names], "moved": rows, "dropped": [table names],
-            "deleted": rows}``.
+            "deleted": rows, "devices_pruned": devices}``.
 
         Raises:
             StorageError: a database failure; nothing was changed.
@@ -265,8 +298,7 @@ class Database:
                     target, sql.SQL(cols), sql.SQL(staged), staging))
                 return max(cur.rowcount, 0)
             inserted = 0
-            for start in range(0, len(rows), _CHUNK):
-                chunk = rows[start:start + _CHUNK]
+            for chunk in _chunks(rows, self._max_bytes):
                 cur.execute(sql.SQL("INSERT INTO {} ({}) VALUES {} ON CONFLICT DO NOTHING").format(
                     target, sql.SQL(cols), sql.SQL(", ").join([sql.SQL(values)] * len(chunk))),
                     [value for row in chunk for value in row])
@@ -285,13 +317,10 @@ class Database:
             " WHERE d.status_received IS NULL OR (d.status_received, d.status_ts)"
             " < (EXCLUDED.status_received, EXCLUDED.status_ts)")
 
-    def _rejected(self, conn: psycopg.Connection[Any], rows: list[tuple[Any, ...]]) -> int:
-        return self._upsert(
-            conn, "rejected", "(%s, %s, %s, %s, %s, to_timestamp(%s), to_timestamp(%s))", rows,
-            "INSERT INTO {t} AS r (digest, topic, reason, payload, size, received,"
-            " last_received) VALUES {v} ON CONFLICT (digest) DO UPDATE"
-            " SET times = r.times + 1, reason = EXCLUDED.reason,"
-            " last_received = greatest(r.last_received, EXCLUDED.last_received)")
+    def _rejected(self, conn: psycopg.Connection[Any],
+                  rows: list[tuple[Any, ...]]) -> tuple[int, int]:
+        """Park rejected ``rows`` within ``database.rejected`` (`edgeinfer.fleet.rejected`)."""
+        return park(conn, self._config.schema, self._config.rejected, rows, self._upsert)
 
     def _upsert(self, conn: psycopg.Connection[Any], table: str, row: str,
                 rows: Sequence[tuple[Any, ...]], statement: str) -> int:
@@ -301,12 +330,15 @@ class Database:
             return 0
         from psycopg import sql
 
-        values = sql.SQL(", ").join([sql.SQL(row)] * len(rows))
+        done = 0
         with conn.cursor() as cur:
-            cur.execute(sql.SQL(statement).format(
-                t=sql.Identifier(self._config.schema, table), v=values),
-                [value for r in rows for value in r])
-            return max(cur.rowcount, 0)
+            for chunk in _chunks(rows, self._max_bytes):
+                values = sql.SQL(", ").join([sql.SQL(row)] * len(chunk))
+                cur.execute(sql.SQL(statement).format(
+                    t=sql.Identifier(self._config.schema, table), v=values),
+                    [value for r in chunk for value in r])
+                done += max(cur.rowcount, 0)
+        return done
 
     def _transaction(self, what: str, body: Callable[[psycopg.Connection[Any]], _T]) -> _T:
         import psycopg
@@ -317,8 +349,8 @@ class Database:
         try:
             with conn.transaction():
                 return body(conn)
-        except (psycopg.DataError, psycopg.IntegrityError, ValueError, TypeError,
-                OverflowError) as exc:
+        except (psycopg.DataError, psycopg.IntegrityError, psycopg.errors.ProgramLimitExceeded,
+                ValueError, TypeError, OverflowError) as exc:
             # The data's fault, not the connection's: the same rows would fail again.
             raise StorageDataError(self._scrub(
                 f"PostgreSQL {what} refused the data: {type(exc).__name__}: {exc}")) from exc
@@ -360,11 +392,28 @@ class Database:
         return text
 
 
-def _rejected_rows(rejected: Sequence[Rejection]) -> list[tuple[Any, ...]]:
-    """One row per distinct (topic, payload kept): a message twice in a batch is one row, as
-    ON CONFLICT DO UPDATE may not touch a row twice in one statement."""
-    rows: dict[bytes, tuple[Any, ...]] = {}
-    for r in rejected:
-        digest = hashlib.sha256(r.topic.encode("utf-8", "replace") + b"\0" + r.payload).digest()
-        rows[digest] = (digest, r.topic, r.reason, r.payload, r.size, r.received, r.received)
-    return list(rows.values())
+def _chunks(rows: Sequence[tuple[Any, ...]],
+            max_bytes: int) -> Iterator[Sequence[tuple[Any, ...]]]:
+    """``rows`` in runs of at most `_CHUNK` rows and ``max_bytes`` of values (a row over it
+    alone): one statement each."""
+    start, size = 0, 0
+    for i, row in enumerate(rows):
+        cost = _row_bytes(row)
+        if i > start and (i - start >= _CHUNK or size + cost > max_bytes):
+            yield rows[start:i]
+            start, size = i, 0
+        size += cost
+    if start < len(rows):
+        yield rows[start:]
+
+
+def _row_bytes(row: Sequence[Any]) -> int:
+    """What a row's values cost in a statement, at most (a non-ASCII character up to 4 bytes)."""
+    size = 0
+    for value in row:
+        if isinstance(value, str):
+            size += len(value) if value.isascii() else 4 * len(value)
+        elif isinstance(value, (bytes, bytearray, memoryview)):
+            size += len(value)
+        size += _VALUE_OVERHEAD
+    return size

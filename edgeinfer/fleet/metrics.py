@@ -1,5 +1,6 @@
 """The collector's Prometheus endpoint (``metrics:`` in ``collect.yaml``): lag, rows/s, batches,
-duplicates skipped, redeliveries, rejected messages, queue depth and database failures.
+duplicates skipped, redeliveries, rejected messages (stored and past the caps), statuses stored
+summarised, devices pruned, queue depth and database failures.
 
 Like the daemon's endpoint (`edgeinfer.control.metrics`) it computes everything from
 `Collector.stats` when scraped, on its own registry, served by one thread; it binds loopback by
@@ -31,9 +32,18 @@ _COUNTERS = (
     ("rejected", "edgeinfer_collect_rejected",
      "Messages that are no row (not a device's result, event or status, or refused by the "
      "database): parked in the rejected table and acknowledged."),
+    ("rejected_dropped", "edgeinfer_collect_rejected_dropped",
+     "Rejected messages past a cap of the rejected table (per source or in all): counted per "
+     "source in rejected_sources, not stored."),
+    ("statuses_truncated", "edgeinfer_collect_statuses_truncated",
+     "Device statuses over database.status_max_bytes, stored summarised."),
+    ("devices_pruned", "edgeinfer_collect_devices_pruned",
+     "Devices deleted by retention: no status received for retention_days."),
     ("redeliveries", "edgeinfer_collect_redeliveries",
      "Messages the source marked as possibly delivered before."),
     ("db_failures", "edgeinfer_collect_db_failures", "Database writes that failed (retried)."),
+    ("unparked", "edgeinfer_collect_unparked",
+     "Rejected messages the database would not park either: acknowledged, logged, counted."),
 )
 
 
@@ -55,6 +65,13 @@ class CollectorMetrics:
         yield GaugeMetricFamily("edgeinfer_collect_queue_depth",
                                 "Messages received and not yet written.",
                                 value=s.get("queue_depth", 0))
+        yield GaugeMetricFamily("edgeinfer_collect_queue_rejected_depth",
+                                "Rejected messages waiting in their own lane (of queue_depth).",
+                                value=s.get("queue_rejected", 0))
+        yield GaugeMetricFamily("edgeinfer_collect_queue_bytes",
+                                "Bytes of messages held (queued and in the batch in hand); at "
+                                "most batch.queue_bytes.",
+                                value=s.get("queue_bytes", 0))
         lag = GaugeMetricFamily("edgeinfer_collect_lag_seconds",
                                 "Lag to the commit over recent messages: from the collector's "
                                 "receive (since=receive) or the device's time (since=device).",

@@ -9,7 +9,9 @@ Tables: ``results`` and ``events`` are partitioned by range of the device's time
 a ``DEFAULT`` partition for rows no period partition holds yet (a device clock far off); their
 primary keys end in ``ts`` because PostgreSQL requires the partition key in every unique key.
 ``devices`` holds each device's newest status. ``results_flat`` is a view for dashboards.
-``rejected`` holds the messages that are no row (one per distinct topic and payload).
+``rejected`` holds the messages that are no row (one per distinct topic and payload), capped
+per source and in all; ``rejected_sources`` counts them per source, with a sample of those past
+the caps.
 """
 
 from __future__ import annotations
@@ -117,9 +119,33 @@ CREATE OR REPLACE FUNCTION {s}.json_num(value jsonb) RETURNS double precision
                     THEN value::double precision END';
 """
 
+# Rejected messages are capped per source (the device level of their topic) and in all: the
+# ones past a cap only count here, the latest kept as a sample. Devices are pruned by the
+# receive time of their newest status (before migration 3: updated).
+_V4_REJECTED_CAPS = """
+ALTER TABLE {s}.rejected ADD COLUMN source text NOT NULL DEFAULT '';
+CREATE INDEX rejected_source ON {s}.rejected (source);
+
+CREATE TABLE {s}.rejected_sources (
+    source text PRIMARY KEY,
+    times bigint NOT NULL DEFAULT 0,
+    dropped bigint NOT NULL DEFAULT 0,
+    dropped_bytes bigint NOT NULL DEFAULT 0,
+    first_received timestamptz NOT NULL,
+    last_received timestamptz NOT NULL,
+    sample_topic text,
+    sample_reason text,
+    sample bytea,
+    sample_size integer
+);
+CREATE INDEX rejected_sources_last_received ON {s}.rejected_sources (last_received);
+CREATE INDEX devices_seen ON {s}.devices ((coalesce(status_received, updated)));
+"""
+
 MIGRATIONS: tuple[tuple[int, str, LiteralString], ...] = (
     (1, "tables", _V1_TABLES),
     (2, "results_flat", _V2_VIEW),
     (3, "rejected", _V3_REJECTED),
+    (4, "rejected_caps", _V4_REJECTED_CAPS),
 )
 """``(version, name, sql)`` in the order they are applied."""

@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
-from .records import Delivery, parse, rejection
+from .records import Delivery, parse, rejection, source_of
 
 if TYPE_CHECKING:
     from ..config.collect import MqttSourceConfig
@@ -234,7 +234,8 @@ class MqttSource:
             topic = message.topic  # paho decodes it here: it may raise
             record = parse(topic, message.payload, self.config.prefix, received)
         except Exception as exc:  # whatever one message makes parse raise: that message's fault
-            record, parked = None, rejection(topic, message.payload, exc, received)
+            record, parked = None, rejection(topic, message.payload, exc, received,
+                                             source_of(topic, self.config.prefix))
             with self._lock:
                 self._counts["rejected"] += 1
             self.last_reject = parked.reason

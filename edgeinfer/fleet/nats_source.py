@@ -47,7 +47,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, SourceError
-from .records import Delivery, Rejected, parse, rejection
+from .records import Delivery, Rejected, parse, rejection, source_of
 
 if TYPE_CHECKING:
     from ..config.collect import NatsSourceConfig
@@ -390,7 +390,9 @@ class NatsSource:
             record = parse(subject_to_topic(msg.subject), msg.data, self.config.prefix, received)
         except Exception as exc:  # whatever one message makes parse raise: that message's fault
             self._count("rejected")
-            parked = rejection(str(msg.subject), msg.data or b"", exc, received)
+            parked = rejection(str(msg.subject), msg.data or b"", exc, received,
+                               source_of(str(msg.subject).removeprefix(MSGS_SUBJECT)
+                                         .replace(".", "/"), self.config.prefix))
             self.last_reject = f"{msg.subject}: {parked.reason}"
             return Delivery(None, msg, redelivered, parked)
         return Delivery(record, msg, redelivered)

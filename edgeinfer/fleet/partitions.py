@@ -8,7 +8,8 @@ UTC). A row whose ``ts`` falls in no period partition (a device clock far off, o
 of such a period, it moves that period's rows out of the default partition into the new one in
 the same transaction, so a key never lives in two partitions and redeliveries stay duplicates.
 Partitions wholly older than ``retention_days`` are dropped, and default-partition rows older
-than it deleted.
+than it deleted; so are parked rejected messages, their per-source counts, and devices whose
+newest status is older.
 
 Retention runs on the receive time: a device whose clock is far behind does not have its rows
 deleted as soon as they arrive.
@@ -34,7 +35,8 @@ _UTC = dt.UTC
 def maintain(conn: psycopg.Connection[Any], config: DatabaseConfig, now: float) -> dict[str, Any]:
     """Make the partitions of the period holding ``now`` and of the next one, drop or empty
     those past retention; returns what `edgeinfer.fleet.db.Database.maintain` returns."""
-    done: dict[str, Any] = {"created": [], "moved": 0, "dropped": [], "deleted": 0}
+    done: dict[str, Any] = {"created": [], "moved": 0, "dropped": [], "deleted": 0,
+                            "devices_pruned": 0}
     current = _period_start(dt.datetime.fromtimestamp(now, _UTC), config.partition)
     nxt = _period_after(current, config.partition)
     cutoff = (dt.datetime.fromtimestamp(now, _UTC) - dt.timedelta(days=config.retention_days)
@@ -54,7 +56,19 @@ def maintain(conn: psycopg.Connection[Any], config: DatabaseConfig, now: float) 
     if cutoff is not None:
         done["deleted"] += _delete_received(conn, config.schema, "rejected",
                                             "last_received", cutoff)
+        _delete_received(conn, config.schema, "rejected_sources", "last_received", cutoff)
+        done["devices_pruned"] = _prune_devices(conn, config.schema, cutoff)
     return done
+
+
+def _prune_devices(conn: psycopg.Connection[Any], schema: str, cutoff: dt.datetime) -> int:
+    """Delete the devices whose newest status was received before ``cutoff`` (a device that
+    comes back announces itself again with its retained status)."""
+    from psycopg import sql
+
+    cur = conn.execute(sql.SQL("DELETE FROM {} WHERE coalesce(status_received, updated) < %s")
+                       .format(sql.Identifier(schema, "devices")), (cutoff,))
+    return max(cur.rowcount, 0)
 
 
 def _make_partition(conn: psycopg.Connection[Any], schema: str, table: str, lo: dt.datetime,

@@ -21,8 +21,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["MAX_CLOCK_SKEW_S", "MAX_PAYLOAD", "REJECTED_KEEP", "Delivery", "Record", "Rejected", "Rejection",
-           "parse", "rejection"]
+__all__ = ["MAX_CLOCK_SKEW_S", "MAX_PAYLOAD", "REJECTED_KEEP", "Delivery", "Record", "Rejected",
+           "Rejection", "bounded_status", "parse", "rejection", "source_of"]
 
 MAX_PAYLOAD = 1024 * 1024  # a device's message is a few KiB; anything this big is not one
 REJECTED_KEEP = 64 * 1024  # bytes of a rejected message's payload kept (and parked)
@@ -89,6 +89,8 @@ class Rejection:
         reason: Why it was refused (the parser's or the database's words).
         received: When the collector received it (Unix s).
         size: The whole payload's size in bytes.
+        source: Who sent it, as far as the collector can tell: the device level of its topic
+            (`source_of`); the ``rejected`` table's caps are per source.
     """
 
     topic: str
@@ -96,6 +98,7 @@ class Rejection:
     reason: str
     received: float
     size: int
+    source: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,12 +114,60 @@ class Delivery:
     rejection: Rejection | None = None
 
 
-def rejection(topic: str, payload: bytes, exc: BaseException, received: float) -> Rejection:
+def rejection(topic: str, payload: bytes, exc: BaseException, received: float,
+              source: str = "") -> Rejection:
     """The `Rejection` of a message ``parse`` (or anything after it) refused with ``exc``:
     a `Rejected` gives its text, any other exception its type and text."""
     reason = str(exc) if isinstance(exc, Rejected) else f"{type(exc).__name__}: {exc}"
     return Rejection(_UNSTORABLE.sub("\ufffd", topic), bytes(payload[:REJECTED_KEEP]),
-                     _UNSTORABLE.sub("\ufffd", reason)[:_MAX_REASON], received, len(payload))
+                     _UNSTORABLE.sub("\ufffd", reason)[:_MAX_REASON], received, len(payload),
+                     _UNSTORABLE.sub("\ufffd", source)[:_MAX_NAME])
+
+
+def source_of(topic: str, prefix: str) -> str:
+    """Who sent a message on ``topic``, as far as a subscriber can tell: the level after the
+    prefix (a device id, or what a client publishing junk put there); ``(outside the prefix)``
+    or ``(empty)`` otherwise. MQTT does not tell a subscriber the publisher's client id."""
+    if not topic.startswith(prefix + "/"):
+        return "(outside the prefix)"
+    return topic[len(prefix) + 1:].split("/", 1)[0][:_MAX_NAME] or "(empty)"
+
+
+# Kept first when a status is summarised: what `edgeinfer fleet` and dashboards read.
+_STATUS_FIRST = ("state", "device", "version", "ts", "problem", "pipelines", "failed")
+
+
+def bounded_status(payload: str, limit: int) -> str | None:
+    """A status's JSON at most ``limit`` bytes long: ``None`` when it is already, else a
+    summary: its top-level fields that fit (``state``, ``device``, ``version``, ``ts``, ...
+    first), and ``_truncated``: ``{"size", "limit", "dropped": [field names]}``."""
+    if len(payload.encode("utf-8")) <= limit:
+        return None
+    size = len(payload.encode("utf-8"))
+    try:
+        doc = json.loads(payload)
+    except (ValueError, RecursionError):
+        doc = None
+    fields = doc if isinstance(doc, dict) else {}
+    order = [k for k in _STATUS_FIRST if k in fields] + [k for k in fields
+                                                         if k not in _STATUS_FIRST]
+    kept: dict[str, Any] = {}
+    dropped: list[str] = []
+    budget = limit - 200  # room for _truncated and its first names
+    for key in order:
+        part = len(json.dumps({key: fields[key]}).encode("utf-8"))
+        if part < budget:
+            kept[key] = fields[key]
+            budget -= part
+        else:
+            dropped.append(key)
+    note: dict[str, Any] = {"size": size, "limit": limit, "dropped": []}
+    for key in dropped:  # names as long as they fit; the count says the rest
+        if len(json.dumps({**kept, "_truncated": note}).encode("utf-8")) + len(key) + 8 > limit:
+            break
+        note["dropped"].append(key)
+    note["dropped_fields"] = len(dropped)
+    return json.dumps({**kept, "_truncated": note})
 
 
 def parse(topic: str, payload: bytes, prefix: str, received: float) -> Record:

@@ -3,11 +3,13 @@ before any preprocessing, so a skipped frame costs its motion check and nothing 
 
 The model runs on a frame when (there is motion, or a tracked object that is not stationary)
 and ``detect.fps`` allows, or when ``keepalive_s`` passed since it last ran (a re-check of the
-whole frame); with ``gate: always`` whenever ``detect.fps`` allows. The gate's clock is the
-frame's stream time (a file's frame times, a camera's capture times), so a file read faster
-than real time is gated as if played. The motion detector looks at frames at the model's rate
-(``detect.fps``, and keep-alives): at 5 a second of a 15 fps camera, a third of them; it
-compares each with the one it looked at before.
+whole frame); with ``gate: always`` whenever ``detect.fps`` allows. Without a tracker nothing
+says whether an object moves: its last detections (`hold`) join a crop but never run the model
+by themselves, so a still scene with an object in view rests at one run per ``keepalive_s``.
+The gate's clock is the frame's stream time (a file's frame times, a camera's capture times),
+so a file read faster than real time is gated as if played. The motion detector looks at
+frames at the model's rate (``detect.fps``, and keep-alives): at 5 a second of a 15 fps
+camera, a third of them; it compares each with the one it looked at before.
 
 With ``regions`` the model sees one crop: the union of the merged motion boxes and the moving
 tracks, with a margin, at least the model's input size and of its aspect where the frame
@@ -96,6 +98,7 @@ class DetectGate:
         self._last = -math.inf  # stream time of the last model run
         self._looked = -math.inf  # ... and of the last frame the motion detector looked at
         self._tracks: npt.NDArray[np.float64] = _NO_BOXES
+        self._held: npt.NDArray[np.float64] = _NO_BOXES  # untracked: the last detections
         self._widen = False
         self.judged = 0  # frames the motion detector looked at
         self.moving = 0  # ... and found motion in
@@ -104,6 +107,11 @@ class DetectGate:
     def observe(self, moving_tracks: npt.NDArray[np.float64]) -> None:
         """``(K, 4)`` boxes of the tracked objects that are not stationary (emit thread)."""
         self._tracks = moving_tracks
+
+    def hold(self, detections: npt.NDArray[np.float64]) -> None:
+        """``(K, 4)`` boxes of an untracked pipeline's last detections (emit thread): a crop
+        keeps them in view, but they do not make the model run (they may be standing still)."""
+        self._held = detections
 
     def widen(self) -> None:
         """The next detection frame is the whole frame (a crop cut an object)."""
@@ -133,6 +141,9 @@ class DetectGate:
         tracks = self._tracks
         if (found.moving or len(tracks)) and due:
             self._last = t
+            held = self._held
+            if len(held):
+                tracks = np.concatenate((tracks, held)) if len(tracks) else held
             region = self.crop_for(frame, found.boxes, tracks) if self.regions else None
             self.cropped += region is not None
             return GateDecision(True, region, found.boxes)

@@ -7,7 +7,8 @@ misses age). A skipped frame gets the tracker's predicted boxes of the live trac
 of its last detection: label, class, score; the box moved; no keypoints or mask), which go
 through zones, lines and the recorder like detections. A pipeline without tracking repeats its
 last detections on skipped frames. After each frame the gate hears where the moving tracks are
-(without tracking: the last detections), and a detection cut by a crop edge makes the next
+(without tracking: the last detections, which widen a crop but do not run the model: nothing
+says they move), and a detection cut by a crop edge makes the next
 detection frame the whole frame.
 """
 
@@ -53,7 +54,7 @@ class GatedFrames:
             gate.widen()
         if analytics is None:
             self._held = part
-            gate.observe(_boxes(part))
+            gate.hold(_boxes(part))
             return part, _NO_EVENTS
         part, events = analytics.process(frame, part, motion=decision.motion,
                                          recheck=decision.recheck)

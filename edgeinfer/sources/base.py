@@ -169,20 +169,34 @@ class Outage:
             self._logger.debug("camera %s: %s (failure %d in a row)", self._name, reason,
                                self.failures)
 
+    def pending(self, reason: str) -> None:
+        """Not working yet: connecting, or connected and waiting for the first frame (a
+        camera that answered but sends nothing must not read as ``running``). Shown by
+        ``health()`` (``starting`` before any failure) until a good frame (`recovered`) or a
+        failure; neither counted nor logged."""
+        self.reason = reason
+        if self.since is None:
+            self.since = time.monotonic()
+
     def retry(self) -> None:
         """An attempt to reopen the device begins (counted on stats: ``retries``)."""
         self._stats.retries += 1
 
-    def reopened(self) -> None:
-        """The device opened (again, after failing: not yet a good frame)."""
-        self.opened = True
-        if self.since is not None:
+    def reopened(self, pending: str | None = None) -> None:
+        """The device opened (again, after failing: not yet a good frame). ``pending``: it
+        is not known to work until its first frame, and this is why (`pending`)."""
+        if pending is None:
+            self.opened = True
+        else:
+            self.pending(pending)
+        if self.failures and self.since is not None:
             self._stats.reconnects += 1
             self._logger.info("camera %s: reopened after %d failures (%.1f s down)", self._name,
                               self.failures, time.monotonic() - self.since)
 
     def recovered(self, backoff: Backoff) -> None:
         """A good frame arrived: the outage is over."""
+        self.opened = True
         if self.failures or self.since is not None:
             self.failures = 0
             self.since = None
@@ -190,11 +204,13 @@ class Outage:
             backoff.reset()
 
     def health(self, next_retry_at: float | None = None) -> Health | None:
-        """``no_source`` / ``reconnecting`` with the reason during an outage, else ``None``."""
+        """``no_source`` / ``reconnecting`` with the reason during an outage, ``starting``
+        while `pending` before any failure, else ``None``."""
         if self.since is None:
             return None
-        return Health("reconnecting" if self.opened else "no_source", self.reason,
-                      self._stats.retries, next_retry_at)
+        state = ("starting" if not self.failures else
+                 "reconnecting" if self.opened else "no_source")
+        return Health(state, self.reason, self._stats.retries, next_retry_at)
 
     def check(self, max_attempts: int | None) -> None:
         """Raise once ``max_attempts`` failures in a row are reached."""

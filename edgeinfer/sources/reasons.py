@@ -13,7 +13,8 @@ import os
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
-__all__ = ["device_path", "device_reason", "stream_reason"]
+__all__ = ["device_path", "device_reason", "no_rtp_reason", "slow_reply_reason", "stream_host",
+           "stream_reason"]
 
 _DEVICE_ERRNO = {
     errno.ENOENT: "no such device {path}: is the camera plugged in? `ls /dev/video*`",
@@ -71,12 +72,41 @@ def device_reason(path: str) -> str:
             f"(`fuser -v {path}`), or it is not a capture node (`v4l2-ctl --list-devices`)")
 
 
+def stream_host(uri: str) -> str:
+    """``host:port`` (or ``host``) of stream ``uri``, as reasons name it."""
+    parts = urlsplit(uri)
+    hostname = parts.hostname or uri
+    return f"{hostname}:{parts.port}" if parts.port else hostname
+
+
+def no_rtp_reason(uri: str, seconds: float) -> str:
+    """Why a stream that opened (the camera answered PLAY) was dropped before any packet."""
+    return (f"no RTP arrived in {seconds:.1f} s since PLAY: {stream_host(uri)} answered the RTSP "
+            "requests but sends no video; check that the stream is enabled on the camera (with "
+            "transport: udp, that no firewall drops RTP)")
+
+
+def slow_reply_reason(uri: str, got: int, complete: bool, timeout_s: float) -> str:
+    """Why an open that ran into its timeout did, when the camera does answer: ``got`` bytes
+    of the reply to a probe, ``complete`` whether its head was whole."""
+    host = stream_host(uri)
+    if complete:
+        what = (f"it answers, but opening the stream (DESCRIBE, SETUP, PLAY) did not finish "
+                f"in {timeout_s:g} s")
+    else:
+        what = (f"{got} bytes of an RTSP reply, never completed, and opening did not finish "
+                f"in {timeout_s:g} s")
+    return (f"slow or incomplete reply from the camera at {host}: {what}; the camera (or "
+            "something in between) is overloaded or is not an RTSP server: check it, or raise "
+            "open_timeout_s")
+
+
 def stream_reason(uri: str, lines: Sequence[str], *, timed_out: bool = False) -> str:
     """Why stream ``uri`` (with its password already masked) did not open, from FFmpeg's lines
     printed while opening it; ``timed_out``: the open ran into its timeout."""
     parts = urlsplit(uri)
     hostname = parts.hostname or uri
-    host = f"{hostname}:{parts.port}" if parts.port else hostname
+    host = stream_host(uri)
     text = "\n".join(lines).lower()
     for words, reason in _STREAM_WORDS:
         if any(w in text for w in words):

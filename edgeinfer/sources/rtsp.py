@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import socket
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import av
 import msgspec
@@ -29,7 +31,7 @@ from .base import Backoff, Outage, RateLimiter, Source, SourceStats
 from .camera import redact
 from .packets import PacketRing, StreamInfo
 from .pictures import Pictures
-from .reasons import stream_reason
+from .reasons import no_rtp_reason, slow_reply_reason, stream_host, stream_reason
 
 __all__ = ["PyAvSource", "RtspStats"]
 
@@ -40,6 +42,9 @@ _DRIFT_S = 1.0  # a stream clock this far behind arrival is re-anchored
 # sets already give the size, so half a second (2 s -> 0.65 s to open on loopback) is plenty.
 _ANALYZE_US = "500000"
 _BROKEN_SHOWN_S = 60.0  # health says why frames were left out this long after the last one
+_PROBE_S = 2.0  # at most, after an open that timed out: does the camera answer at all?
+_PROBE_BYTES = 8192
+_PROBE_CONNECT_S = 0.5
 
 
 @dataclasses.dataclass(slots=True)
@@ -119,9 +124,15 @@ class _Reader:
         self.backoff = Backoff(reconnect, stop)
         self.stream: _Stream | None = None
         self.cannot_open = False
+        self.flowing = False  # a packet arrived since the stream opened
+        self.silent = False  # the last connection was lost before any packet came
+        self.opened_at = 0.0
 
     def connect(self) -> bool:
         started = time.monotonic()
+        outage = self.outage
+        if not outage.down:  # the first connection: not running until a frame comes
+            outage.pending(f"connecting to {stream_host(self.name)}")
         try:
             self.stream = _Stream(self.uri, self.config)
         except _NoVideo:
@@ -131,22 +142,48 @@ class _Reader:
             took = time.monotonic() - started
             timed_out = took >= 0.9 * self.config.open_timeout_s
             lines = [] if timed_out else [f"[pyav @ 0x0] {exc.strerror}"]
-            self._failed(started, stream_reason(self.name, lines, timed_out=timed_out))
+            reason = stream_reason(self.name, lines, timed_out=timed_out)
+            if timed_out and not self.stop.is_set():
+                reason = self._why_timed_out() or reason
+            self._failed(started, reason)
             return False
         self.cannot_open = False
-        self.outage.reopened()
+        self.flowing = False
+        self.opened_at = time.monotonic()
+        if self.silent:  # again no packet, most likely: keep saying so, not "waiting"
+            outage.reopened(pending=outage.reason)
+        else:
+            outage.reopened(pending=f"{stream_host(self.name)} answered PLAY; waiting for its "
+                                    f"first video packet (at most "
+                                    f"{self.config.open_timeout_s:g} s)")
         return True
+
+    def _why_timed_out(self) -> str | None:
+        """After an open that ran into its timeout: whether the camera answers a request of
+        ours at all (a trickling or incomplete reply is not a camera missing from the network);
+        ``None``: it does not, or this is not plain RTSP."""
+        if not self.uri.lower().startswith("rtsp://"):
+            return None
+        got = _probe_reply(self.uri, min(_PROBE_S, self.config.open_timeout_s))
+        if got is None or not got[0]:
+            return None
+        return slow_reply_reason(self.name, got[0], got[1], self.config.open_timeout_s)
 
     def _failed(self, started: float, reason: str) -> None:
         # Refused at once: the camera is absent and we wait; an open that ran into its timeout
         # is a stall the watchdog should see (as the OpenCV camera).
         self.cannot_open = time.monotonic() - started < 0.5 * self.config.open_timeout_s
+        self.silent = False
         self.outage.fail(reason)
 
     def lost(self, exc: BaseException | None) -> None:
         stream, self.stream = self.stream, None
         if stream is not None:
             stream.close()
+        self.silent = not self.flowing
+        if self.silent:  # PLAY was answered, and then nothing came
+            self.outage.fail(no_rtp_reason(self.name, time.monotonic() - self.opened_at))
+            return
         why = f" ({exc.strerror})" if isinstance(exc, av.error.FFmpegError) else ""
         self.outage.fail(f"read failed: the stream stopped{why} (camera rebooting, or the network "
                          "down?)")
@@ -293,6 +330,7 @@ class PyAvSource(Source):
                     return
                 main.lost(exc if isinstance(exc, av.error.FFmpegError) else None)
                 continue
+            main.flowing = True
             if packet.pts is None or packet.size == 0:
                 continue
             main.outage.recovered(main.backoff)
@@ -333,6 +371,7 @@ class PyAvSource(Source):
                     return
                 reader.lost(exc if isinstance(exc, av.error.FFmpegError) else None)
                 continue
+            reader.flowing = True
             if packet.size == 0:
                 continue
             now = time.monotonic()
@@ -359,3 +398,35 @@ class PyAvSource(Source):
             if self._main is not None and now - told >= 1.0:
                 told = now
                 self._main_state(self._main)
+
+
+def _probe_reply(uri: str, timeout_s: float) -> tuple[int, bool] | None:
+    """Ask ``uri``'s server for ``OPTIONS`` (no credentials sent) and read its reply for up to
+    ``timeout_s``: the bytes that came and whether the reply's head was whole; ``None``: no
+    connection."""
+    parts = urlsplit(uri)
+    netloc = parts.netloc.rpartition("@")[2]
+    request = (f"OPTIONS rtsp://{netloc}{parts.path or '/'} RTSP/1.0\r\nCSeq: 1\r\n"
+               "User-Agent: edgeinfer\r\n\r\n").encode()
+    deadline = time.monotonic() + timeout_s
+    data = b""
+    try:
+        # A camera off the network costs its retries no more than half a second more.
+        with socket.create_connection((parts.hostname or "", parts.port or 554),
+                                      timeout=min(_PROBE_CONNECT_S, timeout_s)) as sock:
+            sock.sendall(request)
+            while b"\r\n\r\n" not in data and len(data) < _PROBE_BYTES:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                sock.settimeout(left)
+                chunk = sock.recv(_PROBE_BYTES)
+                if not chunk:
+                    break
+                data += chunk
+    except TimeoutError:
+        pass
+    except OSError:
+        if not data:
+            return None
+    return len(data), b"\r\n\r\n" in data

@@ -163,21 +163,46 @@ class Task(ABC):
                 for name, o in report.get("outputs", {}).items()]
 
 
+MAX_LABELS = 32_768
+"""The most labels read from a file (LVIS has 1,203 classes, ImageNet-21k 21,843)."""
+MAX_LABELS_BYTES = 1 << 20
+"""The largest labels file read."""
+
+
 def load_labels(labels: str | list[str] | None) -> list[str] | None:
     """A labels list from a file (one per line, blank lines kept as empty labels are not
-    useful and dropped at the end only) or the list itself."""
+    useful and dropped at the end only) or the list itself.
+
+    Raises:
+        ConfigError: the file cannot be read, is empty, or is over ``MAX_LABELS_BYTES`` or
+            ``MAX_LABELS`` lines.
+    """
     if labels is None or isinstance(labels, list):
         return labels
     path = Path(labels)
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        size = path.stat().st_size
+        if size > MAX_LABELS_BYTES:
+            raise ConfigError(f"labels file {path} is {size:,} bytes, over the "
+                              f"{MAX_LABELS_BYTES:,} read: is it a labels file (one name a line)?")
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"labels file {path}: {exc.strerror or exc}") from exc
-    while lines and not lines[-1].strip():
-        lines.pop()
+    lines = label_lines(text, f"labels file {path}", ConfigError)
     if not lines:
         raise ConfigError(f"labels file {path} is empty")
-    return [line.strip() for line in lines]
+    return lines
+
+
+def label_lines(text: str, where: str, error: type[EdgeInferError]) -> list[str]:
+    """The labels of ``text``, one a line (trailing blank lines dropped), refused with ``error``
+    naming ``where`` when there are more than ``MAX_LABELS``: counted before they are split."""
+    body = text.rstrip()
+    count = body.count("\n") + body.count("\r") - body.count("\r\n") + 1 if body else 0
+    if count > MAX_LABELS:
+        raise error(f"{where} has {count:,} lines, over the {MAX_LABELS:,} labels read: is it "
+                    "a labels file (one class name a line)?")
+    return [line.strip() for line in body.splitlines()]
 
 
 def label_of(labels: list[str] | None, class_id: int) -> str:

@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ..config.pipeline import BUILTIN_LABELS
-from ..errors import ConfigError
-from .base import load_labels
+from ..errors import ConfigError, ModelFormatError
+from .base import label_lines, load_labels
 from .decoders.meta import parse_names
 
 __all__ = ["COCO80", "COCO91", "file_metadata", "find_labels", "looks_like_coco80"]
@@ -56,6 +56,7 @@ assert set(_BUILTIN) == set(BUILTIN_LABELS)
 
 _PACKED_MAX = 1 << 20  # a label file or metadata.json packed into a TFLite model
 _PACKED_LABELS = ("labels.txt", "labelmap.txt", "label_map.txt")
+_MAX_DEPTH = 32  # lists and dicts in a packed metadata.json
 
 
 def file_metadata(path: Path, fmt: str, onnx_metadata: Mapping[str, str]) -> dict[str, str]:
@@ -70,9 +71,28 @@ def file_metadata(path: Path, fmt: str, onnx_metadata: Mapping[str, str]) -> dic
         data = json.loads(raw)
     except ValueError:
         return {}
+    except RecursionError:  # the C scanner stops at the interpreter's recursion limit
+        data = None
+    if data is None or _depth(data) > _MAX_DEPTH:
+        raise ModelFormatError(f"model {path}: its packed metadata.json is nested more than "
+                               f"{_MAX_DEPTH} deep; Ultralytics writes 3 at most: re-export it")
     if not isinstance(data, dict):
         return {}
     return {str(k): v if isinstance(v, str) else json.dumps(v) for k, v in data.items()}
+
+
+def _depth(value: object) -> int:
+    """How deep ``value``'s lists and dicts nest (counted up to one past ``_MAX_DEPTH``)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (list, dict)):
+            deepest = max(deepest, depth)
+            if depth > _MAX_DEPTH:
+                return depth
+            stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict)
+                                                  else item))
+    return deepest
 
 
 def find_labels(configured: str | list[str] | None, model_path: Path, fmt: str,
@@ -93,7 +113,9 @@ def find_labels(configured: str | list[str] | None, model_path: Path, fmt: str,
     if fmt == "tflite":
         raw = _packed(model_path, _PACKED_LABELS)
         if raw is not None:
-            return _lines(raw.decode("utf-8", "replace")), "the label file packed in the model"
+            text = raw.decode("utf-8", "replace")
+            where = f"the label file packed in model {model_path}"
+            return label_lines(text, where, ModelFormatError), "the label file packed in the model"
     beside = model_path.parent / "labels.txt"
     if beside.is_file():
         return load_labels(str(beside)), str(beside)
@@ -110,13 +132,6 @@ def looks_like_coco80(labels: Sequence[str]) -> bool:
 
 def _norm(name: str) -> str:
     return name.lower().replace(" ", "").replace("_", "")
-
-
-def _lines(text: str) -> list[str]:
-    lines = [line.strip() for line in text.splitlines()]
-    while lines and not lines[-1]:
-        lines.pop()
-    return lines
 
 
 def _packed(path: Path, names: Sequence[str]) -> bytes | None:

@@ -36,10 +36,10 @@ class _Keypoints(ExtrasDecoder):
 
     def _extras(self, values: int, meta: ModelMeta, outputs: tuple[TensorSpec, ...],
                 scored: bool) -> int:
-        if meta.kpt_shape is not None:
-            self.kpt_shape = meta.kpt_shape
-            return meta.kpt_shape[0] * meta.kpt_shape[1]
         classes = (len(meta.names) if meta.names is not None else 1) if scored else 0
+        if meta.kpt_shape_text is not None:
+            self.kpt_shape = self._declared(values, meta, scored)
+            return self.kpt_shape[0] * self.kpt_shape[1]
         for k, d in POSE_LAYOUTS:
             if values - classes == k * d:
                 self.kpt_shape = (k, d)
@@ -47,6 +47,28 @@ class _Keypoints(ExtrasDecoder):
         raise self._refuse(f"{values - classes} values per box are no known keypoint layout "
                            f"({', '.join(f'{k} x {d}' for k, d in POSE_LAYOUTS)}) and the "
                            "model's metadata has no kpt_shape")
+
+    def _declared(self, values: int, meta: ModelMeta, scored: bool) -> tuple[int, int]:
+        """The metadata's ``kpt_shape``, refused unless it is ``[K, D]`` with ``K > 0``, ``D``
+        2 or 3, and ``K x D`` the values a row has left after its box and class scores."""
+        if meta.kpt_shape is None:
+            raise self._refuse(f"the model's metadata kpt_shape {meta.kpt_shape_text!r} is not "
+                               "[keypoints, values per keypoint] such as [17, 3]")
+        k, dim = meta.kpt_shape
+        if k <= 0 or dim not in (2, 3):
+            raise self._refuse(f"the model's metadata kpt_shape [{k}, {dim}] is not K keypoints "
+                               "(K > 0) of 2 or 3 values (x, y[, visibility]) each")
+        if not scored:  # end-to-end rows: every value after the class is a keypoint's
+            left, after = values, "the box, score and class"
+        elif meta.names is not None:
+            left, after = values - len(meta.names), f"the box and {len(meta.names)} class scores"
+        else:  # the classes are what the keypoints leave: at least one
+            left, after = min(values - 1, k * dim), "the box and at least 1 class score"
+        if k * dim != left:
+            raise self._refuse(f"the model's metadata kpt_shape [{k}, {dim}] makes {k} x {dim} = "
+                               f"{k * dim} values per box, but the output has {left} left after "
+                               f"{after}")
+        return k, dim
 
     def _attach(self, d: Decoded, extras: np.ndarray) -> Decoded:
         k, dim = self.kpt_shape

@@ -66,9 +66,7 @@ class WebApp:
     def __init__(self, config: HttpConfig, host: Host, pool: ThreadPoolExecutor,
                  guard: ConnectionGuard | None = None) -> None:
         self.config, self.host, self.pool = config, host, pool
-        self.guard = guard or ConnectionGuard(config.max_connections or 1024,
-                                              config.max_connections_per_client,
-                                              config.header_timeout_s)
+        self.guard = guard or ConnectionGuard.from_config(config, config.max_connections or 1024)
         self.auth = Auth(config)
         self.feeds = LiveFeeds(config.live_fps, config.live_quality, config.max_viewers, pool,
                                config.live_stall_s)

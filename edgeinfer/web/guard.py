@@ -7,6 +7,14 @@ headers) is closed to make room; when every connection is busy with a request th
 reset. A connection that has not sent a complete request head within ``http.header_timeout_s``
 (slowloris, or just idle) is closed. Each of these is counted (`ConnectionGuard.stats`).
 
+Request heads are bounded by bytes, as the parser holds them (a few copies of every byte): one
+head to ``http.max_header_bytes`` (431, closed), the half-sent heads of one address together to
+``http.max_header_bytes_per_client`` (its oldest half-sent head closed, 431) and of all
+connections to ``http.max_header_bytes_total`` (the oldest half-sent head closed, 503), so a
+thousand connections that each send a megabyte of headers and never finish cost the process
+at most the total, and a new request still finds room. The bytes are counted before the parser
+sees them: it never holds more of a head than the limit.
+
 aiohttp's own complaints about malformed requests and dropped connections (an ERROR with a
 traceback each) go to `QuietLog`: counted, and logged at debug at most once a second.
 """
@@ -19,9 +27,12 @@ import resource
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
+
+if TYPE_CHECKING:
+    from ..config.http import HttpConfig
 
 __all__ = ["BodyTimeout", "ConnectionGuard", "GuardedHandler", "QuietLog",
            "default_max_connections", "within"]
@@ -77,23 +88,103 @@ class ConnectionGuard:
         max_total: ``http.max_connections``.
         max_per_client: ``http.max_connections_per_client``.
         header_timeout: ``http.header_timeout_s``.
+        max_head: ``http.max_header_bytes``.
+        max_head_per_client: ``http.max_header_bytes_per_client``.
+        max_head_total: ``http.max_header_bytes_total``.
     """
 
-    def __init__(self, max_total: int, max_per_client: int, header_timeout: float) -> None:
+    def __init__(self, max_total: int, max_per_client: int, header_timeout: float,
+                 max_head: int = 32 << 10, max_head_per_client: int = 1 << 20,
+                 max_head_total: int = 4 << 20) -> None:
         self.max_total, self.max_per_client = max_total, max_per_client
         self.header_timeout = header_timeout
+        # One head never passes its address's share, nor that the total (a smaller outer
+        # limit wins; stats() shows the values in force).
+        self.max_head_total = max_head_total
+        self.max_head_per_client = min(max_head_per_client, max_head_total)
+        self.max_head = min(max_head, self.max_head_per_client)
         self.log = QuietLog()
         self._open: OrderedDict[GuardedHandler, None] = OrderedDict()  # oldest first
         self._waiting: OrderedDict[GuardedHandler, None] = OrderedDict()  # no request running
         self._per_client: dict[str, int] = {}
+        # Connections holding part of a request head, oldest head first: in all, and by address.
+        self._heads: OrderedDict[GuardedHandler, None] = OrderedDict()
+        self._client_heads: dict[str, OrderedDict[GuardedHandler, None]] = {}
+        self._client_head_bytes: dict[str, int] = {}
+        self.head_bytes = 0
+        self.head_bytes_peak = 0
         self.counts = {"accepted": 0, "refused_per_client": 0, "refused_total": 0,
-                       "evicted_idle": 0, "header_timeouts": 0}
+                       "evicted_idle": 0, "header_timeouts": 0, "heads_too_large": 0,
+                       "heads_closed_per_client": 0, "heads_closed_total": 0}
+
+    @classmethod
+    def from_config(cls, config: HttpConfig, max_total: int) -> ConnectionGuard:
+        """The guard of the ``http:`` section ``config``, at most ``max_total`` connections."""
+        return cls(max_total, config.max_connections_per_client, config.header_timeout_s,
+                   config.max_header_bytes, config.max_header_bytes_per_client,
+                   config.max_header_bytes_total)
 
     def stats(self) -> dict[str, Any]:
-        """Open connections, the limits, and what was refused or closed, by cause."""
+        """Open connections, the limits, bytes of half-sent request heads held (now and at
+        most), and what was refused or closed, by cause."""
         return {"open": len(self._open), "max": self.max_total,
-                "max_per_client": self.max_per_client, **self.counts,
+                "max_per_client": self.max_per_client, "head_bytes": self.head_bytes,
+                "head_bytes_peak": self.head_bytes_peak, "max_header_bytes": self.max_head,
+                "max_header_bytes_per_client": self.max_head_per_client,
+                "max_header_bytes_total": self.max_head_total, **self.counts,
                 "server_errors_logged_at_debug": self.log.errors}
+
+    def take_head(self, handler: GuardedHandler, size: int) -> bool:
+        """Count ``size`` more bytes of ``handler``'s request head, closing the oldest other
+        half-sent heads of its address, then of any, to make room; ``False``: its own head
+        would pass ``max_head`` (the caller refuses it)."""
+        if handler.head_bytes + size > self.max_head:
+            self.counts["heads_too_large"] += 1
+            return False
+        client = handler.client
+        mine = self._client_heads.get(client)
+        while self._client_head_bytes.get(client, 0) + size > self.max_head_per_client:
+            other = next((h for h in mine or () if h is not handler), None)
+            if other is None:  # cannot happen while max_head <= max_head_per_client
+                self.counts["heads_too_large"] += 1
+                return False
+            self.counts["heads_closed_per_client"] += 1
+            other.refuse(431, "the request heads from your address are too large together")
+        while self.head_bytes + size > self.max_head_total:
+            other = next((h for h in self._heads if h is not handler), None)
+            if other is None:
+                self.counts["heads_too_large"] += 1
+                return False
+            self.counts["heads_closed_total"] += 1
+            other.refuse(503, "the server is holding too many unfinished request heads")
+        if handler.head_bytes == 0:
+            self._heads[handler] = None
+            self._client_heads.setdefault(client, OrderedDict())[handler] = None
+        handler.head_bytes += size
+        self._client_head_bytes[client] = self._client_head_bytes.get(client, 0) + size
+        self.head_bytes += size
+        self.head_bytes_peak = max(self.head_bytes_peak, self.head_bytes)
+        return True
+
+    def head_done(self, handler: GuardedHandler) -> None:
+        """``handler``'s request head is complete, or its connection gone: its bytes are
+        no longer held as a head."""
+        size = handler.head_bytes
+        if size == 0:
+            return
+        handler.head_bytes = 0
+        client = handler.client
+        self.head_bytes -= size
+        self._heads.pop(handler, None)
+        left = self._client_head_bytes.get(client, size) - size
+        mine = self._client_heads.get(client)
+        if mine is not None:
+            mine.pop(handler, None)
+        if left > 0:
+            self._client_head_bytes[client] = left
+        else:
+            self._client_head_bytes.pop(client, None)
+            self._client_heads.pop(client, None)
 
     def admit(self, handler: GuardedHandler) -> bool:
         """Whether a new connection may stay (``False``: the caller resets it)."""
@@ -125,6 +216,7 @@ class ConnectionGuard:
         self.counts["header_timeouts"] += 1
 
     def gone(self, handler: GuardedHandler) -> None:
+        self.head_done(handler)
         if handler not in self._open:
             return  # never admitted, or already counted out
         del self._open[handler]
@@ -140,15 +232,22 @@ class GuardedHandler(web.RequestHandler):
     """aiohttp's connection handler under a `ConnectionGuard`.
 
     The app's middleware calls `request_started` and `request_done`; between requests the
-    header timer runs.
+    header timer runs. Bytes that arrive while the parser reads a request head (not a body,
+    not a WebSocket) are counted against the guard's head limits before it sees them.
     """
 
     def __init__(self, guard: ConnectionGuard, manager: web.Server, **kwargs: Any) -> None:
+        line = min(8190, guard.max_head)  # aiohttp's own caps on one line, within the head's
+        kwargs.setdefault("max_line_size", line)
+        kwargs.setdefault("max_field_size", line)
         super().__init__(manager, logger=guard.log, **kwargs)  # type: ignore[arg-type]
         self.guard = guard
         self.client = "?"
         self.admitted = False
         self.running = 0
+        self.head_bytes = 0
+        self._refused = False
+        self._body: Any = None  # the payload of the last request parsed (a StreamReader)
         self._timer: asyncio.TimerHandle | None = None
         self._transport: asyncio.Transport | None = None
 
@@ -171,6 +270,48 @@ class GuardedHandler(web.RequestHandler):
         self.admitted = False
         self.guard.gone(self)
         super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        while data and not self._refused and self._reading_head():
+            room = self.guard.max_head - self.head_bytes
+            part, data = (data[:room], data[room:]) if len(data) > room else (data, b"")
+            if not part:
+                self.guard.counts["heads_too_large"] += 1
+            if not part or not self.guard.take_head(self, len(part)):
+                self.refuse(431, f"the request head is larger than http.max_header_bytes "
+                                 f"({self.guard.max_head} bytes)")
+                return
+            # aiohttp appends what the parser completes to its queue of requests, which its
+            # own task reads later: the newest entry is the request this part completed.
+            before = self._request_count
+            super().data_received(part)
+            if self._request_count != before:
+                self.guard.head_done(self)
+                self._body = self._messages[-1][1] if self._messages else None
+        if data and not self._refused:
+            super().data_received(data)  # a body, or a WebSocket's frames
+
+    def _reading_head(self) -> bool:
+        """Whether the parser is between requests or inside a request head."""
+        if self._upgraded or self._payload_parser is not None or self._force_close:
+            return False
+        return self._body is None or bool(self._body.is_eof())
+
+    def refuse(self, status: int, why: str) -> None:
+        """Answer ``status`` (431 or 503) with ``why`` and close, dropping what was sent."""
+        if self._refused:
+            return
+        self._refused = True
+        reason = {431: "Request Header Fields Too Large"}.get(status, "Service Unavailable")
+        body = (why + "\n").encode()
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(
+                f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain\r\nContent-Length: "
+                f"{len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+        self._disarm()
+        self.guard.gone(self)
+        if self._transport is not None:
+            self._transport.close()  # after the answer; nothing more is read
 
     def request_started(self) -> None:
         self.running += 1

@@ -45,8 +45,8 @@ class WebServer:
         self.config = config
         self.host = host
         self._pool = ThreadPoolExecutor(_WORKERS, thread_name_prefix="edgeinfer-web")
-        self.guard = ConnectionGuard(config.max_connections or default_max_connections(),
-                                     config.max_connections_per_client, config.header_timeout_s)
+        self.guard = ConnectionGuard.from_config(
+            config, config.max_connections or default_max_connections())
         self._app = WebApp(config, host, self._pool, self.guard)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None

@@ -29,6 +29,8 @@ class WriteResult:
     statuses: int
     duplicates: int
     rejected: int = 0
+    rejected_dropped: int = 0
+    statuses_truncated: int = 0
 
 
 class MemoryDatabase:
@@ -49,6 +51,10 @@ class MemoryDatabase:
 
     def connect(self) -> None:
         if self.down:
+            raise StorageError("connection refused")
+
+    def probe(self) -> None:
+        if self.down or self.fail > 0:  # a database failing writes fails this too
             raise StorageError("connection refused")
 
     def migrate(self) -> list[int]:
@@ -368,3 +374,101 @@ def test_a_source_whose_thread_died_stops_the_collector() -> None:
     source.failed = "RuntimeError: boom"
     with pytest.raises(SourceError, match="boom"):
         collector.run()
+
+
+def test_queue_holds_at_most_its_bytes_while_the_database_is_down() -> None:
+    """100 statuses of 64 KiB (6.4 MiB) against ``queue_bytes`` of 512 KiB while every write
+    fails: the collector holds (queued and in hand) at most 512 KiB and the source is held
+    back; when the database returns, every one is written and acknowledged."""
+    db = MemoryDatabase()
+    db.fail = 10**9
+    pad = "x" * 65536
+    messages = [(f"fleet/dev{d}/status", json.dumps({"ts": time.time(), "pad": pad}).encode())
+                for d in range(100)]
+    deliveries = _deliveries(messages)
+    source = ListSource(deliveries, db)
+    collector = Collector(_config(max_rows=50, max_age_s=0.01, queue=1000,
+                                  queue_bytes=512 * 1024), source, db)
+    thread = _run(collector)
+    assert collector.wait_started(5)
+    _wait(lambda: db.writes >= 3)
+    delivered = source.delivered
+    time.sleep(0.3)
+    assert source.delivered == delivered <= 8 + 1  # 7 fit in 512 KiB; one blocked in deliver
+    assert 0 < collector.stats()["queue_bytes"] <= 512 * 1024
+    assert source.acked == []
+    db.fail = 0
+    _wait(lambda: len(source.acked) == len(deliveries))
+    collector.stop()
+    thread.join(5)
+    assert len(db.statuses) == 100 and collector.stats()["queue_bytes"] == 0
+
+
+def test_a_batch_the_database_answers_around_is_split_and_its_row_parked() -> None:
+    """A write that fails as if the connection dropped, every time, for one message, while the
+    database answers a probe: that message is parked, the rest written, nothing retried for
+    ever (a real outage, where the probe fails too, is retried: the tests above)."""
+    db = _DropsOn("drop-me")
+    messages = _messages(devices=2, results=40, events=0)
+    messages.insert(30, ("fleet/dev1/cam/result", json.dumps(
+        {"seq": 999, "run_id": "r1", "ts": time.time(), "x": "drop-me"}).encode()))
+    deliveries = _deliveries(messages)
+    source = ListSource(deliveries, db)
+    collector = Collector(_config(max_rows=64, max_age_s=0.05), source, db)
+    thread = _run(collector)
+    _wait(lambda: len(source.acked) == len(deliveries))
+    collector.stop()
+    thread.join(5)
+    assert len(db.rows) == 80 and source.unsafe_acks == 0
+    [bad] = [r for r in db.parked if b"drop-me" in r.payload]
+    assert "the database answers" in bad.reason and "closed the connection" in bad.reason
+    assert collector.stats()["rejected"] == 4 + 1  # the 4 unparsable messages and this one
+
+
+class _DropsOn(MemoryDatabase):
+    """Every write holding a record with ``marker`` fails as a dropped connection; the
+    database answers probes all along."""
+
+    def __init__(self, marker: str) -> None:
+        super().__init__()
+        self.marker = marker
+
+    def write(self, records: Sequence[Record], rejected: Sequence[Rejection] = ()) -> WriteResult:
+        if any(self.marker in r.payload for r in records):
+            raise StorageError("server closed the connection unexpectedly")
+        return super().write(records, rejected)
+
+
+def test_a_rejected_message_that_cannot_be_parked_is_counted_not_a_crash_loop() -> None:
+    """Parking one junk message fails every time while the database answers: the junk batch is
+    split down to it, the others parked, it acknowledged, logged and counted as ``unparked``;
+    the collector runs on (it used to raise, exit, and replay it at every start)."""
+    db = _DropsOnParked(b"cannot-park")
+    messages = _messages(devices=2, results=20, events=0)
+    messages += [("fleet/dev0/cam/result", b"{junk cannot-park"),
+                 ("fleet/dev0/cam/result", b"{junk 2")]
+    deliveries = _deliveries(messages)
+    source = ListSource(deliveries, db)
+    collector = Collector(_config(max_rows=64, max_age_s=0.05), source, db)
+    thread = _run(collector)
+    _wait(lambda: len(source.acked) == len(deliveries))
+    collector.stop()
+    thread.join(5)
+    assert len(db.rows) == 40
+    parked = {r.payload for r in db.parked}
+    assert b"{junk 2" in parked and b"{junk cannot-park" not in parked
+    assert collector.stats()["unparked"] == 1
+
+
+class _DropsOnParked(MemoryDatabase):
+    """Every write parking a payload with ``marker`` fails as a dropped connection; the
+    database answers probes all along."""
+
+    def __init__(self, marker: bytes) -> None:
+        super().__init__()
+        self.marker = marker
+
+    def write(self, records: Sequence[Record], rejected: Sequence[Rejection] = ()) -> WriteResult:
+        if any(self.marker in r.payload for r in rejected):
+            raise StorageError("server closed the connection unexpectedly")
+        return super().write(records, rejected)

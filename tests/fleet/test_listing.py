@@ -194,3 +194,101 @@ def test_random_payloads_never_break_the_listing() -> None:
     json.dumps([d.to_dict() for d in devices], allow_nan=True)
     assert clean(ESC) == "?[2J?]0;pwned?" and clean("y" * 100) == "y" * 63 + "~"
     assert clean(True) is None and clean({"a": 1}) is None
+
+
+def _flood(peer: Peer, prefix: str, fakes: int) -> None:
+    """``fakes`` retained statuses of fake devices, each with its time of publication (as
+    genuine as a fake can look), then nothing else."""
+    for i in range(fakes):
+        peer.client.publish(f"{prefix}/fake{i:05d}/status", json.dumps(
+            {"state": "online", "device": f"fake{i:05d}", "ts": time.time()}), qos=1, retain=True)
+    retain(peer, f"{prefix}/fake-last/status", {"state": "online", "ts": time.time()})
+
+
+def test_a_genuine_device_after_a_flood_of_fakes_is_listed(
+        mqtt_broker: tuple[str, int], prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 31 item 3, scaled: 20,000 fakes against the cap of 10,000 -> 300 against 100. The
+    genuine device announces itself after the flood; the listing keeps the newest."""
+    import edgeinfer.fleet.listing as listing
+
+    host, port = mqtt_broker
+    peer = Peer(host, port)
+    reader = Peer(host, port)
+    try:
+        _flood(peer, prefix, 300)
+        time.sleep(0.01)  # the genuine status is newer than every fake, by its own clock too
+        retain(peer, f"{prefix}/cam-genuine/status",
+               {"state": "online", "device": "cam-genuine", "ts": time.time()})
+        # The retained statuses in the order the broker hands them to a new subscriber.
+        reader.subscribe(f"{prefix}/+/status")
+        arrived: list[Any] = []
+        deadline = time.monotonic() + 20
+        while len(arrived) < 302 and time.monotonic() < deadline:
+            for topic in list(reader.messages):
+                arrived += reader.drain(topic)
+            time.sleep(0.02)
+        assert len(arrived) == 302
+        arrived.sort(key=lambda m: m.timestamp)  # paho's receive time: the broker's order
+        monkeypatch.setattr(listing, "MAX_DEVICES", 100)
+        listed = Fleet(prefix)
+        for msg in arrived:
+            listed.add(msg.topic, msg.payload, retained=msg.retain)
+        names = [d.device for d in listed.devices()]
+        assert "cam-genuine" in names
+        assert len(names) == 100
+        assert listed.dropped == 202 and listed.ignored == 0
+
+        # The command says so too.
+        cli = fleet(port, prefix, "--json", "--max-devices", "100", wait=2.0)
+        assert cli.returncode == 0, cli.stderr
+        doc = json.loads(cli.stdout)
+        assert "cam-genuine" in [d["device"] for d in doc["devices"]]
+        assert len(doc["devices"]) == 100 and doc["dropped"] == 202
+        text = fleet(port, prefix, "--max-devices", "100", wait=2.0)
+        assert "202 device(s) over --max-devices 100 dropped" in text.stderr
+        assert "cam-genuine" in text.stdout
+    finally:
+        peer.close()
+        reader.close()
+
+
+def test_ids_confusable_with_another_are_marked(
+        mqtt_broker: tuple[str, int], prefix: str) -> None:
+    """A Cyrillic і, fullwidth letters (NFKC), a digit for a letter and mixed scripts: each is
+    marked, with the id spelled out; plain distinct ids are not."""
+    host, port = mqtt_broker
+    peer = Peer(host, port)
+    ids = {"cami": "cam\u0456", "gate": "\uff47\uff41\uff54\uff45", "door1": "doorl",
+           "\u0441\u0430\u0440": None, "plain": None, "yard": None}
+    try:
+        for real, fake in ids.items():
+            for name in (real, fake):
+                if name is not None:
+                    retain(peer, f"{prefix}/{name}/status", {"state": "online",
+                                                             "ts": time.time()})
+        cli = fleet(port, prefix, "--json", wait=1.5)
+        assert cli.returncode == 0, cli.stderr
+        devices = {d["device"]: d for d in json.loads(cli.stdout)["devices"]}
+        assert len(devices) == 9
+        assert "looks like cam\\u0456" in devices["cami"]["confusable"]
+        assert "the id is cam\\u0456" in devices["cam\u0456"]["confusable"]
+        assert "looks like cami" in devices["cam\u0456"]["confusable"]
+        assert "mixes scripts" in devices["cam\u0456"]["confusable"]
+        assert "looks like gate" in devices["\uff47\uff41\uff54\uff45"]["confusable"]
+        assert "looks like doorl" in devices["door1"]["confusable"]
+        assert devices["\u0441\u0430\u0440"]["confusable"] is None  # one script, no twin
+        assert devices["plain"]["confusable"] is None and devices["yard"]["confusable"] is None
+        table = fleet(port, prefix, wait=1.5).stdout
+        line = next(row for row in table.splitlines() if row.startswith("cam\u0456"))
+        assert "CONFUSABLE: the id is cam\\u0456; looks like cami" in line
+    finally:
+        peer.close()
+
+
+def test_a_fake_clock_far_ahead_does_not_outrank_a_genuine_device() -> None:
+    listed = Fleet("p", max_devices=2)
+    now = time.time()
+    listed.add("p/ahead/status", json.dumps({"ts": now + 86400}).encode(), received=now)
+    listed.add("p/old/status", json.dumps({"ts": now - 60}).encode(), received=now)
+    assert listed.add("p/new/status", json.dumps({"ts": now}).encode(), received=now)
+    assert [d.device for d in listed.devices()] == ["new", "old"] and listed.dropped == 1

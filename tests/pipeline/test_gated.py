@@ -19,7 +19,8 @@ import pytest
 
 from edgeinfer.frames import Frame, Result
 from edgeinfer.pipeline import Pipeline
-from edgeinfer.testing.scene_video import SceneTruth, astronaut_face_box, background, make_scene_video
+from edgeinfer.testing.scene_video import (SceneTruth, astronaut_face_box, background,
+                                           face_patch, make_scene_video)
 
 FPS, DETECT_FPS, KEEPALIVE_S, STATIONARY_AFTER = 15.0, 5.0, 2.0, 10
 
@@ -187,3 +188,45 @@ def test_a_region_of_a_substream_frame_gives_boxes_in_main_stream_pixels(
         assert max(_iou(d.box, truth.boxes[0]) for d in part.value) > 0.6
     finally:
         pipe.close()
+
+
+@pytest.fixture(scope="module")
+def still(blazeface_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """6 s of a still scene with the face in view (nothing moves at all)."""
+    base = background()
+    patch, _ = face_patch(astronaut_face_box(blazeface_path), 140)
+    frame = base.copy()
+    ph, pw = patch.shape[:2]
+    frame[100:100 + ph, 200:200 + pw] = patch
+    video = tmp_path_factory.mktemp("still") / "still.avi"
+    writer = cv2.VideoWriter(str(video), cv2.VideoWriter.fourcc(*"MJPG"), FPS,
+                             (base.shape[1], base.shape[0]))
+    for _ in range(round(6 * FPS)):
+        writer.write(frame)
+    writer.release()
+    return video
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["unmasked", "whole frame masked"])
+def test_a_still_scene_with_a_face_in_view_rests_without_a_tracker(
+        still: Path, blazeface_path: Path, tmp_path: Path, masked: bool) -> None:
+    """Issue 31 item 10: an untracked pipeline ran the model at the full ``detect.fps`` (its
+    last detections counted as moving tracks), with a motion mask over the whole frame too;
+    the same pipeline with ``track: {}`` rested."""
+    motion = {"mask": [[[0, 0], [1, 0], [1, 1], [0, 1]]]} if masked else {}
+    frames = round(6 * FPS)
+    runs = {}
+    for how, extra in (("untracked", {}), ("tracked", {"track": {}})):
+        (tmp_path / how).mkdir()
+        results, stats = _run(tmp_path / how, still, blazeface_path, motion=motion, **extra)
+        assert len(results) == frames and all(r.task.value for r in results)  # the face
+        assert stats["detect"]["motion_ratio"] == 0.0
+        runs[how] = stats["detect"]["frames"]
+    # Untracked: the first frame and a keep-alive every KEEPALIVE_S (t = 0, 2, 4 s); tracked:
+    # up to STATIONARY_AFTER runs until the face's track is stationary, then the same. At the
+    # full detect rate it would be 30.
+    rest = 1 + 6 / KEEPALIVE_S
+    print(f"model runs in 6 s of a still scene: {runs} (rest {rest:.0f}, full rate "
+          f"{6 * DETECT_FPS:.0f})")
+    assert runs["untracked"] <= rest and runs["untracked"] <= runs["tracked"], runs
+    assert runs["tracked"] <= rest + STATIONARY_AFTER, runs

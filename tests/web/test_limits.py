@@ -19,8 +19,8 @@ from typing import Any
 
 import msgspec
 import pytest
-from conftest import TOKEN, Client, ServerFactory
 from PIL import Image
+from webclient import TOKEN, Client, ServerFactory
 
 from edgeinfer.config.http import HttpConfig
 from edgeinfer.web import WebServer

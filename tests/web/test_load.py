@@ -308,6 +308,62 @@ def _uploads(daemon: Daemon, idle_rss: int) -> None:
           f"{statuses[-3:]}; legitimate requests took at most {max(legit.times):.3f} s")
 
 
+def _half_sent_heads(daemon: Daemon, count: int, addresses: int, size: int,
+                     within: float) -> int:
+    """``count`` connections from ``addresses`` addresses, each sending ``size`` bytes of a
+    request head (8,000-byte header lines) that never ends, round robin on non-blocking
+    sockets (no select: more than 1,024 descriptors); bytes sent. The sockets stay open until
+    the daemon closes them or ``within`` passes."""
+    head = b"GET /v1/status HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    while len(head) < size:
+        head += b"X-Pad-%04d: " % (len(head) // 8000) + b"a" * 7984 + b"\r\n"
+    whole = memoryview(head)[:size]
+    socks = _open(daemon, count, addresses, 14)
+    for sock in socks:
+        sock.setblocking(False)
+    todo = {sock: whole for sock in socks}
+    sent = 0
+    deadline = time.monotonic() + within
+    try:
+        while todo and time.monotonic() < deadline:
+            for sock, rest in list(todo.items()):
+                try:
+                    n = sock.send(rest[:65536])
+                except BlockingIOError:
+                    continue
+                except OSError:  # closed by the daemon
+                    del todo[sock]
+                    continue
+                sent += n
+                todo[sock] = rest[n:]
+                if n == len(rest):
+                    del todo[sock]
+            time.sleep(0.001)
+    finally:
+        for sock in socks:
+            sock.close()
+    return sent
+
+
+def test_half_sent_heads_keep_the_daemon_within_2x_idle_rss(daemon: Daemon) -> None:
+    """Issue 31 item 8: 1,000 connections from 40 addresses, each sending 1 MiB of headers and
+    never finishing the head (before: RSS 161 -> 2,178 MiB, a legitimate request 2.24 s)."""
+    idle_rss = daemon.rss_kib()
+    legit = Legit(daemon)
+    legit.start()
+    Path(f"/proc/{daemon.proc.pid}/clear_refs").write_text("5")  # VmHWM := VmRSS
+    sent = _half_sent_heads(daemon, 1000, 40, 1 << 20, 30)
+    peak = daemon.rss_kib("VmHWM")
+    connections = daemon.stats()["http"]["connections"]
+    print(f"half-sent heads: RSS idle {idle_rss} KiB, peak {peak} KiB; {sent >> 20} MiB sent; "
+          f"{connections}; legitimate requests took at most "
+          f"{max(legit.times or [0.0]):.3f} s")
+    assert peak <= 2 * idle_rss, f"RSS peak {peak} KiB, idle {idle_rss} KiB"
+    assert connections["head_bytes_peak"] <= connections["max_header_bytes_total"]
+    legit.check("1,000 connections with 1 MiB half-sent heads")
+    daemon.alive()
+
+
 def test_the_daemon_holds_under_lan_attacks(daemon: Daemon) -> None:
     wait_for(lambda: daemon.get(f"/v1/events?pipeline={PIPELINE}"), 30, "a first event",
              every=0.2)

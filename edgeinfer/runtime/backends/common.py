@@ -8,8 +8,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from ...errors import BackendUnavailableError
-from ..base import LoadReport, Session, SessionSpec, TensorSpec, warm_up
+from ...errors import BackendUnavailableError, ModelFormatError
+from ..base import LoadReport, Session, SessionSpec, TensorSpec, check_input_sizes, warm_up
 from ..memory import MemoryMeter
 
 __all__ = ["BackendSession", "finish_load", "importable"]
@@ -47,8 +47,14 @@ def finish_load(session: S, spec: SessionSpec, meter: MemoryMeter, start: float)
     report, warmed up when ``spec.warmup`` asks, and the memory after that first run.
 
     Raises:
+        ModelFormatError: an input declares an absurd size (:func:`check_input_sizes`).
         ModelLoadError, ModelMemoryError: see :func:`warm_up` (the session is then closed).
     """
+    try:
+        check_input_sizes(session.inputs, spec.path)
+    except ModelFormatError:
+        session.close()
+        raise
     report = session.report
     report.load_ms = (time.perf_counter() - start) * 1000.0
     report.rss_load_mb = meter.added_mb()
