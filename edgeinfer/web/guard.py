@@ -293,7 +293,11 @@ class GuardedHandler(web.RequestHandler):
 
     def _reading_head(self) -> bool:
         """Whether the parser is between requests or inside a request head."""
-        if self._upgraded or self._payload_parser is not None or self._force_close:
+        # ``_upgraded`` is aiohttp 3.10's name; 3.9 calls it ``_upgrade``
+        upgraded = getattr(self, "_upgraded", None)
+        if upgraded is None:
+            upgraded = getattr(self, "_upgrade", False)
+        if upgraded or self._payload_parser is not None or self._force_close:
             return False
         return self._body is None or bool(self._body.is_eof())
 
