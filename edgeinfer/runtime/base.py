@@ -19,19 +19,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..errors import (
-    InferenceError,
-    InvalidInputError,
-    ModelFormatError,
-    ModelLoadError,
-    ModelMemoryError,
-)
+from ..errors import InferenceError, InvalidInputError, ModelLoadError, ModelMemoryError
 from .busy import RecheckSettings
 from .choice import PRECISIONS, Choice
 
-__all__ = ["MAX_INPUT_BYTES", "PRECISIONS", "Choice", "DelegateSpec", "Dim", "Fallback",
-           "LoadReport", "Session", "SessionSpec", "TensorSpec", "check_feeds", "check_input_sizes",
-           "format_shape", "is_tensor", "numpy_dtype", "warm_up", "warmup_feeds"]
+__all__ = ["PRECISIONS", "Choice", "DelegateSpec", "Dim", "Fallback", "LoadReport", "Session",
+           "SessionSpec", "TensorSpec", "check_feeds", "format_shape", "is_tensor", "numpy_dtype",
+           "warm_up", "warmup_feeds"]
 
 logger = logging.getLogger(__name__)
 
@@ -370,31 +364,6 @@ def warmup_feeds(
         else:
             feeds[spec.name] = np.zeros(shape, dtype=want)
     return feeds, guessed
-
-
-MAX_INPUT_BYTES = 1 << 31
-"""The largest one input may declare (its fixed dimensions; a dynamic one counts as 1): a
-frame of 2 GiB is no model for this device, and numpy cannot make some declared sizes at all."""
-
-
-def check_input_sizes(inputs: tuple[TensorSpec, ...], path: Path) -> None:
-    """Refuse a model whose inputs declare more than ``MAX_INPUT_BYTES`` each.
-
-    Raises:
-        ModelFormatError: one does, named with its shape and size.
-    """
-    for spec in inputs:
-        dtype = numpy_dtype(spec.dtype) if is_tensor(spec.dtype) else None
-        size = dtype.itemsize if dtype is not None else 1
-        for d in spec.shape:
-            if isinstance(d, int) and d > 0:
-                size *= d
-        if size > MAX_INPUT_BYTES:
-            raise ModelFormatError(
-                f"model {path.name}: input {spec.name!r} declares {format_shape(spec.shape)} "
-                f"{spec.dtype}, {size:,} bytes per run, over the {MAX_INPUT_BYTES:,} a model "
-                "input may take: the export's input size is wrong; export it again at the "
-                "size it runs at")
 
 
 def warm_up(session: Session, spec: SessionSpec) -> None:

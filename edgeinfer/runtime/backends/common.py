@@ -6,13 +6,23 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 from ...errors import BackendUnavailableError, ModelFormatError
-from ..base import LoadReport, Session, SessionSpec, TensorSpec, check_input_sizes, warm_up
+from ..base import (
+    LoadReport,
+    Session,
+    SessionSpec,
+    TensorSpec,
+    format_shape,
+    is_tensor,
+    numpy_dtype,
+    warm_up,
+)
 from ..memory import MemoryMeter
 
-__all__ = ["BackendSession", "finish_load", "importable"]
+__all__ = ["MAX_INPUT_BYTES", "BackendSession", "check_input_sizes", "finish_load", "importable"]
 
 S = TypeVar("S", bound=Session)
 
@@ -62,3 +72,28 @@ def finish_load(session: S, spec: SessionSpec, meter: MemoryMeter, start: float)
         warm_up(session, spec)
     report.rss_first_run_mb = meter.added_mb()
     return session
+
+
+MAX_INPUT_BYTES = 1 << 31
+"""The largest one input may declare (its fixed dimensions; a dynamic one counts as 1): a
+frame of 2 GiB is no model for this device, and numpy cannot make some declared sizes at all."""
+
+
+def check_input_sizes(inputs: tuple[TensorSpec, ...], path: Path) -> None:
+    """Refuse a model whose inputs declare more than ``MAX_INPUT_BYTES`` each.
+
+    Raises:
+        ModelFormatError: one does, named with its shape and size.
+    """
+    for spec in inputs:
+        dtype = numpy_dtype(spec.dtype) if is_tensor(spec.dtype) else None
+        size = dtype.itemsize if dtype is not None else 1
+        for d in spec.shape:
+            if isinstance(d, int) and d > 0:
+                size *= d
+        if size > MAX_INPUT_BYTES:
+            raise ModelFormatError(
+                f"model {path.name}: input {spec.name!r} declares {format_shape(spec.shape)} "
+                f"{spec.dtype}, {size:,} bytes per run, over the {MAX_INPUT_BYTES:,} a model "
+                "input may take: the export's input size is wrong; export it again at the "
+                "size it runs at")
