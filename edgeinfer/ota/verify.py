@@ -37,16 +37,15 @@ from ..errors import (
     WorkerCrashedError,
 )
 from .filecheck import check_file
+from .taskrun import check_finite, run_task, synthetic_frame, task_in_worker
 from .timing import SpeedVerdict, compare_latency
 from .watchdog import TrialWatchdog, rejection_for
 
 if TYPE_CHECKING:
     from ..config import PipelineConfig, RuntimeConfig
-    from ..frames import Frame
     from ..model.model import Model
-    from ..tasks import Task
 
-__all__ = ["GOLDEN_OUTPUT_PREFIX", "VerifyReport", "check_file", "trial_run"]
+__all__ = ["GOLDEN_OUTPUT_PREFIX", "VerifyReport", "check_file", "synthetic_frame", "trial_run"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,8 +57,6 @@ VERIFY_NICE = 10  # the trial run yields the CPU to the running pipelines
 GOLDEN_OUTPUT_PREFIX = "out:"
 """Keys of a golden ``.npz`` that hold expected outputs (``out:<output name>``); the others are
 inputs by name."""
-
-_DEFAULT_SIZE = (640, 480)  # width, height of an image source that configures none
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,8 +136,10 @@ def trial_run(path: Path, pipeline: PipelineConfig, runtime: RuntimeConfig, *,
                               watchdog.remaining())
                 watchdog.models.append(model)
                 watchdog.check()
-                checks, shapes, feeds = _exercise(model, pipeline, watchdog, golden=golden,
-                                                  atol=atol, rtol=rtol)
+                checks, shapes, feeds = _exercise(Path(path), model, pipeline, runtime,
+                                                  watchdog,
+                                                  golden=golden, atol=atol, rtol=rtol,
+                                                  memory_limit_mb=memory_limit_mb)
                 if current is None:
                     latency = _time_runs(model, feeds, runs, watchdog)
                     checks.append(f"latency {latency:.2f} ms (not compared)")
@@ -158,8 +157,10 @@ def trial_run(path: Path, pipeline: PipelineConfig, runtime: RuntimeConfig, *,
                     lambda: other_model.run(other_feeds), lambda: model.run(feeds),
                     max_slowdown=max_slowdown, floor_ms=SLOWDOWN_FLOOR_MS, min_rounds=runs,
                     budget_s=min(compare_s, 0.5 * watchdog.remaining()), check=watchdog.check)
-            except OtaRejected:
-                if watchdog.fired:
+            except OtaRejected as exc:
+                # a refusal that is itself the timeout (the task's worker, which says which
+                # step) stays; anything else after the watchdog fired is the kill's doing
+                if watchdog.fired and exc.reason != "timeout":
                     raise watchdog.rejection() from None
                 raise
             except EdgeInferError as exc:
@@ -218,7 +219,7 @@ class _Loading:
             return None
         self.watchdog.models.append(self.model)
         try:
-            _, feeds, _ = _run_task(self.model, self.pipeline)
+            _, feeds, _ = run_task(self.model, self.pipeline)
         except EdgeInferError as exc:
             self._untimed("does not run", exc)
             return None
@@ -279,11 +280,14 @@ def _check_task_inputs(path: Path, pipeline: PipelineConfig,
                                          f"{sorted(info.onnx.inputs)})")
 
 
-def _exercise(model: Model, pipeline: PipelineConfig, watchdog: TrialWatchdog, *,
-              golden: Mapping[str, np.ndarray] | None, atol: float, rtol: float
+def _exercise(path: Path, model: Model, pipeline: PipelineConfig, runtime: RuntimeConfig,
+              watchdog: TrialWatchdog, *, golden: Mapping[str, np.ndarray] | None, atol: float,
+              rtol: float, memory_limit_mb: float | None
               ) -> tuple[list[str], dict[str, list[int]], dict[str, np.ndarray]]:
     """The golden and task checks; the checks passed, the output shapes and the task's feeds
-    (what the speed check times: the input the pipeline gives the model)."""
+    (what the speed check times: the input the pipeline gives the model). The task is built
+    and run in a child under the trial's memory limit and remaining time (``taskrun``):
+    nothing the candidate's contents drive runs in this process."""
     checks = [f"loads in an isolated worker ({model.provider})"]
     shapes: dict[str, list[int]] = {}
     if golden is not None:
@@ -293,13 +297,15 @@ def _exercise(model: Model, pipeline: PipelineConfig, watchdog: TrialWatchdog, *
         checks.append(f"golden ({len(_golden_inputs(golden))} inputs, {compared} outputs "
                       "compared)")
         watchdog.check()
-    tag, feeds, outputs = _run_task(model, pipeline)
+    task = task_in_worker(path, pipeline, runtime, memory_limit_mb=memory_limit_mb,
+                          timeout_s=watchdog.remaining(), nice=VERIFY_NICE)
+    watchdog.check()
     if golden is None:
-        shapes.update({k: list(v.shape) for k, v in outputs.items()})
-    checks.append(f"task {tag} decodes")
+        shapes.update(task.shapes)
+    checks.append(f"task {task.tag} decodes")
     checks.append("outputs finite")
     watchdog.check()
-    return checks, shapes, feeds
+    return checks, shapes, task.feeds
 
 
 def _golden_inputs(golden: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -321,7 +327,7 @@ def _run_golden(model: Model, golden: Mapping[str, np.ndarray], atol: float,
     except InferenceError as exc:
         raise OtaRejected("golden_mismatch", f"the model failed on the golden inputs: "
                                              f"{exc}") from exc
-    _check_finite(outputs, "the golden inputs")
+    check_finite(outputs, "the golden inputs")
     for key, value in golden.items():
         if not key.startswith(GOLDEN_OUTPUT_PREFIX):
             continue
@@ -342,62 +348,6 @@ def _run_golden(model: Model, golden: Mapping[str, np.ndarray], atol: float,
     return outputs
 
 
-def _run_task(model: Model, pipeline: PipelineConfig
-              ) -> tuple[str, dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """One synthetic frame through the pipeline's task, in the pipeline's call order.
-
-    Returns:
-        The task's tag, the feeds the model got (state included) and its outputs.
-    """
-    from ..frames import DropFrame
-    from ..tasks import make_task
-
-    tag = str(type(pipeline.task).__struct_config__.tag)
-    frame = synthetic_frame(pipeline)
-
-    def undecodable(what: str, exc: BaseException) -> OtaRejected:
-        detail = str(exc) or type(exc).__name__
-        return OtaRejected("undecodable", f"the {tag} task {what}: {detail}")
-
-    try:
-        task: Task = make_task(pipeline.task, model)
-    except Exception as exc:  # the task's own check of the model's shapes (ConfigError...)
-        raise undecodable("does not accept the model", exc) from exc
-    try:
-        feeds, context = task.preprocess(frame)
-        feeds = task.inject_state(dict(feeds))
-    except DropFrame as exc:
-        raise undecodable(f"dropped a synthetic {frame.kind} frame", exc) from exc
-    except Exception as exc:
-        raise undecodable(f"cannot prepare a {frame.kind} frame for the model", exc) from exc
-    try:
-        outputs = model.run(feeds)
-    except InvalidInputError as exc:
-        raise undecodable("feeds input the model does not take", exc) from exc
-    except WorkerCrashedError:
-        raise
-    except InferenceError as exc:
-        raise undecodable("input made the model fail", exc) from exc
-    _check_finite(outputs, f"the {tag} task's input")
-    try:
-        task.update_state(outputs)
-        task.postprocess(outputs, frame, context)
-    except DropFrame:
-        pass  # the task read the outputs and chose not to report this frame
-    except Exception as exc:
-        raise undecodable("cannot decode the outputs", exc) from exc
-    return tag, feeds, outputs
-
-
-def _check_finite(outputs: Mapping[str, np.ndarray], what: str) -> None:
-    for name, value in outputs.items():
-        a = np.asarray(value)
-        if a.dtype.kind in "fc" and not np.isfinite(a).all():
-            bad = int(a.size - np.count_nonzero(np.isfinite(a)))
-            raise OtaRejected("undecodable", f"output {name!r} holds {bad} NaN or infinite "
-                                             f"values on {what}")
-
-
 def _time_runs(model: Model, feeds: dict[str, np.ndarray], runs: int,
                watchdog: TrialWatchdog) -> float:
     """Median wall time of ``runs`` calls (at least one), in milliseconds."""
@@ -409,27 +359,3 @@ def _time_runs(model: Model, feeds: dict[str, np.ndarray], runs: int,
         times.append((clock() - t0) * 1000)
         watchdog.check()
     return float(statistics.median(times))
-
-
-def synthetic_frame(pipeline: PipelineConfig) -> Frame:
-    """A frame like the pipeline's source produces: the synthetic test pattern at the source's
-    size (640 x 480 where it sets none) for image sources, a window of low noise for audio, a
-    window of readings for sensors."""
-    from ..config.pipeline import AudioSource, MqttSource, SerialSource
-    from ..frames import Frame
-
-    src = pipeline.source
-    now, wall = time.monotonic(), time.time()
-    rng = np.random.default_rng(0)
-    if isinstance(src, AudioSource):
-        # Low noise in [-1, 1], mono: what a quiet microphone gives.
-        data = (rng.standard_normal(src.window) * 0.01).astype(np.float32)
-        return Frame(0, now, wall, data, "audio", src.sample_rate, start=0.0)
-    if isinstance(src, (SerialSource, MqttSource)):
-        data = rng.standard_normal((src.window, max(1, len(src.fields)))).astype(np.float32)
-        return Frame(0, now, wall, data, "series", fields=tuple(src.fields), start=0.0)
-    from ..sources.synthetic import TestPattern
-
-    width = getattr(src, "width", None) or _DEFAULT_SIZE[0]
-    height = getattr(src, "height", None) or _DEFAULT_SIZE[1]
-    return Frame(0, now, wall, TestPattern(width, height).draw(0))
