@@ -122,9 +122,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
         listener = MqttClient(msgspec.structs.replace(mqtt, embedded=True), "demo-listener",
                               announce=False)
         received = [0]
+        seen: set[tuple[str, int]] = set()  # (pipeline, seq): a copy sent twice counts once
 
         def show(message: Any) -> None:
             received[0] += 1
+            try:
+                data = json.loads(message.payload)
+                seen.add((str(data["pipeline"]), int(data["seq"])))
+            except (ValueError, KeyError, TypeError, RecursionError):
+                pass  # described below as what it is
             print("mqtt " + describe(message.topic, message.payload, mqtt.prefix)[1], flush=True)
 
         listener.subscribe(topic, 1, show)
@@ -140,11 +146,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
             print("edgeinfer demo: `edgeinfer demo --http` also shows it in a browser",
                   file=sys.stderr, flush=True)
         code = daemon.run()
-        sent = sum(s["emitted"] for s in daemon.summary())
+        emitted = {str(s["pipeline"]): int(s["emitted"]) for s in daemon.summary()}
+        sent = sum(emitted.values())
         deadline = time.monotonic() + 5  # the broker forwards the last ones after their PUBACK
-        while received[0] < sent and time.monotonic() < deadline:
+        while len(seen) < sent and time.monotonic() < deadline:
             time.sleep(0.05)
         listener.stop(timeout_s=2)
+        if len(seen) < sent:  # said, never a quietly shorter list
+            missing = [f"{name} #{n}" for name, count in emitted.items()
+                       for n in range(1, count + 1) if (name, n) not in seen]
+            shown = ", ".join(missing[:10]) + (" ..." if len(missing) > 10 else "")
+            print(f"edgeinfer demo: {len(missing)} of {sent} results did not come back over MQTT "
+                  f"within 5 s ({shown}; the listener {listener.last_error or 'stayed connected'})",
+                  file=sys.stderr)
     _print_summary(daemon)
     return code
 

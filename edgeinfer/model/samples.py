@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import tempfile
+import threading
 import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -117,14 +118,21 @@ def demo_video(path: str | os.PathLike[str] | None = None, frames: int = 90, fps
     out.parent.mkdir(parents=True, exist_ok=True)
     fourcc = cv2.VideoWriter.fourcc(*("mp4v" if out.suffix.lower() == ".mp4" else "MJPG"))
     w, h = size
-    writer = cv2.VideoWriter(str(out), fourcc, float(fps), (w, h))
-    if not writer.isOpened():
-        raise SourceError(f"OpenCV cannot write video {out}")
+    # Written beside it and renamed over it: a reader (another `edgeinfer demo`, a pipeline on
+    # the clip) sees the old file or the new one, never a half-written one.
+    part = out.with_name(f".{out.stem}.{os.getpid()}.{threading.get_ident()}{out.suffix}")
+    writer = cv2.VideoWriter(str(part), fourcc, float(fps), (w, h))
     try:
-        for i in range(frames):
-            writer.write(_pan_zoom(src, i / max(frames - 1, 1), w, h))
+        if not writer.isOpened():
+            raise SourceError(f"OpenCV cannot write video {out}")
+        try:
+            for i in range(frames):
+                writer.write(_pan_zoom(src, i / max(frames - 1, 1), w, h))
+        finally:
+            writer.release()
+        os.replace(part, out)
     finally:
-        writer.release()
+        part.unlink(missing_ok=True)
     return out
 
 

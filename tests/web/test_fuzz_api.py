@@ -140,12 +140,21 @@ def _events(daemon: Daemon, timeout: float = 30.0) -> list[dict[str, Any]]:
     raise AssertionError("no scene event within 30 s")
 
 
+# Requests fuzzed over the module, with and without a token: a module fixture pytest sets up
+# again part-way (a CI run once showed a survival check whose daemon had seen 2 of them) must
+# not turn "the fuzzing reached the daemon" into a false failure, nor a fuzzed daemon go
+# unchecked: each daemon that was fuzzed is checked again as it is stopped.
+_FUZZED: dict[bool, int] = {True: 0, False: 0}
+
+
 def _start(folder: Path, truth: SceneTruth, model: Path, token: str | None
            ) -> Iterator[Daemon]:
     daemon = Daemon(folder, truth, model, token)
     try:
         daemon.wait_running()
         yield daemon
+        if daemon.fuzzed:
+            _assert_survived(daemon, check_reach=False)
     finally:
         code = daemon.stop()
     assert code == 0, daemon.log.read_text()[-3000:]
@@ -218,6 +227,7 @@ def _fuzz(api: Any, daemon: Daemon, method: str, path: str, mode: str,
     counted = daemon.requests() - before - 1
     assert sent > 0 and counted > 0, f"{sent} requests sent, the daemon counted {counted}"
     daemon.fuzzed += sent
+    _FUZZED[daemon.token is not None] += sent
 
 
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
@@ -283,7 +293,7 @@ def test_a_command_the_handler_refuses_is_a_400_not_a_500(daemon: Daemon) -> Non
     assert reply["ok"] is False and "settings" in reply["error"], reply
 
 
-def _assert_survived(daemon: Daemon) -> None:
+def _assert_survived(daemon: Daemon, *, check_reach: bool = True) -> None:
     status, body = daemon.call("POST", "/v1/commands/resume", b"{}",
                                {"Content-Type": "application/json"})
     assert status == 200, body  # a fuzzed pause must not leave it paused
@@ -297,8 +307,9 @@ def _assert_survived(daemon: Daemon) -> None:
     assert status_doc["stats"]["uptime_s"] > 1.5  # the same process all along
     http_stats = status_doc["http"]
     assert http_stats["responses"].get("5xx", 0) == 0, http_stats
-    # the fuzzing reached it: each fuzz test checked its requests arrived (see _fuzz)
-    assert daemon.fuzzed >= len(OPERATIONS), (daemon.fuzzed, http_stats)
+    # the fuzzing reached the daemons: each fuzz test checked its requests arrived (see _fuzz)
+    fuzzed = _FUZZED[daemon.token is not None]
+    assert not check_reach or fuzzed >= len(OPERATIONS), (fuzzed, daemon.fuzzed, http_stats)
     assert daemon.proc.poll() is None
     log = daemon.log.read_text()
     for sign in ("Traceback", " ERROR ", "; restarting it ("):
