@@ -221,7 +221,6 @@ def _run_child(spec: SessionSpec, gate: Gate, budget_s: float, choices: list[Cho
                                       callable(getattr(gate, "calibrate", None))),
                "budget_s": budget_s, "choices": choices,
                "exclude": exclude, "finals": finals, "backends": dict(backends.BACKENDS),
-               "sys_path": list(sys.path),
                "log_level": logging.getLogger("edgeinfer").getEffectiveLevel()}
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     with parent, child:
@@ -238,6 +237,8 @@ def _run_child(spec: SessionSpec, gate: Gate, budget_s: float, choices: list[Cho
     deadline = time.monotonic() + budget_s + _MARGIN_S
     answer: Decision | BaseException | None = None
     try:
+        # the path first: the request may hold a plug-in backend's options (its module's class)
+        conn.send_bytes(pickle.dumps(list(sys.path)))
         conn.send_bytes(pickle.dumps(request))
         while answer is None:
             if cancel is not None and cancel.is_set():
@@ -319,14 +320,15 @@ def _child_env() -> dict[str, str]:
 
 def _child(fd: int) -> int:
     conn = Connection(fd)
+    # the parent's path: a plug-in backend's module imports here as it does there
+    for entry in pickle.loads(conn.recv_bytes()):
+        if entry not in sys.path:
+            sys.path.append(entry)
     request: dict[str, Any] = pickle.loads(conn.recv_bytes())
     lock = threading.Lock()  # a backend's own thread may log while the measuring sends
     root = logging.getLogger()
     root.handlers[:] = [_Forward(conn, lock)]
     logging.getLogger("edgeinfer").setLevel(request["log_level"])
-    for entry in request["sys_path"]:  # a plug-in backend's module, as the parent imports it
-        if entry not in sys.path:
-            sys.path.append(entry)
     backends.BACKENDS.update(request["backends"])
 
     def step(name: str, choice: Choice | None) -> None:
