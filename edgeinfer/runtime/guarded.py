@@ -29,6 +29,7 @@ caller's own ``meter``, or ``EDGEINFER_MEASURE_IN_PROCESS=1`` (a backend under a
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import pickle
@@ -319,6 +320,9 @@ def _child_env() -> dict[str, str]:
 
 
 def _child(fd: int) -> int:
+    # Ctrl-C is the parent's to handle (it kills this child); a parent that dies takes it along
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent()
     conn = Connection(fd)
     # the parent's path: a plug-in backend's module imports here as it does there
     for entry in pickle.loads(conn.recv_bytes()):
@@ -354,6 +358,16 @@ def _child(fd: int) -> int:
         return 1
     conn.send_bytes(pickle.dumps(("done", decision)))
     return 0
+
+
+def _die_with_parent() -> None:
+    """``PR_SET_PDEATHSIG``: SIGKILL when the parent goes (Linux; elsewhere the closed socket
+    ends the child at its next message)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 if __name__ == "__main__":  # pragma: no cover - the child's entry point

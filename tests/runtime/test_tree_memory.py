@@ -3,6 +3,8 @@ item 7), as the stats topic, the web page and ``edgeinfer watch`` show it."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 
@@ -24,7 +26,7 @@ def test_a_child_and_its_memory_are_counted() -> None:
     assert alone.processes >= 1 and alone.pss_mb > 1 and alone.estimated == 0
     # a grandchild too: the shell runs Python and waits, as a worker runs a measuring child
     proc = subprocess.Popen(["sh", "-c", f'"{sys.executable}" -c \'{CHILD}\'; exit 0'],
-                            stdout=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
         below = tree_memory(pid=proc.pid)
@@ -33,8 +35,7 @@ def test_a_child_and_its_memory_are_counted() -> None:
         mine = tree_memory()  # other tests' helpers may come and go: at least these
         assert mine.processes >= 1 + below.processes and mine.pss_mb > below.pss_mb
     finally:
-        subprocess.run(["pkill", "-P", str(proc.pid)], check=False)
-        proc.kill()
+        os.killpg(proc.pid, signal.SIGKILL)  # the shell and its Python: their own group
         proc.wait()
     assert tree_memory(pid=proc.pid).processes == 0
 
