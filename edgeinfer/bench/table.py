@@ -19,6 +19,7 @@ from .. import paths
 from ..model.catalog import for_path, resolve_model
 from ..errors import ConfigError
 from ..runtime import select
+from ..runtime.guarded import measure_guarded
 from ..runtime.base import PRECISIONS, Choice, SessionSpec, TensorSpec
 from ..runtime.decision import DEFAULT_BUDGET_S, Decision, Row
 from ..runtime.memory import default_threads
@@ -146,7 +147,8 @@ def candidate_table(
             if extended not in choices:
                 extra.append(extended)
                 choices.append(extended)
-    decision, _ = select.measure(spec, budget_s=budget, choices=choices, keep_winner=False)
+    # in a child: a candidate that crashes is a row of the table, not the end of the bench
+    decision, _ = measure_guarded(spec, budget_s=budget, choices=choices, keep_winner=False)
     auto = decision.choice
     if mode == "all":
         auto = _auto_pick(spec, decision, extra)

@@ -291,12 +291,16 @@ def _stats_line(data: dict[str, Any], budget: int = _MAX_LINE) -> str:
     for p in pipelines if isinstance(pipelines, list) else []:
         if isinstance(p, dict):
             parts.append(_pipeline_stats(p))
-    rest = {k: v for k, v in data.items() if k not in ("pipelines", "outbox", "memory_mb",
+    rest = {k: v for k, v in data.items() if k not in ("pipelines", "outbox", "memory_mb", "memory",
                                                          "uptime_s", "failed", "commands")}
     outbox = data.get("outbox")
     if isinstance(outbox, dict):
         parts.append(_outbox_stats(outbox))
-    if isinstance(data.get("memory_mb"), (int, float)):
+    tree = data.get("memory")
+    if isinstance(tree, dict) and isinstance(tree.get("pss_mb"), (int, float)) \
+            and isinstance(tree.get("processes"), int) and tree["processes"] > 1:
+        parts.append(f"memory {tree['pss_mb']} MiB PSS in {tree['processes']} processes")
+    elif isinstance(data.get("memory_mb"), (int, float)):
         parts.append(f"memory {data['memory_mb']} MiB")
     commands = data.get("commands")
     if isinstance(commands, dict):

@@ -10,7 +10,7 @@ from typing import Any
 from ..version import __version__
 from ..host import Host
 from ..model.model import Model
-from ..runtime.memory import rss_mb
+from ..runtime.memory import rss_mb, tree_memory
 
 __all__ = ["backend_of", "device_birth", "device_stats", "pipeline_health"]
 
@@ -45,12 +45,15 @@ def pipeline_health(daemon: Host) -> dict[str, dict[str, str]]:
 
 
 def device_stats(daemon: Host, device_id: str, started: float) -> dict[str, Any]:
-    """Time, uptime, memory, each pipeline's stats, the OTA agent's, failures."""
+    """Time, uptime, memory (this process's RSS; the PSS of it and every process it started),
+    each pipeline's stats, the OTA agent's, failures."""
     return {
         "ts": round(time.time(), 3),
         "device": device_id,
         "uptime_s": round(time.monotonic() - started, 1),
-        "memory_mb": round(rss_mb(), 1),
+        "memory_mb": round(rss_mb(), 1),  # this process's RSS, as before
+        # the whole daemon: its PSS with every process it started (workers, measuring)
+        "memory": tree_memory().to_dict(),
         "pipelines": {p.name: p.snapshot() for p in daemon.pipelines},
         "ota": daemon.update_stats(),
         "failed": dict(daemon.failed),

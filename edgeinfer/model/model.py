@@ -24,6 +24,7 @@ from ..runtime.base import (
     check_feeds,
 )
 from ..runtime.charged import ChargedOpener, ChargedSession
+from ..runtime.guarded import measure_guarded
 from ..runtime.memory import process_budget
 from ..runtime.modelfile import ModelFileInfo
 from ..runtime.recheck import RecheckPolicy, Watch
@@ -38,8 +39,7 @@ _measuring: weakref.WeakSet[Model] = weakref.WeakSet()  # models measuring in th
 
 def _stop_measuring() -> None:
     """At exit, stop background measurements first: a native thread pool torn down while a
-    session is being compiled aborts the process ("terminate called without an active
-    exception")."""
+    session compiles aborts the process ("terminate called without an active exception")."""
     for model in list(_measuring):
         model.stop_selecting(timeout=30.0)
 
@@ -246,17 +246,17 @@ class Model:
         few: ``runtime/remeasure.py``), cache the decision and serve on its winner."""
         spec = self._spec
         gate_ = gate or select.OutputsGate()
-        # Every candidate opened while this model serves is charged to the memory budget.
+        # Sessions opened here beside the serving one (the pick, remeasure's few) are charged
+        # to the memory budget; the candidates are measured in a child (runtime/guarded.py).
         opener = self._side_opener()
         try:
-            if trigger is None:
-                decision, session = select.measure(
-                    spec, gate_, budget_s=budget_s or spec.probe_budget_s, cancel=self._cancel,
-                    opener=opener)
+            if trigger is None:  # a candidate that crashes the child is a refused row
+                decision, session = measure_guarded(spec, gate_, cancel=self._cancel, opener=opener,
+                                                    budget_s=budget_s or spec.probe_budget_s)
             else:
                 outcome = select.recheck(
                     spec, select.Decision.from_dict(self.report.selection or {}), gate_,
-                    trigger=trigger, cancel=self._cancel, opener=opener)
+                    trigger=trigger, cancel=self._cancel, opener=opener, measurer=measure_guarded)
                 if outcome is None:  # nothing to compare: no longer provisional
                     self._recheck_ended(None, False)
                     return None

@@ -42,6 +42,69 @@ def rss_mb(pid: int | None = None) -> float:
     return kb / 1024.0
 
 
+@dataclass(frozen=True, slots=True)
+class TreeMemory:
+    """This process and its descendants (model workers, a measuring child, capture
+    processes): proportional set size summed, so pages they share are counted once."""
+
+    pss_mb: float
+    processes: int
+    estimated: int  # processes whose PSS could not be read (their RSS counted instead)
+
+    def to_dict(self) -> dict[str, float | int]:
+        return {"pss_mb": round(self.pss_mb, 1), "processes": self.processes,
+                "estimated": self.estimated}
+
+
+def tree_memory(pid: int | None = None, proc: str = "/proc") -> TreeMemory:
+    """PSS of ``pid`` (default this process) and every process below it, from
+    ``smaps_rollup``; a process whose PSS cannot be read (another user's, a kernel without
+    ``smaps_rollup``) counts its RSS and is ``estimated``. Reads ``/proc`` once per call: for
+    periodic stats, never per frame."""
+    root = os.getpid() if pid is None else pid
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir(proc)
+    except OSError:
+        return TreeMemory(rss_mb(pid), 1, 1)
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"{proc}/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:  # gone meanwhile
+            continue
+        # the command may hold spaces and parentheses: the fields follow the last ')'
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if len(fields) > 1:
+            children.setdefault(int(fields[1]), []).append(int(name))
+    total, count, estimated, todo = 0.0, 0, 0, [root]
+    while todo and count < 4096:  # bounded: a fork bomb is not ours to count
+        current = todo.pop()
+        todo.extend(children.get(current, ()))
+        kb = _pss_kb(current, proc)
+        if kb is None:
+            rss = _status_kb("VmRSS", current)
+            if rss is None:
+                continue  # exited meanwhile
+            kb, estimated = rss, estimated + 1
+        total += kb / 1024.0
+        count += 1
+    return TreeMemory(total, count, estimated)
+
+
+def _pss_kb(pid: int, proc: str) -> int | None:
+    try:
+        with open(f"{proc}/{pid}/smaps_rollup", "rb") as f:
+            for line in f:
+                if line.startswith(b"Pss:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 def peak_rss_mb(pid: int | None = None) -> float:
     """Peak resident set size (``VmHWM``) of this process (or ``pid``) in MiB."""
     kb = _status_kb("VmHWM", pid)

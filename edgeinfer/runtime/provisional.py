@@ -37,6 +37,7 @@ from .busy import Load, LoadMeter, read_times
 from .decision import DEFAULT_BUDGET_S, Decision, cache_path, store
 from .gate import Gate, OutputsGate
 from .remeasure import remeasure
+from .guarded import measure_guarded
 from .select import annotate_decision, load_cached, measure, open_choice, open_selected
 
 __all__ = ["QUIET_SAMPLE_S", "open_decided"]
@@ -57,13 +58,13 @@ def open_decided(spec: SessionSpec, gate: Gate | None = None,
     gate_: Gate = gate or OutputsGate()
     cached = load_cached(spec, gate_.key)
     if cached is None or not cached.under_load or not spec.recheck.enabled:
-        return open_selected(spec, gate_, budget_s)
+        return open_selected(spec, gate_, budget_s, measurer=measure_guarded)
     meter = LoadMeter(read_times)
     started = time.monotonic()
     try:
         session = open_choice(spec, cached.choice, warmup=spec.warmup)
     except EdgeInferError:  # it says why, forgets the decision and measures
-        return open_selected(spec, gate_, budget_s)
+        return open_selected(spec, gate_, budget_s, measurer=measure_guarded)
     try:
         return _confirm(spec, cached, gate_, session, _load_since(meter, started))
     except BaseException:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 
 import numpy as np
 
@@ -108,9 +108,18 @@ def measure(
     keep_winner: bool = True,
     cancel: threading.Event | None = None,
     meter: LoadMeter | None = None,
+    exclude: Collection[Choice] = (),
+    finals: bool = True,
+    on_step: Callable[[str, Choice | None], None] | None = None,
 ) -> tuple[Decision, Session | None]:
     """Measure the candidates and return the decision and, with ``keep_winner``, the winner's
     open session (the caller owns it). Never raises for a candidate's failure: each is a row.
+    This runs the candidates in this process; :func:`edgeinfer.runtime.guarded.measure_guarded`
+    runs this in a child, where a candidate that crashes is a refusal.
+
+    ``exclude``: candidates not tried (no row: the caller adds its own). ``finals`` off: no
+    interleaved timing of the best few. ``on_step(step, choice)`` is told before each step
+    that runs a backend: ``"reference"``, ``"try"`` (``choice``), ``"final"`` (none).
 
     ``cancel`` set stops measuring between two candidates (and between two timed rounds):
     ``Cancelled`` is raised and every session opened here is closed. ``meter`` reads the
@@ -129,7 +138,9 @@ def measure(
     # 5 % of the budget left for what follows measuring (opening and warming the winner), so
     # the whole load stays within it
     deadline = t0 + budget_s * 0.95
+    step = on_step or _no_step
     ref_choice = reference_choice(spec)
+    step("reference", ref_choice)
     ref = open_(spec, ref_choice)
     # Open sessions by choice: the reference and the current best few. Closed at the end, except
     # the winner's, which is handed to the caller.
@@ -145,7 +156,8 @@ def measure(
                                 inputs_note, note=note)
             return _finish(decision, t0, budget_s, meter, spec), None
         reference = [ref.run(f) for f in feeds]
-        gate_ = _calibrated(spec, gate_, open_, feeds, reference)
+        gate_ = _calibrated(spec, gate_, open_, feeds, reference, exclude, step)
+        step("reference", ref_choice)
         ref_row = Row(ref_choice, "ok", accuracy="reference")
         time_runs(ref, feeds[0], ref_row, MIN_RUNS, t0 + min(SAMPLE_S, budget_s / 10), cancel)
         small = ref_row.p50_ms is not None and ref_row.p50_ms < SMALL_MS
@@ -159,20 +171,22 @@ def measure(
         for i, choice in enumerate(cands):
             if cancel is not None and cancel.is_set():
                 raise Cancelled(f"measuring {spec.path.name} was cancelled")
-            if choice == ref_choice:
+            if choice == ref_choice or choice in exclude:
                 continue
             left = first_pass_end - time.perf_counter()
             if left <= 0:
                 rows.append(Row(choice, "skipped", reason=f"probe budget {budget_s:g} s spent"))
                 continue
             slice_s = min(SAMPLE_S if small else 1.0, 0.6 * left / max(1, len(cands) - i))
+            step("try", choice)
             row, session = _try(spec, choice, open_, feeds, reference, gate_, slice_s, cancel)
             rows.append(row)
             if session is not None:
                 owned[choice] = session
                 keep_best(owned, rows, ref_choice)
         so_far = meter.since_start()  # busy: 2t candidates look slow; time each thread count
-        stable = time_finalists(
+        step("final", None)
+        stable = finals and time_finalists(
             spec, rows, owned, open_, feeds,
             min(deadline, time.perf_counter() + 4 * SAMPLE_S) if small else deadline, cancel,
             extra=so_far is not None and so_far.others >= spec.recheck.busy_share)
@@ -198,9 +212,14 @@ def measure(
         trim_heap()
 
 
+def _no_step(step: str, choice: Choice | None) -> None:
+    pass
+
+
 def _calibrated(spec: SessionSpec, gate: Gate, open_: Callable[[SessionSpec, Choice], Session],
-                feeds: list[dict[str, np.ndarray]], reference: list[dict[str, np.ndarray]]
-                ) -> Gate:
+                feeds: list[dict[str, np.ndarray]], reference: list[dict[str, np.ndarray]],
+                exclude: Collection[Choice] = (),
+                step: Callable[[str, Choice | None], None] = _no_step) -> Gate:
     """The gate with its tolerance widened to twice what two fp32 configurations disagree by
     (the reference and the default, both plain onnxruntime or LiteRT) on these inputs. Some
     models amplify rounding on made-up inputs (a text detector's sigmoid map: cosine 0.9975
@@ -211,8 +230,9 @@ def _calibrated(spec: SessionSpec, gate: Gate, open_: Callable[[SessionSpec, Cho
     if calibrate is None:
         return gate
     other = default_choice(spec)
-    if other == reference_choice(spec):
+    if other == reference_choice(spec) or other in exclude:
         return gate
+    step("try", other)
     try:
         session = open_(spec, other)
     except Exception as exc:  # the candidate fails again later, with its reason in the table
@@ -301,11 +321,14 @@ def _short(exc: BaseException) -> str:
 def recheck(spec: SessionSpec, decision: Decision, gate: Gate, *, trigger: str,
             cancel: threading.Event | None = None,
             opener: Callable[[SessionSpec, Choice], Session] | None = None,
-            meter: LoadMeter | None = None) -> Outcome | None:
+            meter: LoadMeter | None = None,
+            measurer: Callable[..., tuple[Decision, Session | None]] | None = None
+            ) -> Outcome | None:
     """Measure ``decision`` again while its pick serves: its best few timed again
     (``remeasure``), or, when the first measurement did not reach every candidate (its budget
     spent under load) or found fewer than two correct ones, every candidate measured and
-    checked against fp32 again, as on a first boot (``probe_budget_s``). The runner-up wins
+    checked against fp32 again, as on a first boot (``probe_budget_s``; by ``measurer``, default
+    ``measure``, as ``open_selected``). The runner-up wins
     only when it is ``switch_gain`` times faster than the serving pick, with a stable ranking,
     and (for an ``"idle"`` re-check) only when the box stayed under ``busy_share`` meanwhile.
 
@@ -320,8 +343,8 @@ def recheck(spec: SessionSpec, decision: Decision, gate: Gate, *, trigger: str,
     if len(correct) >= 2 and not unreached:
         return remeasure(spec, decision, gate, trigger=trigger, settings=settings,
                          opener=open_, cancel=cancel, meter=meter)
-    fresh, session = measure(spec, gate, budget_s=spec.probe_budget_s, opener=open_,
-                             cancel=cancel, meter=meter)
+    fresh, session = (measurer or measure)(spec, gate, budget_s=spec.probe_budget_s,
+                                           opener=open_, cancel=cancel, meter=meter)
     fresh.key, fresh.rechecks = decision.key, decision.rechecks + 1
     best = next((r for r in fresh.rows if r.status == "picked"), None)
     current = next((r for r in fresh.rows if r.choice == decision.choice
@@ -353,8 +376,12 @@ def recheck(spec: SessionSpec, decision: Decision, gate: Gate, *, trigger: str,
 
 # -- what load_model calls -----------------------------------------------------------------------
 def open_selected(spec: SessionSpec, gate: Gate | None = None,
-                  budget_s: float = DEFAULT_BUDGET_S) -> Session:
+                  budget_s: float = DEFAULT_BUDGET_S, *,
+                  measurer: Callable[..., tuple[Decision, Session | None]] | None = None
+                  ) -> Session:
     """The session of the cached winner, or measure now, cache, and return the winner's.
+    ``measurer``: ``measure`` or one with its signature (``guarded.measure_guarded`` runs it
+    where a crash is a refusal; default ``measure``, in this process).
 
     Raises:
         ModelLoadError (and the backends' errors): the model opens nowhere.
@@ -373,7 +400,7 @@ def open_selected(spec: SessionSpec, gate: Gate | None = None,
         else:
             annotate_decision(session, cached)
             return session
-    decision, measured = measure(spec, gate_, budget_s=budget_s)
+    decision, measured = (measurer or measure)(spec, gate_, budget_s=budget_s)
     decision.key = cache_key(spec, gate_.key)
     store(spec, decision)
     if measured is None:  # not measurable: the default configuration

@@ -213,7 +213,9 @@ function deviceSummary(status) {
     ["Device", fmt(status.device)],
     ["Version", fmt(status.version)],
     ["Uptime", `${fmt(stats.uptime_s, 0)} s`],
-    ["Memory", `${fmt(stats.memory_mb)} MB`],
+    ["Memory", stats.memory && stats.memory.processes > 1
+      ? `${fmt(stats.memory.pss_mb)} MB in ${stats.memory.processes} processes`
+      : `${fmt(stats.memory_mb)} MB`],
     ["Outbox", outbox ? `${fmt(outbox.depth)} queued` : "no MQTT"],
     ["OTA", ota ? fmt(ota.state || (ota.busy ? "busy" : "idle")) : "off"],
     ["Not running", notRunning(status)],
