@@ -95,24 +95,27 @@ def measure_guarded(
         return measure(spec, gate_, budget_s=budget_s, opener=opener, choices=chosen,
                        keep_winner=keep_winner, cancel=cancel, meter=meter)
     crashed: list[Row] = []
-    finals = True
+    finals_lost = ""  # how the interleaved timing of the best few ended the child, if it did
     while True:
-        outcome = _run_child(spec, gate_, budget_s, chosen, [r.choice for r in crashed], finals,
-                             cancel)
+        outcome = _run_child(spec, gate_, budget_s, chosen, [r.choice for r in crashed],
+                             not finals_lost, cancel)
         if isinstance(outcome, Decision):
             break
         step, choice, how = outcome
-        if step == "final":
+        if step == "start":  # before any backend ran: the child itself (its stderr says why)
+            raise ModelLoadError(f"{spec.path.name}: the process that measures backends {how} "
+                                 "before measuring (its error is in the log above)")
+        if step == "final" and not finals_lost:
             logger.warning("%s: the interleaved timing of the best candidates %s; measuring "
                            "again without it", spec.path.name, how)
-            finals = False
+            finals_lost = how
             continue
         if step != "try" or choice is None:
+            what = (f"its reference configuration ({_label(choice)}, the format's own backend "
+                    "in fp32)" if step == "reference" else "picking among the candidates")
             raise ModelLoadError(
-                f"{spec.path.name}: its reference configuration ({_label(choice)}, the "
-                f"format's own backend in fp32) {how} the process measuring it: the model "
-                "cannot be run here (try another export of it, or another version of the "
-                "backend)")
+                f"{spec.path.name}: the process measuring it {how} in {what}: the model cannot "
+                "be run here (try another export of it, or another version of the backend)")
         logger.warning("%s: backend candidate %s %s while measured: refused", spec.path.name,
                        choice.label(), how)
         crashed.append(Row(choice, "rejected", reason=f"{how} while measured"))
@@ -123,9 +126,9 @@ def measure_guarded(
                 + "): name a backend that runs it (providers: onnxruntime)")
     decision = outcome
     decision.rows.extend(crashed)
-    if not finals:
-        decision.note = "; ".join(filter(None, [decision.note, "the interleaved timing crashed: "
-                                                "picked on the first pass"]))
+    if finals_lost:
+        decision.note = "; ".join(filter(None, [decision.note, f"the interleaved timing "
+                                                f"{finals_lost}: picked on the first pass"]))
     if not keep_winner or decision.note.startswith("not measured"):
         return decision, None
     return decision, open_(spec, decision.choice)

@@ -111,8 +111,8 @@ def test_a_reference_that_crashes_refuses_the_model(tmp_path: Path,
     monkeypatch.setitem(backends.BACKENDS, "onnxruntime", backends.Backend(
         "crash_backend", ("onnx",), "CPUExecutionProvider", ("onnx",)))
     spec = SessionSpec(path=path, format="onnx", sha256="0" * 64, threads=1, probe_budget_s=4)
-    with pytest.raises(ModelLoadError, match=r"reference configuration .* crashed \(SIGSEGV\) "
-                                             r"the process measuring it"):
+    with pytest.raises(ModelLoadError, match=r"the process measuring it crashed \(SIGSEGV\) in "
+                                             r"its reference configuration \(onnxruntime"):
         guarded.measure_guarded(spec, budget_s=4, keep_winner=False)
 
 
@@ -123,4 +123,22 @@ def test_more_crashes_than_the_limit_refuse_the_model(
     spec = SessionSpec(path=path, format="onnx", sha256="0" * 64, threads=1, probe_budget_s=4)
     with pytest.raises(ModelLoadError, match=r"1 backend candidates crashed while measured "
                                              r"\(crashy CPU fp32 1t: crashed \(SIGSEGV\)"):
+        guarded.measure_guarded(spec, budget_s=4, keep_winner=False)
+
+
+def test_a_child_that_cannot_start_measuring_says_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A child that dies before any backend ran (here: Python cannot start it) is not blamed
+    on the model's reference configuration."""
+    monkeypatch.setattr(guarded.sys, "executable", str(tmp_path / "no-python"))
+    path = _model(tmp_path / "small.onnx")
+    spec = SessionSpec(path=path, format="onnx", sha256="0" * 64, threads=1, probe_budget_s=4)
+    with pytest.raises(ModelLoadError, match="cannot start the process that measures backends"):
+        guarded.measure_guarded(spec, budget_s=4, keep_winner=False)
+    broken = tmp_path / "python"
+    broken.write_text("#!/bin/sh\nexit 3\n")
+    broken.chmod(0o755)
+    monkeypatch.setattr(guarded.sys, "executable", str(broken))
+    with pytest.raises(ModelLoadError, match=r"the process that measures backends exited with "
+                                             r"code 3 before measuring"):
         guarded.measure_guarded(spec, budget_s=4, keep_winner=False)
