@@ -65,6 +65,12 @@ class CameraSource(TaggedPart, tag="camera", frozen=True):
             ``tcp``/``udp`` need PyAV.
         fourcc: Pixel format to ask a V4L2 device for, e.g. ``MJPG``.
         open_timeout_s: How long opening or reading a stream may take before it counts as lost.
+        isolation: Where the camera is read and decoded: ``process`` (a capture process of
+            its own, frames handed over in shared memory: decoding does not take turns with
+            inference on the interpreter lock, and a crash in a decoder restarts this camera
+            only), ``thread`` (a thread of the pipeline's process); ``auto``: ``process``, or
+            ``thread`` where ``EDGEINFER_CAPTURE_IN_PROCESS=1`` is set (a decoder under a
+            debugger).
     """
 
     uri: Arg | Annotated[int, Meta(ge=0, le=255)] = 0
@@ -78,6 +84,7 @@ class CameraSource(TaggedPart, tag="camera", frozen=True):
     fourcc: Annotated[str, Meta(min_length=4, max_length=4)] | None = None
     open_timeout_s: Seconds = 10.0
     reconnect: ReconnectConfig = msgspec.field(default_factory=ReconnectConfig)
+    isolation: Literal["auto", "process", "thread"] = "auto"
 
     def __post_init__(self) -> None:
         if self.backend == "pyav" and not _is_url(self.uri):

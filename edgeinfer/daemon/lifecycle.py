@@ -30,7 +30,13 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from .. import systemd
-from ..pipeline.build import assemble, load_pipeline_model, pipeline_path
+from ..pipeline.build import (
+    assemble,
+    discard,
+    early_source,
+    load_pipeline_model,
+    pipeline_path,
+)
 from ..config import Config, PipelineConfig, load_config
 from ..control.commands import command_policy, run_unsigned
 from ..control.handlers import CommandHandlers
@@ -48,6 +54,7 @@ from .reload import result_path, write_result
 from .startable import pipeline_problems
 
 if TYPE_CHECKING:
+    from ..model.model import Model
     from ..web import WebServer
 
 logger = logging.getLogger("edgeinfer.daemon")  # the name users filter on: kept from daemon.py
@@ -198,21 +205,21 @@ class Daemon:
         if stops:
             raise ConfigError("; ".join(str(p) for p in stops))
         effective = self.ota.effective(pc) if self.ota is not None else pc
+        source = early_source(pc, **self.context)  # a camera's capture process starts now
         try:
-            model = load_pipeline_model(effective, self.config.runtime)
-        except Exception as exc:
-            if effective is pc:
-                raise
-            logger.error("pipeline %s: the updated model %s does not load (%s); using the "
-                         "configured %s", pc.name, effective.model.path, exc, pc.model.path)
-            model = load_pipeline_model(pc, self.config.runtime)
+            model = self._load_model(pc, effective)
+        except BaseException:
+            discard(source)
+            raise
         try:
             seq = self.link.last_seq(pc.name) if self.link is not None else 0
             pipeline = assemble(pc, model, seq_start=seq,
                                 state_dir=self.config.runtime.resolved_state_dir(),
-                                where=pipeline_path(self.config, pc.name), **self.context)
+                                where=pipeline_path(self.config, pc.name), source=source,
+                                **self.context)
             pipeline.start()
         except BaseException:
+            discard(source)
             model.close()
             raise
         health = pipeline.health()
@@ -225,6 +232,18 @@ class Daemon:
             logger.warning("pipeline %s started (%s on %s) but is %s", pc.name, model.name,
                            model.provider, health.describe())
         return pipeline
+
+    def _load_model(self, pc: PipelineConfig, effective: PipelineConfig) -> Model:
+        """The model of ``effective`` (an OTA update's), or the configured one when it does not
+        load."""
+        try:
+            return load_pipeline_model(effective, self.config.runtime)
+        except Exception as exc:
+            if effective is pc:
+                raise
+            logger.error("pipeline %s: the updated model %s does not load (%s); using the "
+                         "configured %s", pc.name, effective.model.path, exc, pc.model.path)
+            return load_pipeline_model(pc, self.config.runtime)
 
     def main_loop(self) -> None:
         next_stats = time.monotonic() + self.stats_interval_s

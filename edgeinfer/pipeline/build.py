@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ..config.analytics import LineConfig, ZoneConfig, check_frame_size
 from ..errors import ConfigError
 from ..runtime.batching import batch_policy
+from ..sources import Source, open_source
 from ..tasks import make_task, task_class
 from .gate import make_gate
 
@@ -52,13 +53,35 @@ def build_pipeline(config: PipelineConfig | Config | str, *, name: str | None = 
         where = pipeline_path(config, chosen.name)
         config = chosen
     runtime = runtime or RuntimeConfig()
-    model = load_pipeline_model(config, runtime)
+    source = early_source(config, **context)
+    try:
+        model = load_pipeline_model(config, runtime)
+    except BaseException:
+        discard(source)
+        raise
     try:
         return assemble(config, model, on_result=on_result,
-                        state_dir=runtime.resolved_state_dir(), where=where, **context)
+                        state_dir=runtime.resolved_state_dir(), where=where, source=source,
+                        **context)
     except BaseException:
+        discard(source)
         model.close()
         raise
+
+
+def early_source(pc: PipelineConfig, **context: Any) -> Source:
+    """The pipeline's source, built (not opened) before its model loads: a camera's capture
+    process starts its interpreter and imports meanwhile (``sources/isolated.py``). Hand it
+    to ``assemble``; ``discard`` it if the pipeline is not built."""
+    return open_source(_sample_video(pc.source), **context)
+
+
+def discard(source: Source) -> None:
+    """Release a source built for a pipeline that was not built or never started."""
+    try:
+        source.__exit__(None, None, None)
+    except Exception as exc:  # the error that stopped the build matters more
+        logger.debug("releasing an unused source failed: %s", exc)
 
 
 def load_pipeline_model(pc: PipelineConfig, runtime: RuntimeConfig) -> Model:
@@ -98,14 +121,14 @@ def pipeline_path(config: Config, name: str) -> str:
 
 def assemble(pc: PipelineConfig, model: Model, *, on_result: ResultCallback | None = None,
              seq_start: int = 0, state_dir: Path | None = None, where: str = "$.pipelines[0]",
-             **context: Any) -> Pipeline:
+             source: Source | None = None, **context: Any) -> Pipeline:
     """Task (checked against the model), analytics, sinks and source around a loaded model.
 
     ``state_dir`` keeps the analytics' counters and media (default: the platform's state
-    directory); ``where`` is the pipeline's YAML path in errors."""
+    directory); ``where`` is the pipeline's YAML path in errors; ``source``: built already
+    (``early_source``), else built here."""
     from .engine import Pipeline
     from ..sinks import make_sink
-    from ..sources import open_source
 
     task = make_task(pc.task, model)
     analytics = _analytics(pc, task, state_dir, where)
@@ -113,7 +136,8 @@ def assemble(pc: PipelineConfig, model: Model, *, on_result: ResultCallback | No
         model.select_backend(task.accuracy_gate(), background=True)  # swaps between frames
     gate = make_gate(pc, task, where)
     sinks = [make_sink(s, **context) for s in pc.sinks]
-    source = open_source(_sample_video(pc.source), **context)
+    if source is None:
+        source = open_source(_sample_video(pc.source), **context)
     recorder = analytics.recorder if analytics is not None else None
     if recorder is not None and source.packets is not None:
         recorder.use_packets(source.packets)  # clips cut from the camera's own packets

@@ -29,23 +29,19 @@ caller's own ``meter``, or ``EDGEINFER_MEASURE_IN_PROCESS=1`` (a backend under a
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import pickle
-import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from multiprocessing.connection import Connection
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .._child import Forward, describe_exit, die_with_parent, emit_record, spawn, wait_exit
 from ..errors import ModelLoadError
 from . import backends
 from .base import Choice, Session, SessionSpec, TensorSpec
@@ -62,7 +58,6 @@ logger = logging.getLogger(__name__)
 MAX_CRASHES = 4  # candidates refused for crashing before the model is refused altogether
 _MARGIN_S = 60.0  # beyond the budget: the child's imports, opening the reference, a slow box
 _POLL_S = 0.2  # how often the parent looks at ``cancel`` while the child measures
-_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 Opener = Callable[[SessionSpec, Choice], Session]
 
@@ -226,17 +221,11 @@ def _run_child(spec: SessionSpec, gate: Gate, budget_s: float, choices: list[Cho
                "budget_s": budget_s, "choices": choices,
                "exclude": exclude, "finals": finals, "backends": dict(backends.BACKENDS),
                "log_level": logging.getLogger("edgeinfer").getEffectiveLevel()}
-    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    with parent, child:
-        try:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "edgeinfer.runtime.guarded", str(child.fileno())],
-                pass_fds=(child.fileno(),), env=_child_env(), stdin=subprocess.DEVNULL,
-                stdout=2)
-        except OSError as exc:
-            raise ModelLoadError(f"{spec.path.name}: cannot start the process that measures "
-                                 f"backends: {exc}") from exc
-        conn = Connection(parent.detach())
+    try:
+        proc, conn = spawn("edgeinfer.runtime.guarded")
+    except OSError as exc:
+        raise ModelLoadError(f"{spec.path.name}: cannot start the process that measures "
+                             f"backends: {exc}") from exc
     step: tuple[str, Choice | None] = ("start", None)
     deadline = time.monotonic() + budget_s + _MARGIN_S
     answer: Decision | BaseException | None = None
@@ -255,7 +244,7 @@ def _run_child(spec: SessionSpec, gate: Gate, budget_s: float, choices: list[Cho
             if message[0] == "step":
                 step = (message[1], message[2])
             elif message[0] == "log":
-                _emit(message[1])
+                emit_record(message[1])
             elif message[0] == "gate":
                 gate, reply = _answer(gate, message[1], message[2])
                 conn.send_bytes(pickle.dumps(reply))
@@ -267,65 +256,16 @@ def _run_child(spec: SessionSpec, gate: Gate, budget_s: float, choices: list[Cho
         conn.close()
         if answer is None and proc.poll() is None:  # cancelled or hung: not waited on
             proc.kill()
-        code = _wait(proc)
+        code = wait_exit(proc)
     if isinstance(answer, Decision):
         return answer
     if isinstance(answer, BaseException):
         raise answer
-    how = (f"crashed ({signal.Signals(-code).name})" if code < 0
-           else f"exited with code {code}")
-    return (step[0], step[1], how)
-
-
-class _Forward(logging.Handler):
-    """The child's log records, sent to the parent (``_emit``): they reach the caller's own
-    handlers, as when measuring in one process (``_progress.say`` decides the same way)."""
-
-    def __init__(self, conn: Connection, lock: threading.Lock) -> None:
-        super().__init__()
-        self._conn = conn
-        self._lock = lock
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            data = {"name": record.name, "levelno": record.levelno,
-                    "levelname": record.levelname, "msg": record.getMessage(),
-                    "created": record.created, "pathname": record.pathname,
-                    "lineno": record.lineno, "funcName": record.funcName,
-                    "exc_text": self.format(record).partition("\n")[2] if record.exc_info
-                    else None}
-            with self._lock:
-                self._conn.send_bytes(pickle.dumps(("log", data)))
-        except Exception:  # the parent is gone, or the record will not pickle
-            self.handleError(record)
-
-
-def _emit(data: dict[str, Any]) -> None:
-    record = logging.makeLogRecord(data)
-    logger = logging.getLogger(record.name)
-    if logger.isEnabledFor(record.levelno):
-        logger.handle(record)
-
-
-def _wait(proc: subprocess.Popen[bytes]) -> int:
-    try:
-        return proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.wait()
-
-
-def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    path = env.get("PYTHONPATH")
-    env["PYTHONPATH"] = _PACKAGE_ROOT + (os.pathsep + path if path else "")
-    return env
+    return (step[0], step[1], describe_exit(code))
 
 
 def _child(fd: int) -> int:
-    # Ctrl-C is the parent's to handle (it kills this child); a parent that dies takes it along
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _die_with_parent()
+    die_with_parent()
     conn = Connection(fd)
     # the parent's path: a plug-in backend's module imports here as it does there
     for entry in pickle.loads(conn.recv_bytes()):
@@ -334,7 +274,7 @@ def _child(fd: int) -> int:
     request: dict[str, Any] = pickle.loads(conn.recv_bytes())
     lock = threading.Lock()  # a backend's own thread may log while the measuring sends
     root = logging.getLogger()
-    root.handlers[:] = [_Forward(conn, lock)]
+    root.handlers[:] = [Forward(conn, lock)]
     logging.getLogger("edgeinfer").setLevel(request["log_level"])
     backends.BACKENDS.update(request["backends"])
 
@@ -361,16 +301,6 @@ def _child(fd: int) -> int:
         return 1
     conn.send_bytes(pickle.dumps(("done", decision)))
     return 0
-
-
-def _die_with_parent() -> None:
-    """``PR_SET_PDEATHSIG``: SIGKILL when the parent goes (Linux; elsewhere the closed socket
-    ends the child at its next message)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 if __name__ == "__main__":  # pragma: no cover - the child's entry point

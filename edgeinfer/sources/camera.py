@@ -61,6 +61,19 @@ def redact(uri: str | int) -> str:
     return f"{scheme}://{user}{':***' if colon else ''}@{host}{rest[len(authority):]}"
 
 
+def check_config(config: CameraConfig) -> None:
+    """Refuse a config that cannot work on this machine, before anything is opened.
+
+    Raises:
+        SourceError: ``backend: gstreamer`` with an OpenCV built without GStreamer.
+    """
+    if config.backend == "gstreamer" and not gstreamer_available():
+        raise SourceError(
+            f"camera {redact(config.uri)}: backend gstreamer needs OpenCV built with GStreamer, "
+            f"and this one ({cv2.__version__}) is not (pip's opencv-python wheels never are); "
+            f"use the distribution's python3-opencv, or backend ffmpeg/v4l2")
+
+
 class CameraSource(Source):
     """Frames from ``cv2.VideoCapture``; a live source (the pipeline drops its oldest frames).
 
@@ -79,6 +92,7 @@ class CameraSource(Source):
     def __init__(self, config: CameraConfig, **context: Any) -> None:
         super().__init__(config)
         self._cap: cv2.VideoCapture | None = None
+        self._cannot_open = False
         self._outage = Outage(self.name, self.stats, logger)
         self._backoff = Backoff(self.config.reconnect, self._stop)
 
@@ -104,11 +118,7 @@ class CameraSource(Source):
 
     def _open(self) -> None:
         self._cannot_open = False
-        if self.config.backend == "gstreamer" and not gstreamer_available():
-            raise SourceError(
-                f"camera {self.name}: backend gstreamer needs OpenCV built with GStreamer, and this "
-                f"one ({cv2.__version__}) is not (pip's opencv-python wheels never are); use the "
-                f"distribution's python3-opencv, or backend ffmpeg/v4l2")
+        check_config(self.config)
         self._connect()
 
     def _target(self) -> tuple[str | int, int, list[int]]:

@@ -3,6 +3,8 @@ when it is installed, or when asked (``backend: pyav``, ``detect_uri``, ``transp
 (``sources/camera.py``) for the rest: V4L2 devices, HTTP MJPEG, GStreamer pipelines, and RTSP
 without PyAV (clips are then re-encoded from decoded frames).
 
+Either runs in a capture process of its own by default (``isolation``, ``sources/isolated.py``).
+
 PyAV is the ``rtsp`` extra (``pip install 'edgeinfer[rtsp]'``): its wheels bundle FFmpeg
 (about 35 MB on x86_64 and aarch64), so it is not a default dependency.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 from functools import cache
 from typing import Any
 
@@ -19,7 +22,8 @@ from ..config.sources import CameraSource as CameraConfig
 from ..errors import SourceError
 from .base import Source
 
-__all__ = ["CAMERA_READERS", "camera_reader", "open_camera", "pyav_available"]
+__all__ = ["CAMERA_READERS", "camera_reader", "capture_in_process", "open_camera",
+           "pyav_available"]
 
 logger = logging.getLogger("edgeinfer.sources.camera")
 
@@ -28,6 +32,7 @@ CAMERA_READERS = {
     "opencv": "edgeinfer.sources.camera:CameraSource",
 }
 
+_ISOLATED = {"process": "edgeinfer.sources.isolated:ProcessSource"}
 _INSTALL = "pip install 'edgeinfer[rtsp]'"
 
 
@@ -61,8 +66,21 @@ def camera_reader(config: CameraConfig) -> str:
     return "opencv"
 
 
+def capture_in_process(config: CameraConfig) -> bool:
+    """Whether the camera is read in a thread of the pipeline's process (``isolation``)."""
+    if config.isolation == "auto":
+        return os.environ.get("EDGEINFER_CAPTURE_IN_PROCESS", "") not in ("", "0")
+    return config.isolation == "thread"
+
+
 def open_camera(config: CameraConfig, **context: Any) -> Source:
-    """The source for a ``camera`` config (see the module)."""
-    cls = resolve(CAMERA_READERS, camera_reader(config), "camera reader")
-    source: Source = cls(config, **context)
+    """The source for a ``camera`` config (see the module): read in a capture process of its
+    own (``isolated.py``) unless ``isolation`` says otherwise."""
+    reader = camera_reader(config)
+    if not capture_in_process(config):
+        isolated = resolve(_ISOLATED, "process", "camera isolation")
+        source: Source = isolated(config, reader, **context)
+        return source
+    cls = resolve(CAMERA_READERS, reader, "camera reader")
+    source = cls(config, **context)
     return source

@@ -206,6 +206,8 @@ class PyAvSource(Source):
 
     Args:
         config: The ``camera`` source config.
+        packets: The ring the camera's packets go to (a capture process's, which sends them
+            on to the pipeline's: ``isolated.py``); default: a ring of its own.
         **context: Ignored (what other sources need).
 
     Raises:
@@ -214,10 +216,11 @@ class PyAvSource(Source):
 
     live = True
 
-    def __init__(self, config: CameraConfig, **context: Any) -> None:
+    def __init__(self, config: CameraConfig, *, packets: PacketRing | None = None,
+                 **context: Any) -> None:
         super().__init__(config)
         self.stats: RtspStats = RtspStats()
-        self._ring = PacketRing()
+        self._ring = packets if packets is not None else PacketRing()
         self.packets = self._ring
         self._main_uri = str(config.uri)
         self._split = config.detect_uri is not None

@@ -24,6 +24,7 @@ from edgeinfer.frames import Frame
 from edgeinfer.health import Health
 from edgeinfer.sources import Source, open_source
 from edgeinfer.sources.base import Outage
+from edgeinfer.sources.isolated import ProcessSource
 from edgeinfer.sources.camera import CameraSource, gstreamer_available, redact
 from edgeinfer.sources.picamera import Picamera2Source
 from edgeinfer.sources.reasons import device_reason, stream_reason
@@ -70,9 +71,13 @@ def mjpeg() -> Iterator[MjpegServer]:
 # --- HTTP MJPEG --------------------------------------------------------------------------------
 
 
-def test_mjpeg_frames_and_reconnect_after_server_restart(mjpeg: MjpegServer) -> None:
-    source = open_source(CameraConfig(uri=mjpeg.url, open_timeout_s=2, reconnect=FAST))
-    assert isinstance(source, CameraSource) and source.live and source.name == mjpeg.url
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_mjpeg_frames_and_reconnect_after_server_restart(mjpeg: MjpegServer,
+                                                         isolation: str) -> None:
+    source = open_source(CameraConfig(uri=mjpeg.url, open_timeout_s=2, reconnect=FAST,
+                                      isolation=isolation))
+    assert isinstance(source, CameraSource if isolation == "thread" else ProcessSource)
+    assert source.live and source.name == mjpeg.url
     with source:
         frames = iter(source)
         before = take(source, frames, 5)
