@@ -147,6 +147,7 @@ def features() -> dict[str, str | None]:
         "batch": {"model": {"path": "m.onnx", "batch": "auto"}},
         "detect_uri": {"source": {"type": "camera", "uri": "rtsp://h/a",
                                   "detect_uri": "rtsp://h/b"}},
+        "isolation": {"source": {"type": "camera", "uri": "rtsp://h/a", "isolation": "thread"}},
     }
     out: dict[str, str | None] = {}
     for key, extra in probes.items():
@@ -161,7 +162,8 @@ def features() -> dict[str, str | None]:
     return out
 
 
-def config(mode: str, n: int, scene: Any, server: FileServer, state: str, probe: bool) -> Any:
+def config(mode: str, n: int, scene: Any, server: FileServer, state: str, probe: bool,
+           isolation: str = "auto") -> Any:
     from edgeinfer.config import parse_config
     from edgeinfer.testing.scripted_scene import MASK
 
@@ -169,7 +171,9 @@ def config(mode: str, n: int, scene: Any, server: FileServer, state: str, probe:
     pipelines = []
     for i in range(n):
         p: dict[str, Any] = {
-            "name": f"cam{i}", "source": {"type": "camera", "uri": server.url("main")},
+            "name": f"cam{i}", "source": {"type": "camera", "uri": server.url("main"),
+                                          **({"isolation": isolation} if have["isolation"]
+                                             is None else {})},
             "model": {"path": MODEL, "probe": probe},
             "task": {"type": "detect", "decoder": "yolov8", "score_threshold": 0.3,
                      "classes": ["FACE_FEMALE", "FACE_MALE"],
@@ -251,9 +255,22 @@ def score(seen: Seen, scene: Any) -> dict[str, Any]:
             "in_mask": sum(1 for *_, m in seen.frames.values() if m)}
 
 
-def cpu_s() -> float:
+def cpu_s(pipes: list[Any]) -> float:
+    """CPU-seconds of this process and of the cameras' capture processes (each read from
+    ``/proc``: a running child is not in ``RUSAGE_CHILDREN``)."""
     r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
+    total = r.ru_utime + r.ru_stime
+    tick = os.sysconf("SC_CLK_TCK")
+    for p in pipes:
+        pid = getattr(p.source, "pid", None)
+        if pid is None:
+            continue
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total
 
 
 def counters(pipes: list[Any]) -> list[dict[str, float]]:
@@ -262,10 +279,10 @@ def counters(pipes: list[Any]) -> list[dict[str, float]]:
 
 
 def run(mode: str, n: int, scene: Any, server: FileServer, state: str, probe: bool,
-        which: str = "slow") -> dict[str, Any]:
+        which: str = "slow", isolation: str = "auto") -> dict[str, Any]:
     from edgeinfer.pipeline import Pipeline
 
-    cfg = config(mode, n, scene, server, state, probe)
+    cfg = config(mode, n, scene, server, state, probe, isolation)
     seen = [Seen() for _ in range(n)]
     pipes = [Pipeline.from_config(cfg, name=f"cam{i}",
                                   on_result=lambda r, s=seen[i]: s.on_result(r, scene))
@@ -280,11 +297,11 @@ def run(mode: str, n: int, scene: Any, server: FileServer, state: str, probe: bo
         while time.monotonic() < deadline and any(
                 max(s.frames, default=-1) < 3 * scene.fps for s in seen):
             time.sleep(0.1)
-        before, cpu0 = counters(pipes), cpu_s()
+        before, cpu0 = counters(pipes), cpu_s(pipes)
         end = started + length - 3.0  # the server sends the first ~2 s at once: ends early
         while time.monotonic() < end and not any(p.error for p in pipes):
             time.sleep(0.2)
-        after, cpu1 = counters(pipes), cpu_s()
+        after, cpu1 = counters(pipes), cpu_s(pipes)
         lags = [p.stats.latency.summary()["p50"] for p in pipes]
     finally:
         for p in pipes:
@@ -300,7 +317,9 @@ def run(mode: str, n: int, scene: Any, server: FileServer, state: str, probe: bo
                 and max(dropped) <= REALTIME_DROP and max(lags) < REALTIME_LAG_MS)
     lat = [x for s in scores for x in s["entry_latency_s"]]
     return {
-        "scene": which, "mode": mode, "cameras": n, "window_s": round(window, 1), "realtime": realtime,
+        "scene": which, "mode": mode, "isolation": isolation, "cameras": n,
+        "window_s": round(window, 1), "realtime": realtime,
+        "inferred_per_s": sum(infer),
         "cpu_s_per_camera_min": (cpu1 - cpu0) / n / (window / 60),
         "read_fps_min": min(read), "dropped_max": max(dropped), "lag_ms_max": max(lags),
         "detector_runs_per_s": sum(infer) / n,
@@ -329,12 +348,61 @@ def pick_backend(scene: Any, server: FileServer, state: str) -> str:
         p.close()
 
 
+def model_alone_fps(scene: Any, server: FileServer, state: str, seconds: float = 8.0) -> float:
+    """What the model sustains alone on its pick (the cached decision), inferences a second on
+    one 720p frame preprocessed once: the ceiling the pipelines are measured against."""
+    import numpy as np
+
+    from edgeinfer.frames import Frame
+    from edgeinfer.pipeline import Pipeline
+
+    p = Pipeline.from_config(config("every", 1, scene, server, state, True, "thread"),
+                             name="cam0")
+    try:
+        frame = Frame(0, time.monotonic(), time.time(),
+                      np.random.default_rng(0).integers(0, 255, (720, 1280, 3), np.uint8))
+        feeds, _ = p.task.preprocess(frame)
+        for _ in range(5):
+            p.model.run(feeds)
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            p.model.run(feeds)
+            n += 1
+        return n / (time.perf_counter() - t0)
+    finally:
+        p.close()
+
+
+def decode_alone_cpu(scene: Any, server: FileServer) -> float:
+    """CPU-seconds a camera-minute of reading and decoding one camera alone (the same reader
+    as the pipelines', in this process): what gating is measured against."""
+    from edgeinfer.config.pipeline import CameraSource as CameraConfig
+    from edgeinfer.sources import open_source
+
+    source = open_source(CameraConfig(uri=server.url("main"), isolation="thread"))
+    length = scene.frames / scene.fps
+    with source:
+        frames = iter(source)
+        started = time.monotonic()
+        for frame in frames:  # past FFmpeg's opening burst, as the pipelines' runs
+            if frame.index >= 3 * scene.fps or time.monotonic() - started > 30:
+                break
+        c0, t0 = cpu_s([]), time.monotonic()
+        end = started + length - 3.0
+        for _ in frames:
+            if time.monotonic() >= end:
+                break
+        c1, t1 = cpu_s([]), time.monotonic()
+    return (c1 - c0) / ((t1 - t0) / 60)
+
+
 # -- report ----------------------------------------------------------------------------------------
 def row(r: dict[str, Any]) -> str:
     m, e, x = r["crossings"]
     lat = r["entry_latency_s_max"]
     lat_s = "-" if lat is None else ("never" if lat == float("inf") else f"{lat:.2f}")
-    return (f"| {r['scene']} | {TITLES[r['mode']]} | {r['cameras']} | {'yes' if r['realtime'] else 'no'} | "
+    return (f"| {r['scene']} | {TITLES[r['mode']]} | {r['isolation']} | {r['cameras']} | "
+            f"{'yes' if r['realtime'] else 'no'} | "
             f"{r['cpu_s_per_camera_min']:.1f} | {r['detector_runs_per_s']:.1f} | "
             f"{m}/{e}{f' (+{x} extra)' if x else ''} | {lat_s} | {r['in_mask']} | "
             f"{r['read_fps_min']:.1f} / {100 * r['dropped_max']:.1f} % / "
@@ -353,10 +421,11 @@ def cpu_budget(r: dict[str, Any], cores: int, fps: float) -> str:
     return f"{least:.1f}-{most:.1f} (frames were dropped)"
 
 
-HEAD = ("| scene | mode | cameras | real time | CPU-s per camera-minute | detector runs per camera-s | "
+HEAD = ("| scene | mode | capture | cameras | real time | CPU-s per camera-minute "
+        "| detector runs per camera-s | "
         "crossings right (of script) | worst entry -> first result, s | detections in the mask "
         "| read fps min / dropped max / lag p50 ms max | load avg |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|")
+        "|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def main() -> int:
@@ -370,6 +439,9 @@ def main() -> int:
                     help="N to try in order; a mode stops at its first N not real time")
     ap.add_argument("--keep-going", action="store_true",
                     help="try every N even after one that is not real time")
+    ap.add_argument("--isolation", default="process",
+                    help="where cameras are read: process, thread, or both (thread,process) "
+                    "to compare in one run")
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON lines")
     args = ap.parse_args()
@@ -391,6 +463,7 @@ def main() -> int:
     results: list[dict[str, Any]] = []
     skipped: list[str] = []
     picked = "not measured (--quick)"
+    alone = decode = 0.0
     with tempfile.TemporaryDirectory(prefix="edgeinfer-cams-") as tmp:
         state = tmp if args.quick else str(CACHE / "cameras-state")
         for k, which in enumerate(scenes):
@@ -407,19 +480,33 @@ def main() -> int:
                             print(f"skip {mode}: needs {', '.join(missing[mode])}",
                                   file=sys.stderr)
                         continue
-                    for n in counts:
-                        r = run(mode, n, scene, server, state, not args.quick, which)
-                        results.append(r)
-                        print(json.dumps(r) if args.json else row(r), flush=True)
-                        if not r["realtime"] and not args.keep_going:
-                            break
-    runs = list(dict.fromkeys((r["scene"], r["mode"]) for r in results))
-    best = {sm: max((r["cameras"] for r in results if (r["scene"], r["mode"]) == sm
-                     and r["realtime"]), default=0) for sm in runs}
+                    for isolation in args.isolation.split(","):
+                        for n in counts:
+                            r = run(mode, n, scene, server, state, not args.quick, which,
+                                    isolation)
+                            results.append(r)
+                            print(json.dumps(r) if args.json else row(r), flush=True)
+                            if not r["realtime"] and not args.keep_going:
+                                break
+                if k == 0 and not args.quick:
+                    alone = model_alone_fps(scene, server, state)
+                    decode = decode_alone_cpu(scene, server)
+    every = [r for r in results if r["mode"] == "every"]
+    ratios = [f"{r['cameras']} camera(s), {r['isolation']}: "
+              f"{r['inferred_per_s'] / min(15.0 * r['cameras'], alone):.2f}" for r in every
+              if alone]
+    gated = [f"{TITLES[r['mode']]}, {r['isolation']}, {r['cameras']} camera(s): "
+             f"{r['cpu_s_per_camera_min'] / decode:.2f}" for r in results
+             if r["mode"] != "every" and r["scene"] == scenes[0] and decode]
+    runs = list(dict.fromkeys((r["scene"], r["mode"], r["isolation"]) for r in results))
+    best = {sm: max((r["cameras"] for r in results
+                     if (r["scene"], r["mode"], r["isolation"]) == sm and r["realtime"]),
+                    default=0) for sm in runs}
     cores = os.cpu_count() or 1
-    budget = {sm: cpu_budget(next(r for r in results if (r["scene"], r["mode"]) == sm), cores,
+    budget = {sm: cpu_budget(next(r for r in results
+                                  if (r["scene"], r["mode"], r["isolation"]) == sm), cores,
                              15.0) for sm in runs}
-    name = {sm: f"{TITLES[sm[1]]}" + (f" ({sm[0]})" if scenes != ["slow"] else "")
+    name = {sm: f"{TITLES[sm[1]]}, {sm[2]}" + (f" ({sm[0]})" if scenes != ["slow"] else "")
             for sm in runs}
     fast = [x for x in scenes if x != "slow"]
     crossed = {x: [r["crossings"] for r in results if r["scene"] == x and r["mode"] != "every"]
@@ -442,6 +529,13 @@ def main() -> int:
         f"Cameras the CPU alone would allow ({cores} cores x 60 CPU-s a minute over one "
         "camera's CPU-s at the smallest N): "
         + (", ".join(f"{name[sm]}: {b}" for sm, b in budget.items()) or "-") + ".",
+        *([f"Every frame detected: frames inferred a second over the lesser of the cameras' "
+           f"15 fps each and what the model sustains alone on its pick ({alone:.1f} "
+           f"inferences/s, measured in this run): " + "; ".join(ratios) + "."] if ratios
+          else []),
+        *([f"CPU per camera over decoding that camera's stream alone ({decode:.1f} CPU-s a "
+           "camera-minute, measured in this run): " + "; ".join(gated) + "."] if gated
+          else []),
         *(["Gated crossings right, all gated modes and N together: " + "; ".join(
             f"{x}: {sum(c[0] for c in cs)} of {sum(c[1] for c in cs)}, "
             f"{sum(c[2] for c in cs)} extra" for x, cs in crossed.items() if cs) + "."]
@@ -459,7 +553,8 @@ def main() -> int:
                       if fast else ("cameras", "How many cameras"))
         write_section(ROOT / "docs" / "benchmarks.md", key, title, body,
                       f"python3 bench/cameras.py --scenes {args.scenes} --modes {args.modes} "
-                      f"--cameras {args.cameras}" + (" --keep-going" if args.keep_going else ""))
+                      f"--cameras {args.cameras} --isolation {args.isolation}"
+                      + (" --keep-going" if args.keep_going else ""))
     return 0 if all(not r["errors"] for r in results) else 1
 
 
