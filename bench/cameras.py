@@ -428,6 +428,44 @@ HEAD = ("| scene | mode | capture | cameras | real time | CPU-s per camera-minut
         "|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
+def cores_scaling(args: argparse.Namespace) -> int:
+    """The largest N of gated cameras held real time pinned to one CPU, and on all of them."""
+    every = sorted(os.sched_getaffinity(0))
+    held: dict[int, int] = {}
+    rows: list[dict[str, Any]] = []
+    for cpus in ([every[0]], every):
+        proc = subprocess.run(
+            [sys.executable, __file__, "--modes", "gated", "--cameras", args.cameras,
+             "--isolation", args.isolation.split(",")[-1], "--json", "--no-write",
+             "--cpus", ",".join(map(str, cpus))],
+            capture_output=True, text=True, check=False)
+        got = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+        if proc.returncode or not got:
+            raise SystemExit(f"the run on CPUs {cpus} failed: {proc.stderr[-2000:]}")
+        rows.extend({**r, "cpus": len(cpus)} for r in got)
+        held[len(cpus)] = max((r["cameras"] for r in got if r["realtime"]), default=0)
+    one, all_ = held[1], held[len(every)]
+    body = "\n".join([
+        f"Motion-gated 720p cameras (the slow scene, detect.fps 5, capture: "
+        f"{args.isolation.split(',')[-1]}) held real time pinned to 1 CPU and on all "
+        f"{len(every)} (`--cpus`: the pipelines, capture processes and the RTSP server pinned "
+        f"alike). {machine_facts()}", "",
+        "| CPUs | cameras | real time | CPU-s per camera-minute | read fps min / dropped max "
+        "/ lag p50 ms max |", "|---|---|---|---|---|",
+        *(f"| {r['cpus']} | {r['cameras']} | {'yes' if r['realtime'] else 'no'} | "
+          f"{r['cpu_s_per_camera_min']:.1f} | {r['read_fps_min']:.1f} / "
+          f"{100 * r['dropped_max']:.1f} % / {r['lag_ms_max']:.0f} |" for r in rows), "",
+        f"Largest real-time N: {one} on 1 CPU, {all_} on {len(every)}: "
+        + (f"{all_ / one:.2f}x" if one else "no camera held on 1 CPU") + " (target >= 1.8x)."])
+    print(body)
+    if not args.no_write:
+        write_section(ROOT / "docs" / "benchmarks.md", "cameras-cores",
+                      "How many cameras: cores", body,
+                      f"python3 bench/cameras.py --cores-scaling --cameras {args.cameras} "
+                      f"--isolation {args.isolation}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true",
@@ -442,9 +480,19 @@ def main() -> int:
     ap.add_argument("--isolation", default="process",
                     help="where cameras are read: process, thread, or both (thread,process) "
                     "to compare in one run")
+    ap.add_argument("--cpus", default=None,
+                    help="run on these CPUs only (e.g. 0, or 0,1), capture processes and the "
+                    "RTSP server included: how the cameras held scale with cores")
+    ap.add_argument("--cores-scaling", action="store_true",
+                    help="gated cameras held real time on one CPU and on all, in one run (two "
+                    "runs of this script, each pinned with --cpus)")
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON lines")
     args = ap.parse_args()
+    if args.cores_scaling:
+        return cores_scaling(args)
+    if args.cpus is not None:
+        os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
     scenes = args.scenes.split(",")
     if unknown := [x for x in scenes if x not in SCENES]:
         raise SystemExit(f"unknown scene {', '.join(unknown)}: choose from {', '.join(SCENES)}")
@@ -488,8 +536,9 @@ def main() -> int:
                             print(json.dumps(r) if args.json else row(r), flush=True)
                             if not r["realtime"] and not args.keep_going:
                                 break
-                if k == 0 and not args.quick:
-                    alone = model_alone_fps(scene, server, state)
+                if k == 0 and not args.quick and not args.json:
+                    if "every" in args.modes.split(","):
+                        alone = model_alone_fps(scene, server, state)
                     decode = decode_alone_cpu(scene, server)
     every = [r for r in results if r["mode"] == "every"]
     ratios = [f"{r['cameras']} camera(s), {r['isolation']}: "
@@ -502,7 +551,7 @@ def main() -> int:
     best = {sm: max((r["cameras"] for r in results
                      if (r["scene"], r["mode"], r["isolation"]) == sm and r["realtime"]),
                     default=0) for sm in runs}
-    cores = os.cpu_count() or 1
+    cores = len(os.sched_getaffinity(0))
     budget = {sm: cpu_budget(next(r for r in results
                                   if (r["scene"], r["mode"], r["isolation"]) == sm), cores,
                              15.0) for sm in runs}

@@ -71,6 +71,11 @@ class CameraSource(TaggedPart, tag="camera", frozen=True):
             only), ``thread`` (a thread of the pipeline's process); ``auto``: ``process``, or
             ``thread`` where ``EDGEINFER_CAPTURE_IN_PROCESS=1`` is set (a decoder under a
             debugger).
+        decoder: What decodes a stream's H.264/H.265 (PyAV): ``auto`` (the board's hardware
+            decoder when one opens and decodes the stream's first pictures: V4L2 M2M on a
+            Raspberry Pi, NVDEC with an NVIDIA GPU, VA-API; else FFmpeg's software decoder;
+            one log line says which), ``software``, or one of ``v4l2m2m``, ``nvdec``,
+            ``vaapi`` (tried alone; software, with a warning, when it does not work).
     """
 
     uri: Arg | Annotated[int, Meta(ge=0, le=255)] = 0
@@ -85,6 +90,7 @@ class CameraSource(TaggedPart, tag="camera", frozen=True):
     open_timeout_s: Seconds = 10.0
     reconnect: ReconnectConfig = msgspec.field(default_factory=ReconnectConfig)
     isolation: Literal["auto", "process", "thread"] = "auto"
+    decoder: Literal["auto", "software", "v4l2m2m", "nvdec", "vaapi"] = "auto"
 
     def __post_init__(self) -> None:
         if self.backend == "pyav" and not _is_url(self.uri):
@@ -97,6 +103,10 @@ class CameraSource(TaggedPart, tag="camera", frozen=True):
             if not _is_url(self.uri) or not _is_url(self.detect_uri):
                 raise ValueError("detect_uri is a camera's substream: both uri and detect_uri "
                                  "must be stream URLs (rtsp://...)")
+        if self.decoder not in ("auto", "software") and (
+                self.backend not in ("auto", "pyav") or not _is_url(self.uri)):
+            raise ValueError(f"decoder: {self.decoder} decodes streams through PyAV: it needs a "
+                             f"stream uri (rtsp://...) and backend auto or pyav")
         if self.transport != "auto" and self.backend not in ("auto", "pyav"):
             raise ValueError(f"transport: {self.transport} needs backend pyav (or auto); "
                              f"OpenCV's backend {self.backend} lets FFmpeg choose")
@@ -124,11 +134,17 @@ class VideoSource(TaggedPart, tag="video", frozen=True):
         uri: The file.
         fps: Pace reading to this rate (``None``: as fast as the pipeline takes frames).
         loop: Start again at the end.
+        isolation: ``process``: read and decoded ahead in a capture process (as cameras are),
+            in step with the pipeline (it waits for inference; nothing is skipped);
+            ``thread``: in the pipeline's process; ``auto``: ``process`` when the daemon
+            runs it (``edgeinfer run``, ``edgeinfer demo``), ``thread`` in the Python API (a
+            short file or a notebook: a process costs more than it saves).
     """
 
     uri: FilePath
     fps: Fps | None = None
     loop: bool = False
+    isolation: Literal["auto", "process", "thread"] = "auto"
 
 
 class ImagesSource(TaggedPart, tag="images", frozen=True):

@@ -11,7 +11,7 @@ from .base import Backoff, RateLimiter, Source, SourceStats
 SOURCES = {
     "camera": "edgeinfer.sources.cameras:open_camera",
     "picamera2": "edgeinfer.sources.picamera:Picamera2Source",
-    "video": "edgeinfer.sources.files:VideoSource",
+    "video": "edgeinfer.sources.isolated:open_video",
     "images": "edgeinfer.sources.files:ImagesSource",
     "synthetic": "edgeinfer.sources.synthetic:SyntheticSource",
     "audio": "edgeinfer.sources.audio:AudioSource",

@@ -53,7 +53,9 @@ def camera_reader(config: CameraConfig) -> str:
     rtsp = isinstance(uri, str) and uri.lower().startswith(("rtsp://", "rtsps://"))
     needs = ("backend: pyav" if config.backend == "pyav"
              else "detect_uri" if config.detect_uri is not None
-             else f"transport: {config.transport}" if config.transport != "auto" else None)
+             else f"transport: {config.transport}" if config.transport != "auto"
+             else f"decoder: {config.decoder}" if config.decoder not in ("auto", "software")
+             else None)
     if needs is not None:
         if not pyav_available():
             raise SourceError(f"camera: {needs} needs PyAV, which is not installed: {_INSTALL}")

@@ -20,6 +20,7 @@ import pickle
 import struct
 import sys
 import threading
+import time
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -36,6 +37,8 @@ from .packets import PacketRing, StreamInfo
 __all__ = ["FRAME", "STATS_S"]
 
 STATS_S = 0.5
+_READERS = {**CAMERA_READERS, "video": "edgeinfer.sources.files:VideoSource"}
+_WAIT_S = 0.001  # a file's frame waits this long at a time for a free slot (nothing skipped)
 # b"F", slot, region offset, index, ts, wall, start (NaN: none), ndim, shape (3), display (2)
 FRAME = struct.Struct("<cIQqdddB3I2I")
 
@@ -73,7 +76,7 @@ def _child(fd: int, memfd: int) -> int:
     logging.getLogger("edgeinfer").setLevel(init["log_level"])
     # Started when the pipeline is built: the reader's imports (OpenCV, PyAV) are done before
     # the pipeline starts and says "open", so the first frame comes no later than in-process.
-    resolve(CAMERA_READERS, init["reader"], "camera reader")
+    resolve(_READERS, init["reader"], "reader")
     try:
         order = pickle.loads(conn.recv_bytes())
     except (EOFError, OSError):
@@ -141,6 +144,9 @@ def _frames(source: Any, writer: RingWriter, conn: Connection, lock: threading.L
                 _report(send, source, full[0], None)
             data = frame.data
             placed = writer.put(data)
+            while placed is None and not source.live and not source.stopped:
+                time.sleep(_WAIT_S)  # a file waits for the pipeline, a camera does not
+                placed = writer.put(data)
             if placed is None:
                 full[0] += 1
                 continue

@@ -39,11 +39,13 @@ from typing import Any
 
 from .._child import describe_exit, emit_record, spawn, wait_exit
 from ..config.sources import CameraSource as CameraConfig
+from ..config.sources import VideoSource as VideoConfig
 from ..errors import SourceError
 from ..frames import Frame
 from ..health import Health
 from .base import Source, SourceStats
 from .camera import check_config, redact
+from .files import VideoSource
 from .capture_child import FRAME
 from .framering import DEFAULT_RING_BYTES, Layout, RingReader
 from .packets import PacketRing
@@ -88,10 +90,13 @@ class ProcessSource(Source):
 
     live = True
 
-    def __init__(self, config: CameraConfig, reader: str, *,
+    def __init__(self, config: CameraConfig | VideoConfig, reader: str, *,
                  ring_bytes: int = DEFAULT_RING_BYTES, **context: Any) -> None:
         super().__init__(config)
-        self._name = redact(config.uri)
+        # a video file waits for the pipeline (nothing skipped), a camera does not
+        self.live = reader != "video"
+        self._what = "camera" if self.live else "video"
+        self._name = redact(config.uri) if self.live else str(config.uri)
         self._reader = reader
         self._ring_bytes = ring_bytes
         self.stats: CaptureStats = CaptureStats()
@@ -106,7 +111,7 @@ class ProcessSource(Source):
         self._own = dict.fromkeys(_COUNTED, 0)  # this side's: deaths (errors), restarts
         self._child: dict[str, Any] = {}  # the running child's last stats
         self._health: Health | None = Health("starting", f"starting the capture process of "
-                                                         f"camera {self._name}")
+                                                         f"{self._what} {self._name}")
         self._waiting = False
         self._full = 0
         self._full_base = 0
@@ -171,7 +176,8 @@ class ProcessSource(Source):
         self._receiver.start()
         # As entering the in-process source does: wait for the first attempt to open the camera,
         # so health and stats say how it went; a config its reader refuses raises here.
-        deadline = time.monotonic() + self.config.open_timeout_s + _OPEN_MARGIN_S
+        deadline = (time.monotonic() + getattr(self.config, "open_timeout_s", 0.0)
+                    + _OPEN_MARGIN_S)
         with self._cond:
             while not (self._opened or self._finished or self._down or self.stopped) \
                     and time.monotonic() < deadline:
@@ -270,8 +276,8 @@ class ProcessSource(Source):
                         continue
                     message = conn.recv_bytes()
                 except (EOFError, OSError):
-                    if not self.stopped:
-                        self._died()
+                    if not self.stopped and not self._died():
+                        return
                     continue
                 if message[:1] == b"F":
                     self._arrived(message, ring)
@@ -298,7 +304,7 @@ class ProcessSource(Source):
         with self._cond:
             pending = self._pending
             pending.append(frame)
-            if len(pending) > _MAX_PENDING:  # nobody reads: keep the newest (its slot freed)
+            if self.live and len(pending) > _MAX_PENDING:  # nobody reads: keep the newest
                 pending.popleft()
                 self._late += 1
             self._cond.notify()
@@ -334,11 +340,17 @@ class ProcessSource(Source):
             return True
         return False
 
-    def _died(self) -> None:
-        """The child is gone without saying why: restart it after a backoff."""
+    def _died(self) -> bool:
+        """The child is gone without saying why: restart it after a backoff (a camera), or
+        end the stream with the reason (a file: read again from the start, its frames would
+        come twice)."""
         ran = time.monotonic() - self._started_at
         code = self._end_child(5.0)
         self._fold()
+        if not self.live:
+            how = describe_exit(code if code is not None else -1)
+            self._error = f"video {self._name}: its capture process {how}"
+            return False
         if ran >= RESTART_RESET_S:
             self._restarts_in_row = 0
         self._restarts_in_row += 1
@@ -355,6 +367,7 @@ class ProcessSource(Source):
             self._cond.notify_all()
         self._update()
         self.stats.last_error = reason
+        return True
 
     def _restart(self) -> bool:
         """Wait out the backoff and start a new child; ``False``: stopped meanwhile."""
@@ -414,3 +427,18 @@ def _reap(procs: list[subprocess.Popen[bytes] | None]) -> None:
         if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def open_video(config: VideoConfig, *, daemon: bool = False, **context: Any) -> Source:
+    """The source for a ``video`` config: read ahead in a capture process (``isolation:
+    process``, or ``auto`` when a daemon runs it), else in the pipeline's thread."""
+    isolation = config.isolation
+    if isolation == "auto":
+        isolation = "process" if daemon and not _in_process() else "thread"
+    if isolation == "process":
+        return ProcessSource(config, "video", **context)
+    return VideoSource(config, **context)
+
+
+def _in_process() -> bool:
+    return os.environ.get("EDGEINFER_CAPTURE_IN_PROCESS", "") not in ("", "0")

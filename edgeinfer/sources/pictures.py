@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import av
 
 from .base import SourceStats
+from .decoders import PROBE_PACKETS
 
 __all__ = ["Pictures"]
 
@@ -47,20 +48,32 @@ class Pictures:
 
     Args:
         ctx: The stream's decoder (not yet opened: its threading is set here).
+        hardware: A hardware decoder that opened, and what it is (``decoders.py``): on trial
+            until its first picture; ``ctx`` decodes if it fails.
         stats: Where broken pictures are counted (``corrupt``, ``last_error``).
         name: The camera's name (password masked), for messages.
     """
 
     __slots__ = ("_broken", "_codec", "_ctx", "_held", "_hold_all", "_last_pts", "_name",
-                 "_stats", "_told", "_told_count", "reason", "since")
+                 "_software", "_stats", "_told", "_told_count", "_trial", "decoder", "reason",
+                 "since")
 
-    def __init__(self, ctx: av.VideoCodecContext, stats: SourceStats, name: str) -> None:
+    def __init__(self, ctx: av.VideoCodecContext, stats: SourceStats, name: str, *,
+                 hardware: tuple[av.VideoCodecContext, str] | None = None) -> None:
+        self._software = ctx
+        # On trial (``decoders.py``): the hardware decoder's packets are kept until it gives a
+        # picture, to be decoded again in software if it gives none or fails.
+        self._trial: list[_Packet] | None = None
+        self.decoder = f"{ctx.name} (software)"  # what decodes, for stats
+        if hardware is not None:
+            self._trial = []
+            self.decoder = hardware[1]
         if not ctx.is_open:
             # Slice threading turns FFmpeg's error concealment (and its corrupt flag) off; one
             # thread costs no more CPU per frame (frame threads: +8 %, and a frame of delay per
             # thread), and a camera with one slice per picture never used the other threads.
             ctx.thread_count = 1
-        self._ctx = ctx
+        self._ctx = hardware[0] if hardware is not None else ctx
         self._codec = ctx.name if ctx.name in ("h264", "hevc") else ""
         self._stats, self._name = stats, name
         self._held: _Packet | None = None
@@ -71,6 +84,11 @@ class Pictures:
         self._told_count = 0
         self.reason = ""  # why the last broken picture was not handed on ("": none yet)
         self.since: float | None = None  # time.monotonic() of the last broken picture
+
+    @property
+    def fell_back(self) -> bool:
+        """A hardware decoder failed its trial: the software one decodes."""
+        return "software;" in self.decoder
 
     def decode(self, packet: _Packet) -> Iterator[av.VideoFrame]:
         """The whole pictures ``packet`` completes (none while a keyframe waits for the
@@ -110,11 +128,48 @@ class Pictures:
 
     def _decode(self, packet: _Packet) -> Iterator[av.VideoFrame]:
         self._last_pts = packet.pts
+        if self._trial is not None:
+            yield from self._try(packet)
+            return
         try:
             frames = self._ctx.decode(packet)
         except av.error.FFmpegError as exc:
             self._bad(f"the decoder refused a packet ({exc.strerror})")
             return
+        yield from self._whole(frames)
+
+    def _try(self, packet: _Packet) -> Iterator[av.VideoFrame]:
+        """A hardware decoder on trial: its first whole picture ends the trial; an error, or
+        no picture after ``PROBE_PACKETS``, hands the packets so far to the software decoder."""
+        trial = self._trial
+        assert trial is not None
+        trial.append(packet)
+        why = ""
+        try:
+            frames = [f for f in self._ctx.decode(packet)
+                      if not f.is_corrupt and f.width > 0 and f.height > 0]
+        except (av.error.FFmpegError, OSError, ValueError) as exc:
+            frames, why = [], f"it refused a packet ({exc})"
+        if frames:
+            self._trial = None
+            logger.info("camera %s: decoding with %s: its first picture decoded", self._name,
+                        self.decoder)
+            yield from self._whole(frames)
+            return
+        if not why and len(trial) < PROBE_PACKETS:
+            return
+        why = why or f"no picture after {len(trial)} packets"
+        logger.warning("camera %s: %s opened but did not decode the stream (%s); decoding in "
+                       "software (FFmpeg's %s)", self._name, self.decoder, why,
+                       self._software.name)
+        self._trial = None
+        self._ctx = self._software
+        self.decoder = f"{self._software.name} (software; {self.decoder.split(' ')[0]} "\
+                       f"failed: {why})"
+        for held in trial:
+            yield from self._decode(held)
+
+    def _whole(self, frames: Any) -> Iterator[av.VideoFrame]:
         for frame in frames:
             if frame.is_corrupt:
                 self._bad("a picture arrived with slices missing or damaged (FFmpeg concealed "

@@ -29,6 +29,7 @@ from ..frames import Frame
 from ..health import Health
 from .base import Backoff, Outage, RateLimiter, Source, SourceStats
 from .camera import redact
+from .decoders import hardware_decoder
 from .packets import PacketRing, StreamInfo
 from .pictures import Pictures
 from .reasons import no_rtp_reason, slow_reply_reason, stream_host, stream_reason
@@ -52,9 +53,11 @@ class RtspStats(SourceStats):
     """``SourceStats`` and, with ``detect_uri``, the main stream's state and the packet ring."""
 
     main_stream: dict[str, Any] | None = None
+    decoder: str | None = None  # what decodes the pictures (``decoders.py``)
 
     def to_dict(self) -> dict[str, Any]:
         d = SourceStats.to_dict(self)
+        d["decoder"] = self.decoder
         if self.main_stream is not None:
             d["main_stream"] = self.main_stream
         return d
@@ -233,6 +236,7 @@ class PyAvSource(Source):
         self._main_thread: threading.Thread | None = None
         self._display: tuple[int, int] | None = None
         self._pictures: Pictures | None = None  # the decoded stream's, on this connection
+        self._told_decoder = ""  # what decodes, as last logged
 
     @property
     def name(self) -> str:
@@ -349,6 +353,31 @@ class PyAvSource(Source):
             "reconnects": s.reconnects, "errors": s.errors, "packets": self._ring.stats()}
 
     # -- the decoded stream --------------------------------------------------------------------
+    def _new_pictures(self, stream: _Stream, name: str) -> Pictures:
+        """A connection's decoding: a hardware decoder on trial when ``decoder`` allows and one
+        opens (``decoders.py``), else software; said once in the log, not at every reconnect.
+        A hardware decoder that failed its trial is not tried again."""
+        setting = self.config.decoder
+        last = self._pictures
+        if last is not None and last.fell_back:
+            setting = "software"
+        ctx = stream.video.codec_context
+        found, said = hardware_decoder(ctx, setting, name)
+        hw = (found, said) if found is not None else None
+        why = said
+        if said != self._told_decoder:
+            self._told_decoder = said
+            if hw is not None:
+                logger.info("camera %s: trying %s", name, hw[1])
+            elif setting not in ("auto", "software"):
+                logger.warning("camera %s: decoding %s in software (FFmpeg's): %s", name,
+                               ctx.name, why)
+            elif setting == "auto":
+                logger.info("camera %s: decoding %s in software (FFmpeg's): %s", name, ctx.name,
+                            why)
+        return Pictures(ctx, self.stats, name, hardware=hw)
+
+
     def _frames(self) -> Iterator[Frame]:
         reader = self._reader
         limiter = RateLimiter(self.config.max_fps)
@@ -382,8 +411,7 @@ class PyAvSource(Source):
                 ring.push(bytes(packet), packet.pts, packet.dts, stream.clock(packet.pts, now),
                           packet.is_keyframe)
             if stream.pictures is None:
-                stream.pictures = self._pictures = Pictures(stream.video.codec_context, stats,
-                                                            reader.name)
+                stream.pictures = self._pictures = self._new_pictures(stream, reader.name)
             for image in stream.pictures.decode(packet):
                 index += 1
                 ts = stream.clock(image.pts, now) if image.pts is not None else now
@@ -396,6 +424,7 @@ class PyAvSource(Source):
                     stats.skipped += 1  # the main stream's size is not known yet
                     continue
                 stats.frames += 1
+                stats.decoder = stream.pictures.decoder
                 yield Frame(index - 1, ts, time.time() - (now - ts),
                             image.to_ndarray(format="bgr24"), display=display)
             if self._main is not None and now - told >= 1.0:

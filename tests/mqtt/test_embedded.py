@@ -67,7 +67,14 @@ def test_results_and_status_reach_a_subscriber(embedded: EmbeddedBroker) -> None
         assert client.wait_connected(10), client.last_error
         sub, got = subscriber(embedded.port, "edgeinfer/demo/#")
         birth = got.get(timeout=10)
-        assert birth.retain and json.loads(birth.payload)["state"] == "online"
+        assert json.loads(birth.payload)["state"] == "online"
+        # Retained: a subscriber that comes later gets it too (the first may have subscribed
+        # before the birth was sent, and got it live, without the retain flag).
+        late, late_got = subscriber(embedded.port, client.topics.status)
+        kept = late_got.get(timeout=10)
+        late.loop_stop()
+        late.disconnect()
+        assert kept.retain and json.loads(kept.payload)["state"] == "online"
         acks: list[int] = []
         for seq in range(50):
             assert client.publish(client.topics.result("faces"), json.dumps({"seq": seq}),
