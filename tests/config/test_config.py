@@ -660,7 +660,7 @@ def test_missing_type_or_required_field(tmp_path: Path, part: str, problem: str)
         ),
         (
             "source: {type: video, uri: x.mp4, qqq: 1}",
-            "source.qqq: unknown field; valid: type, uri, fps, loop",
+            "source.qqq: unknown field; valid: type, uri, fps, loop, isolation",
         ),
         (
             "task: {type: detect, decoder: ssd, iou_treshold: 0.5}",
