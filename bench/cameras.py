@@ -72,6 +72,7 @@ NEEDS = {"every": (), "gated": ("detect", "motion"), "regions": ("detect", "moti
 TITLES = {"every": "every frame", "gated": "motion-gated, detect.fps 5",
           "regions": "gated + motion regions", "batch": "gated + regions + batching",
           "substream": "gated + regions + batching + substream"}
+TITLES_BY_KEY = {"cameras-capture": "How many cameras: capture processes against one process"}
 REALTIME_READ = 0.95  # of the camera's fps
 REALTIME_DROP = 0.05
 REALTIME_LAG_MS = 1000.0
@@ -273,6 +274,23 @@ def cpu_s(pipes: list[Any]) -> float:
     return total
 
 
+def pss_mb(pipes: list[Any]) -> float:
+    """PSS of this process and the cameras' capture processes (``smaps_rollup``; the RTSP
+    server, a child too, left out)."""
+    pids = [os.getpid(), *(pid for p in pipes if (pid := getattr(p.source, "pid", None)))]
+    total = 0.0
+    for pid in pids:
+        try:
+            text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith("Pss:"):
+                total += int(line.split()[1]) / 1024
+                break
+    return total
+
+
 def counters(pipes: list[Any]) -> list[dict[str, float]]:
     return [{"read": p.source.stats.frames, "dropped": p.stats.dropped_queue,
              "infer": p.stats.infer.count, "t": time.monotonic()} for p in pipes]
@@ -302,6 +320,7 @@ def run(mode: str, n: int, scene: Any, server: FileServer, state: str, probe: bo
         while time.monotonic() < end and not any(p.error for p in pipes):
             time.sleep(0.2)
         after, cpu1 = counters(pipes), cpu_s(pipes)
+        memory = pss_mb(pipes)
         lags = [p.stats.latency.summary()["p50"] for p in pipes]
     finally:
         for p in pipes:
@@ -319,7 +338,7 @@ def run(mode: str, n: int, scene: Any, server: FileServer, state: str, probe: bo
     return {
         "scene": which, "mode": mode, "isolation": isolation, "cameras": n,
         "window_s": round(window, 1), "realtime": realtime,
-        "inferred_per_s": sum(infer),
+        "inferred_per_s": sum(infer), "pss_mb": memory,
         "cpu_s_per_camera_min": (cpu1 - cpu0) / n / (window / 60),
         "read_fps_min": min(read), "dropped_max": max(dropped), "lag_ms_max": max(lags),
         "detector_runs_per_s": sum(infer) / n,
@@ -486,6 +505,9 @@ def main() -> int:
     ap.add_argument("--cores-scaling", action="store_true",
                     help="gated cameras held real time on one CPU and on all, in one run (two "
                     "runs of this script, each pinned with --cpus)")
+    ap.add_argument("--key", default=None,
+                    help="the docs/benchmarks.md section to write (default: cameras, or "
+                    "cameras-fast for the fast scenes)")
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON lines")
     args = ap.parse_args()
@@ -547,6 +569,11 @@ def main() -> int:
     gated = [f"{TITLES[r['mode']]}, {r['isolation']}, {r['cameras']} camera(s): "
              f"{r['cpu_s_per_camera_min'] / decode:.2f}" for r in results
              if r["mode"] != "every" and r["scene"] == scenes[0] and decode]
+    memory = [f"{TITLES[r['mode']]}, {r['cameras']} camera(s): "
+              f"{r['pss_mb']:.0f} MB / {t['pss_mb']:.0f} MB = {r['pss_mb'] / t['pss_mb']:.2f}"
+              for r in results for t in results
+              if r["isolation"] == "process" and t["isolation"] == "thread"
+              and (r["scene"], r["mode"], r["cameras"]) == (t["scene"], t["mode"], t["cameras"])]
     runs = list(dict.fromkeys((r["scene"], r["mode"], r["isolation"]) for r in results))
     best = {sm: max((r["cameras"] for r in results
                      if (r["scene"], r["mode"], r["isolation"]) == sm and r["realtime"]),
@@ -585,6 +612,8 @@ def main() -> int:
         *([f"CPU per camera over decoding that camera's stream alone ({decode:.1f} CPU-s a "
            "camera-minute, measured in this run): " + "; ".join(gated) + "."] if gated
           else []),
+        *(["Memory of the whole process tree (PSS: this process and the capture processes), "
+           "capture processes / one process: " + "; ".join(memory) + "."] if memory else []),
         *(["Gated crossings right, all gated modes and N together: " + "; ".join(
             f"{x}: {sum(c[0] for c in cs)} of {sum(c[1] for c in cs)}, "
             f"{sum(c[2] for c in cs)} extra" for x, cs in crossed.items() if cs) + "."]
@@ -600,9 +629,12 @@ def main() -> int:
     if not args.no_write and not args.quick:
         key, title = (("cameras-fast", "Small, fast objects: counting with motion gating")
                       if fast else ("cameras", "How many cameras"))
+        if args.key is not None:
+            key, title = args.key, TITLES_BY_KEY.get(args.key, title)
         write_section(ROOT / "docs" / "benchmarks.md", key, title, body,
                       f"python3 bench/cameras.py --scenes {args.scenes} --modes {args.modes} "
                       f"--cameras {args.cameras} --isolation {args.isolation}"
+                      + (f" --key {args.key}" if args.key else "")
                       + (" --keep-going" if args.keep_going else ""))
     return 0 if all(not r["errors"] for r in results) else 1
 

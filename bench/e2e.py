@@ -39,10 +39,9 @@ CASES = {
 }
 
 
-def config(case: str, video: Path, port: int, state: str, isolation: str = "process") -> Any:
-    """``isolation: process``: the clip read ahead in a capture process, as the daemon reads
-    it (``edgeinfer demo``, ``edgeinfer run``); ``thread``: in the pipeline's process (the
-    Python API's default, and every pipeline before capture processes)."""
+def config(case: str, video: Path, port: int, state: str, isolation: str = "auto") -> Any:
+    """``isolation``: ``auto`` (the default: a file is read in the pipeline's thread) or
+    ``process`` (read ahead in a capture process, as cameras are)."""
     from edgeinfer.config import parse_config
 
     c = CASES[case]
@@ -142,23 +141,23 @@ def run_case(case: str, frames: int, repeats: int) -> dict[str, Any]:
         video = samples.demo_video(Path(tmp) / "clip.avi", frames=frames,
                                    size=CASES[case]["size"])
         cfg = config(case, video, broker.port, f"{tmp}/state")
-        before = config(case, video, broker.port, f"{tmp}/state", "thread")
+        ahead = config(case, video, broker.port, f"{tmp}/state", "process")
         mqtt = MqttPlumbing(cfg.mqtt, "bench", f"{tmp}/mqtt")
         mqtt.start()
         mqtt.client.wait_connected(10)
         try:
             run_pipeline(cfg, mqtt, wait_selection=True)
-            fps: dict[str, list[float]] = {"pipeline": [], "thread": [], "raw": [],
+            fps: dict[str, list[float]] = {"pipeline": [], "process": [], "raw": [],
                                            "decode": []}
             selection: Any = None
             choice: dict[str, Any] | None = None
             for i in range(repeats):
-                order = ("pipeline", "thread", "raw", "decode")
+                order = ("pipeline", "process", "raw", "decode")
                 for which in (order if i % 2 == 0 else order[::-1]):
                     if which == "decode":
                         f = decode_loop(cfg)
-                    elif which == "thread":
-                        f, _ = run_pipeline(before, mqtt)
+                    elif which == "process":
+                        f, _ = run_pipeline(ahead, mqtt)
                     elif which == "pipeline":
                         f, selection = run_pipeline(cfg, mqtt)
                         choice = selection["choice"]
@@ -183,7 +182,10 @@ def run_case(case: str, frames: int, repeats: int) -> dict[str, Any]:
             "ceiling": med["pipeline"] / min(med["raw"], med["decode"]),
             "ceiling_spread": [p / min(r, d) for p, r, d in
                                zip(fps["pipeline"], fps["raw"], fps["decode"])],
-            "ceiling_thread": med["thread"] / min(med["raw"], med["decode"]),
+            "ceiling_process": med["process"] / min(med["raw"], med["decode"]),
+            # on a box whose cores inference already fills, decoding takes turns with it: the
+            # bound is both together, 1 / (1/decode + 1/raw)
+            "shared": med["pipeline"] * (1 / med["raw"] + 1 / med["decode"]),
             "stages": {k: statistics.median(s[k] for s in stages) for k in ("pre", "infer",
                                                                            "post")}}
 
@@ -202,8 +204,9 @@ def main() -> int:
     rows = ["| case | pick (task gate) | pipeline frames/s | raw loop on the pick, frames/s | "
             "pipeline / raw (spread) | target | pipeline stage p50 ms: pre / infer / post | "
             "decoding the clip alone, frames/s | pipeline / min(decoding alone, raw loop) "
-            "(spread) | target | the same, clip read in the pipeline's thread |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+            "(spread) | target | pipeline / (decoding + raw loop, one after the other) | "
+            "clip read in a capture process: frames/s, / min(...) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         title = {"demo": "demo: BlazeFace, demo clip 640x480",
                  "yolo-720p": "YOLOv8n-320, clip 1280x720"}[r["case"]]
@@ -215,16 +218,19 @@ def main() -> int:
                     f"{r['ceiling']:.2f} ({min(r['ceiling_spread']):.2f}-"
                     f"{max(r['ceiling_spread']):.2f})"
                     f"{'' if r['ceiling'] >= 0.9 else ' **missed**'} | >= 0.9 | "
-                    f"{r['med']['thread']:.1f} frames/s: {r['ceiling_thread']:.2f} |")
+                    f"{r['shared']:.2f} | {r['med']['process']:.1f}: "
+                    f"{r['ceiling_process']:.2f} |")
     body = "\n".join([
         f"A {args.frames}-frame clip (made from a photograph) through the pipeline: decode -> "
         "preprocess -> the model on the backend the probe picked with the task's gate (cached "
         "by a first run) -> decode + NMS -> MQTT sink (durable outbox, QoS 1) to a mosquitto "
         "started by the script; against the picked backend alone, opened with its own API and "
         f"the pick's settings, over tensors preprocessed beforehand. The pipeline reads the "
-        "clip in a capture process, as the daemon does (`isolation: process`); the last "
-        "column reads it in the pipeline's own thread, as every pipeline did before (and the "
-        f"Python API still does by default). {args.repeats} rounds, "
+        "clip in its own thread (a file's default); the last column reads it ahead in a "
+        "capture process (`isolation: process`, a camera's default). Decoding and inference "
+        "share the CPU: where the pick's threads fill the cores, the pipeline's bound is the "
+        "two one after the other (1 / (1/decode + 1/raw)), not the lesser. "
+        f"{args.repeats} rounds, "
         f"alternating, medians. A LiteRT pick's raw loop runs XNNPACK fp32 (LiteRT's Python "
         f"API has no fp16 switch). {machine_facts()}", "",
         *rows])

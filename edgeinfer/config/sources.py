@@ -136,9 +136,9 @@ class VideoSource(TaggedPart, tag="video", frozen=True):
         loop: Start again at the end.
         isolation: ``process``: read and decoded ahead in a capture process (as cameras are),
             in step with the pipeline (it waits for inference; nothing is skipped);
-            ``thread``: in the pipeline's process; ``auto``: ``process`` when the daemon
-            runs it (``edgeinfer run``, ``edgeinfer demo``), ``thread`` in the Python API (a
-            short file or a notebook: a process costs more than it saves).
+            ``thread``: in the pipeline's process; ``auto``: ``thread`` (measured: a file is
+            read at the pipeline's pace, and its decoder already runs beside inference off
+            the interpreter lock; the process's hand-over cost more than it saved).
     """
 
     uri: FilePath

@@ -86,9 +86,7 @@ class Daemon:
                  restart_window_s: float | None = None, **context: Any) -> None:
         self.config = config
         self.config_path = config_path
-        # ``daemon``: what a source's ``isolation: auto`` reads as "a daemon runs it" (a video
-        # file is then read ahead in a capture process, `sources/isolated.py`)
-        self.context = {"daemon": True, **context}
+        self.context = context
         self.stats_interval_s = stats_interval_s
         self.flush_timeout_s = flush_timeout_s
         self.pipelines: list[Pipeline] = []

@@ -31,7 +31,7 @@ from .._importer import resolve
 from ..errors import EdgeInferError
 from . import open_source
 from .cameras import CAMERA_READERS
-from .framering import RingWriter
+from .framering import LOW_FREE, RingWriter
 from .packets import PacketRing, StreamInfo
 
 __all__ = ["FRAME", "STATS_S"]
@@ -136,6 +136,7 @@ def _frames(source: Any, writer: RingWriter, conn: Connection, lock: threading.L
     pack = FRAME.pack
     nan = float("nan")
     said = source.health()
+    reserve = 1 if source.live else LOW_FREE + 2
     try:
         for frame in source:
             health = source.health()
@@ -143,10 +144,10 @@ def _frames(source: Any, writer: RingWriter, conn: Connection, lock: threading.L
                 said = health
                 _report(send, source, full[0], None)
             data = frame.data
-            placed = writer.put(data)
+            placed = writer.put(data, reserve)
             while placed is None and not source.live and not source.stopped:
                 time.sleep(_WAIT_S)  # a file waits for the pipeline, a camera does not
-                placed = writer.put(data)
+                placed = writer.put(data, reserve)
             if placed is None:
                 full[0] += 1
                 continue

@@ -24,14 +24,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["DEFAULT_RING_BYTES", "Layout", "RingReader", "RingWriter"]
+__all__ = ["DEFAULT_RING_BYTES", "LOW_FREE", "Layout", "RingReader", "RingWriter"]
 
 PAGE = 4096
 MIN_SLOTS = 4
 MAX_SLOTS = 16
 LOW_FREE = 2  # fewer free slots than this after taking one: the reader copies the frame out
 MAX_REGIONS = 3
-DEFAULT_RING_BYTES = 48 << 20  # 12 slots of 720p, 7 of 1080p, the minimum 4 above that
+DEFAULT_RING_BYTES = 24 << 20  # 8 slots of 720p, the minimum 4 from 1080p up
 
 
 def _pages(n: int) -> int:
@@ -78,10 +78,13 @@ class RingWriter:
         self._older: list[Layout] = []  # regions whose frames may still be held
         self._next = 0
 
-    def put(self, data: np.ndarray) -> tuple[int, bool] | None:
+    def put(self, data: np.ndarray, reserve: int = 1) -> tuple[int, bool] | None:
         """Copy ``data`` into a free slot and mark it held: ``(slot, new_layout)``, where
         ``new_layout`` says ``layout`` changed and the reader must be told before the slot;
-        ``None``: no slot is free (the frame is dropped)."""
+        ``None``: fewer than ``reserve`` slots are free (the frame is dropped, or waits).
+
+        A source that waits for its reader (a file) reserves ``LOW_FREE + 2``: it stays that
+        far behind, so the reader never runs low and copies frames out."""
         nbytes = int(data.nbytes)
         layout, fresh = self.layout, False
         if layout is None or layout.slot_bytes != nbytes:
@@ -92,6 +95,8 @@ class RingWriter:
         mm = self._mm
         assert mm is not None
         base = layout.offset
+        if reserve > 1 and layout.slots - sum(mm[base:base + layout.slots]) < reserve:
+            return None
         for step in range(layout.slots):
             slot = (self._next + step) % layout.slots
             if mm[base + slot] == 0:

@@ -58,7 +58,8 @@ RESTART_INITIAL_S = 0.5
 RESTART_MAX_S = 10.0
 RESTART_RESET_S = 30.0  # a child that ran this long starts the backoff over when it dies
 _POLL_S = 0.25
-_MAX_PENDING = 4  # frames received and not yet taken; older ones go (a live camera's buffer)
+# frames received and not yet taken: a camera's older ones go, a file's receiver waits
+_MAX_PENDING = 4
 _OPEN_MARGIN_S = 10.0  # beyond open_timeout_s: the child's start, the probe of a silent camera
 _COUNTED = ("skipped", "corrupt", "reconnects", "retries", "errors")
 
@@ -125,6 +126,8 @@ class ProcessSource(Source):
         self._cond = threading.Condition()
         self._pending: collections.deque[Frame] = collections.deque()
         self._late = 0  # frames let go because nobody took them (``_MAX_PENDING``)
+        self._index_base = 0  # added to a restarted child's frame indexes
+        self._next_index = 0
         self._receiver: threading.Thread | None = None
         self._opened = False  # the child made its first attempt to open the camera
         self._finished = False  # the receiver ended: the stream ended, failed or was stopped
@@ -254,6 +257,7 @@ class ProcessSource(Source):
                 if not pending:
                     break
                 frame = pending.popleft()
+                cond.notify_all()  # the receiver of a file may wait for room
             self.stats.frames += 1
             yield frame
         if self._error is not None and not self.stopped:
@@ -299,10 +303,15 @@ class ProcessSource(Source):
             self.stats.corrupt += 1
             self.stats.last_error = f"camera {self._name}: {exc}"
             return
+        index += self._index_base  # counting on across restarts, as across reconnects
+        self._next_index = index + 1
         frame = Frame(index, ts, wall, data, "image", start=None if start != start else start,
                       display=(dw, dh) if dw else None)
         with self._cond:
             pending = self._pending
+            if not self.live:  # a file waits for the pipeline: the child, for a free slot
+                while len(pending) >= _MAX_PENDING and not self.stopped:
+                    self._cond.wait(_POLL_S)
             pending.append(frame)
             if self.live and len(pending) > _MAX_PENDING:  # nobody reads: keep the newest
                 pending.popleft()
@@ -347,6 +356,7 @@ class ProcessSource(Source):
         ran = time.monotonic() - self._started_at
         code = self._end_child(5.0)
         self._fold()
+        self._index_base = self._next_index
         if not self.live:
             how = describe_exit(code if code is not None else -1)
             self._error = f"video {self._name}: its capture process {how}"
@@ -429,16 +439,9 @@ def _reap(procs: list[subprocess.Popen[bytes] | None]) -> None:
             proc.wait()
 
 
-def open_video(config: VideoConfig, *, daemon: bool = False, **context: Any) -> Source:
-    """The source for a ``video`` config: read ahead in a capture process (``isolation:
-    process``, or ``auto`` when a daemon runs it), else in the pipeline's thread."""
-    isolation = config.isolation
-    if isolation == "auto":
-        isolation = "process" if daemon and not _in_process() else "thread"
-    if isolation == "process":
+def open_video(config: VideoConfig, **context: Any) -> Source:
+    """The source for a ``video`` config: read ahead in a capture process with ``isolation:
+    process``, else (``auto``, ``thread``) in the pipeline's thread."""
+    if config.isolation == "process":
         return ProcessSource(config, "video", **context)
     return VideoSource(config, **context)
-
-
-def _in_process() -> bool:
-    return os.environ.get("EDGEINFER_CAPTURE_IN_PROCESS", "") not in ("", "0")

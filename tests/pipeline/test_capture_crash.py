@@ -77,6 +77,9 @@ def test_a_segfault_in_capture_restarts_that_camera_only(
             assert hit.health().ok and hit.source.pid not in (None, pid)
             capture = hit.snapshot()["source"]["capture"]
             assert capture["restarts"] == 1 and capture["last_exit"] == "crashed (SIGSEGV)"
+            with lock:  # frame indexes count on across the restart, as across a reconnect
+                hit_indexes = [r.frame.index for r in results["hit"]]
+            assert hit_indexes == sorted(set(hit_indexes)), hit_indexes
             _until(lambda: len(results["other"]) >= len(results["hit"]) + 20, 30, "more frames")
         finally:
             for p in pipelines.values():

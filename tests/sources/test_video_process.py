@@ -1,5 +1,5 @@
-"""A ``video`` file read ahead in a capture process (``isolation: process``, what ``auto``
-picks when the daemon runs it): the same frames as in the pipeline's thread, every one, in
+"""A ``video`` file read ahead in a capture process (``isolation: process``; ``auto`` reads
+it in the pipeline's thread): the same frames as in the pipeline's thread, every one, in
 order, with their stream times, even behind a slow consumer holding frames (the child waits for
 a free slot; nothing is skipped); a missing file is refused at start, as in-process; a crash
 ends the stream with the reason instead of reading the file again."""
@@ -40,10 +40,7 @@ def _read(source: Source, pause_s: float = 0.0) -> list[Frame]:
 
 
 def test_the_same_frames_as_in_process_every_one_behind_a_slow_holder(clip: Path) -> None:
-    assert isinstance(open_source(VideoConfig(uri=str(clip))), VideoSource)  # Python API
-    auto = open_source(VideoConfig(uri=str(clip)), daemon=True)
-    assert isinstance(auto, ProcessSource) and not auto.live
-    auto.__exit__(None, None, None)
+    assert isinstance(open_source(VideoConfig(uri=str(clip))), VideoSource)  # auto: thread
     here = _read(open_source(VideoConfig(uri=str(clip), isolation="thread")))
     # every frame held to the end (more than the ring's slots) and read slowly at first
     there = _read(open_source(VideoConfig(uri=str(clip), isolation="process")), pause_s=0.002)
