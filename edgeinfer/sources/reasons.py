@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import errno
 import os
+import socket
+import time
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
-__all__ = ["device_path", "device_reason", "no_rtp_reason", "slow_reply_reason", "stream_host",
-           "stream_reason"]
+__all__ = ["device_path", "device_reason", "no_rtp_reason", "probe_reply", "slow_reply_reason",
+           "stream_host", "stream_reason"]
+
+_PROBE_BYTES = 8192
+_PROBE_CONNECT_S = 0.5  # a camera off the network costs a probe no more than this
 
 _DEVICE_ERRNO = {
     errno.ENOENT: "no such device {path}: is the camera plugged in? `ls /dev/video*`",
@@ -116,3 +121,35 @@ def stream_reason(uri: str, lines: Sequence[str], *, timed_out: bool = False) ->
     last = next((ln for ln in reversed(lines) if "] " in ln), "")
     detail = f" (FFmpeg: {last.split('] ', 1)[1]})" if last else ""
     return f"cannot open the stream at {host}{detail}: check the URI and that the camera is on"
+
+
+def probe_reply(uri: str, timeout_s: float) -> tuple[int, bool] | None:
+    """Ask ``uri``'s server for ``OPTIONS`` (no credentials sent) and read its reply for up to
+    ``timeout_s``: the bytes that came and whether the reply's head was whole; ``None``: no
+    connection."""
+    parts = urlsplit(uri)
+    netloc = parts.netloc.rpartition("@")[2]
+    request = (f"OPTIONS rtsp://{netloc}{parts.path or '/'} RTSP/1.0\r\nCSeq: 1\r\n"
+               "User-Agent: edgeinfer\r\n\r\n").encode()
+    deadline = time.monotonic() + timeout_s
+    data = b""
+    try:
+        # A camera off the network costs its retries no more than half a second more.
+        with socket.create_connection((parts.hostname or "", parts.port or 554),
+                                      timeout=min(_PROBE_CONNECT_S, timeout_s)) as sock:
+            sock.sendall(request)
+            while b"\r\n\r\n" not in data and len(data) < _PROBE_BYTES:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                sock.settimeout(left)
+                chunk = sock.recv(_PROBE_BYTES)
+                if not chunk:
+                    break
+                data += chunk
+    except TimeoutError:
+        pass
+    except OSError:
+        if not data:
+            return None
+    return len(data), b"\r\n\r\n" in data

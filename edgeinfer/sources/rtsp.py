@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import socket
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlsplit
 
 import av
 import msgspec
@@ -32,7 +30,7 @@ from .camera import redact
 from .decoders import hardware_decoder
 from .packets import PacketRing, StreamInfo
 from .pictures import Pictures
-from .reasons import no_rtp_reason, slow_reply_reason, stream_host, stream_reason
+from .reasons import no_rtp_reason, probe_reply, slow_reply_reason, stream_host, stream_reason
 
 __all__ = ["PyAvSource", "RtspStats"]
 
@@ -44,8 +42,6 @@ _DRIFT_S = 1.0  # a stream clock this far behind arrival is re-anchored
 _ANALYZE_US = "500000"
 _BROKEN_SHOWN_S = 60.0  # health says why frames were left out this long after the last one
 _PROBE_S = 2.0  # at most, after an open that timed out: does the camera answer at all?
-_PROBE_BYTES = 8192
-_PROBE_CONNECT_S = 0.5
 
 
 @dataclasses.dataclass(slots=True)
@@ -167,7 +163,7 @@ class _Reader:
         ``None``: it does not, or this is not plain RTSP."""
         if not self.uri.lower().startswith("rtsp://"):
             return None
-        got = _probe_reply(self.uri, min(_PROBE_S, self.config.open_timeout_s))
+        got = probe_reply(self.uri, min(_PROBE_S, self.config.open_timeout_s))
         if got is None or not got[0]:
             return None
         return slow_reply_reason(self.name, got[0], got[1], self.config.open_timeout_s)
@@ -430,35 +426,3 @@ class PyAvSource(Source):
             if self._main is not None and now - told >= 1.0:
                 told = now
                 self._main_state(self._main)
-
-
-def _probe_reply(uri: str, timeout_s: float) -> tuple[int, bool] | None:
-    """Ask ``uri``'s server for ``OPTIONS`` (no credentials sent) and read its reply for up to
-    ``timeout_s``: the bytes that came and whether the reply's head was whole; ``None``: no
-    connection."""
-    parts = urlsplit(uri)
-    netloc = parts.netloc.rpartition("@")[2]
-    request = (f"OPTIONS rtsp://{netloc}{parts.path or '/'} RTSP/1.0\r\nCSeq: 1\r\n"
-               "User-Agent: edgeinfer\r\n\r\n").encode()
-    deadline = time.monotonic() + timeout_s
-    data = b""
-    try:
-        # A camera off the network costs its retries no more than half a second more.
-        with socket.create_connection((parts.hostname or "", parts.port or 554),
-                                      timeout=min(_PROBE_CONNECT_S, timeout_s)) as sock:
-            sock.sendall(request)
-            while b"\r\n\r\n" not in data and len(data) < _PROBE_BYTES:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                sock.settimeout(left)
-                chunk = sock.recv(_PROBE_BYTES)
-                if not chunk:
-                    break
-                data += chunk
-    except TimeoutError:
-        pass
-    except OSError:
-        if not data:
-            return None
-    return len(data), b"\r\n\r\n" in data
