@@ -136,7 +136,9 @@ def _frames(source: Any, writer: RingWriter, conn: Connection, lock: threading.L
     pack = FRAME.pack
     nan = float("nan")
     said = source.health()
-    reserve = 1 if source.live else LOW_FREE + 2
+    # A file waits until LOW_FREE slots are free; the reader copies a frame out when fewer
+    # would be left, so a reader holding every frame still lets the file go on.
+    reserve = 1 if source.live else LOW_FREE
     try:
         for frame in source:
             health = source.health()

@@ -83,8 +83,8 @@ class RingWriter:
         ``new_layout`` says ``layout`` changed and the reader must be told before the slot;
         ``None``: fewer than ``reserve`` slots are free (the frame is dropped, or waits).
 
-        A source that waits for its reader (a file) reserves ``LOW_FREE + 2``: it stays that
-        far behind, so the reader never runs low and copies frames out."""
+        A source that waits for its reader (a file) reserves ``LOW_FREE``: no more, or a reader
+        that holds every frame (it copies out only below ``LOW_FREE``) would wait for ever."""
         nbytes = int(data.nbytes)
         layout, fresh = self.layout, False
         if layout is None or layout.slot_bytes != nbytes:

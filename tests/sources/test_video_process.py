@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -30,12 +31,18 @@ def clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _read(source: Source, pause_s: float = 0.0) -> list[Frame]:
+    """Every frame, each one held to the end; a watchdog stops a source that hangs."""
     frames: list[Frame] = []
-    with source:
-        for frame in source:
-            frames.append(frame)
-            if pause_s:
-                time.sleep(pause_s)
+    watchdog = threading.Timer(30.0, source.stop)
+    watchdog.start()
+    try:
+        with source:
+            for frame in source:
+                frames.append(frame)
+                if pause_s:
+                    time.sleep(pause_s)
+    finally:
+        watchdog.cancel()
     return frames
 
 
