@@ -144,7 +144,7 @@ class WebServer:
             "keepalive_timeout": 2 * self.config.header_timeout_s}
         self._listener = await loop.create_server(
             lambda: GuardedHandler(guard, manager, **options), self.config.bind,
-            self.config.port, ssl=context, reuse_address=True, backlog=_BACKLOG,
+            self.config.port, ssl=context, reuse_address=True,
             ssl_handshake_timeout=self.config.header_timeout_s if context else None)
 
     async def _shutdown(self, timeout: float) -> None:
@@ -156,12 +156,6 @@ class WebServer:
             self._listener.close()
         if self._runner is not None:
             await self._runner.cleanup()
-
-
-# Connections the kernel queues before they are accepted (capped by net.core.somaxconn). At
-# asyncio's default of 100 a flood of connections from the LAN on a busy box fills the queue and
-# a legitimate client's SYN is dropped: it waits for its retransmit, a whole second.
-_BACKLOG = 1024
 
 
 def _tls_context(config: HttpConfig) -> ssl.SSLContext | None:
