@@ -144,7 +144,7 @@ class WebServer:
             "keepalive_timeout": 2 * self.config.header_timeout_s}
         self._listener = await loop.create_server(
             lambda: GuardedHandler(guard, manager, **options), self.config.bind,
-            self.config.port, ssl=context, reuse_address=True,
+            self.config.port, ssl=context, reuse_address=True, backlog=_BACKLOG,
             ssl_handshake_timeout=self.config.header_timeout_s if context else None)
 
     async def _shutdown(self, timeout: float) -> None:
@@ -156,6 +156,12 @@ class WebServer:
             self._listener.close()
         if self._runner is not None:
             await self._runner.cleanup()
+
+
+# Connections the kernel queues before they are accepted. asyncio's 100 overflowed under a LAN
+# flood on a busy box (a legitimate client's SYN dropped: answered after its 1 s retransmit);
+# far more lets a flood hold too many descriptors at once before the guard closes them.
+_BACKLOG = 256
 
 
 def _tls_context(config: HttpConfig) -> ssl.SSLContext | None:
