@@ -55,8 +55,8 @@ class Pictures:
     """
 
     __slots__ = ("_broken", "_codec", "_ctx", "_held", "_hold_all", "_last_pts", "_name",
-                 "_software", "_stats", "_told", "_told_count", "_trial", "decoder", "reason",
-                 "since")
+                 "_software", "_stats", "_told", "_told_count", "_trial", "_trial_name",
+                 "decoder", "fell_back", "reason", "since")
 
     def __init__(self, ctx: av.VideoCodecContext, stats: SourceStats, name: str, *,
                  hardware: tuple[av.VideoCodecContext, str] | None = None) -> None:
@@ -64,9 +64,12 @@ class Pictures:
         # On trial (``decoders.py``): the hardware decoder's packets are kept until it gives a
         # picture, to be decoded again in software if it gives none or fails.
         self._trial: list[_Packet] | None = None
+        self._trial_name = ""  # the hardware decoder's FFmpeg name, while on trial
         self.decoder = f"{ctx.name} (software)"  # what decodes, for stats
+        self.fell_back = False  # a hardware decoder failed its trial: software decodes
         if hardware is not None:
             self._trial = []
+            self._trial_name = hardware[1].partition(" ")[0]  # "h264_v4l2m2m (V4L2 M2M, ...)"
             self.decoder = hardware[1]
         if not ctx.is_open:
             # Slice threading turns FFmpeg's error concealment (and its corrupt flag) off; one
@@ -84,11 +87,6 @@ class Pictures:
         self._told_count = 0
         self.reason = ""  # why the last broken picture was not handed on ("": none yet)
         self.since: float | None = None  # time.monotonic() of the last broken picture
-
-    @property
-    def fell_back(self) -> bool:
-        """A hardware decoder failed its trial: the software one decodes."""
-        return "software;" in self.decoder
 
     def decode(self, packet: _Packet) -> Iterator[av.VideoFrame]:
         """The whole pictures ``packet`` completes (none while a keyframe waits for the
@@ -164,8 +162,8 @@ class Pictures:
                        self._software.name)
         self._trial = None
         self._ctx = self._software
-        self.decoder = f"{self._software.name} (software; {self.decoder.split(' ')[0]} "\
-                       f"failed: {why})"
+        self.fell_back = True
+        self.decoder = f"{self._software.name} (software; {self._trial_name} failed: {why})"
         for held in trial:
             yield from self._decode(held)
 
