@@ -33,6 +33,7 @@ from _report import machine_facts, write_section
 def first_result(cfg: Path, out: Path, in_process: bool, timeout_s: float = 120.0) -> float:
     env = {**os.environ}
     env.pop("EDGEINFER_CAPTURE_IN_PROCESS", None)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # as installed by pip: modules byte-compiled
     if in_process:
         env["EDGEINFER_CAPTURE_IN_PROCESS"] = "1"
     out.unlink(missing_ok=True)
@@ -72,6 +73,7 @@ def main() -> int:
                            "detect": {"gate": "always"},
                            "sinks": [{"type": "jsonl", "path": str(out)}]}]}))
         first_result(cfg, out, False, 600.0)  # measures the backends, caches the decision
+        first_result(cfg, out, True)  # and writes the bytecode of what either imports
         for i in range(args.repeats):
             order = ("process", "thread") if i % 2 == 0 else ("thread", "process")
             for which in order:

@@ -34,14 +34,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     # Inside, not at the top, as every import of a config or data-plane module in this file:
     # they import msgspec or numpy at their top, and `edgeinfer --help` imports this module.
     from ..config import load_config
-    from ..daemon import Daemon  # it builds pipelines (numpy); daemon.py defers that today
+    from ..daemon.early import release, start_captures
 
     path = _config_path(args)
     config = load_config(path)
-    _refuse_unstartable(path, config)
     _apply_log_level(args, config.logging.level)
-    daemon = Daemon(config, config_path=path, stats_interval_s=args.stats_interval,
-                    **_watchdog_overrides())
+    # The cameras' capture processes start their imports now, beside the daemon's (a second
+    # here, more on a Pi: the checks below import the data plane) and the models' loading;
+    # they open their camera when their pipeline starts.
+    early = start_captures(config)
+    try:
+        _refuse_unstartable(path, config)
+        from ..daemon import Daemon  # it builds pipelines (numpy): after, so the two overlap
+
+        daemon = Daemon(config, config_path=path, stats_interval_s=args.stats_interval,
+                        early=early, **_watchdog_overrides())
+    except BaseException:
+        release(early)
+        raise
     code = daemon.run()
     _print_summary(daemon)
     return code

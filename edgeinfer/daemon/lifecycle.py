@@ -49,6 +49,7 @@ from ..pipeline import Pipeline
 from ..runtime.memory import return_frames_to_the_os, set_memory_budget
 from ..model.pool import model_pool
 from ..statelock import LOCK_NAME, StateLock
+from .early import Early
 from .health import RESTART_BUDGET, RESTART_CLOSE_S, StallWatch, stall_policy
 from .reload import result_path, write_result
 from .startable import pipeline_problems
@@ -76,6 +77,8 @@ class Daemon:
             stuck (default: ``max(MIN_STALL_S, the watchdog interval)``).
         restart_budget, restart_window_s: Internal restarts allowed per pipeline and window
             (see `edgeinfer.daemon.health.stall_policy`).
+        early: Sources built before the daemon was (`edgeinfer.daemon.early.start_captures`):
+            a pipeline uses the one built for its source config; the rest are discarded.
 
     It is the `edgeinfer.host.Host` of the control plane.
     """
@@ -83,8 +86,10 @@ class Daemon:
     def __init__(self, config: Config, *, config_path: str | None = None,
                  stats_interval_s: float = 0.0, flush_timeout_s: float = 5.0,
                  stall_s: float | None = None, restart_budget: int = RESTART_BUDGET,
-                 restart_window_s: float | None = None, **context: Any) -> None:
+                 restart_window_s: float | None = None, early: Early | None = None,
+                 **context: Any) -> None:
         self.config = config
+        self._early: Early = dict(early or {})
         self.config_path = config_path
         self.context = context
         self.stats_interval_s = stats_interval_s
@@ -159,6 +164,7 @@ class Daemon:
                     raise
                 self.failed[pc.name] = str(exc)
                 logger.error("pipeline %s not started: %s", pc.name, exc)
+        self._discard_early()
         if not self.pipelines:
             reasons = "; ".join(f"{k}: {v}" for k, v in self.failed.items()) or "none configured"
             raise ConfigError(f"no pipeline could start ({reasons})")
@@ -205,7 +211,12 @@ class Daemon:
         if stops:
             raise ConfigError("; ".join(str(p) for p in stops))
         effective = self.ota.effective(pc) if self.ota is not None else pc
-        source = early_source(pc, **self.context)  # a camera's capture process starts now
+        held = self._early.pop(pc.name, None)
+        if held is not None and held[0] is not pc.source:
+            discard(held[1])  # built for another config (a reload): not this one's
+            held = None
+        # a camera's capture process starts now, unless `edgeinfer run` started it already
+        source = held[1] if held is not None else early_source(pc, **self.context)
         try:
             model = self._load_model(pc, effective)
         except BaseException:
@@ -272,6 +283,7 @@ class Daemon:
         """Stop the sources, let queued frames finish, then flush the outbox to the broker (up
         to ``flush_timeout_s``) and publish the retained ``stopped`` status."""
         systemd.stopping()
+        self._discard_early()  # a startup that failed before every pipeline was built
         if self.ota is not None:  # an update in its health gate stays uncommitted: undone at boot
             self.ota.stop()
         if self.web is not None:
@@ -286,6 +298,10 @@ class Daemon:
             self.link.stop(self.flush_timeout_s)
         if self._state_lock is not None:
             self._state_lock.release()
+
+    def _discard_early(self) -> None:
+        while self._early:
+            discard(self._early.popitem()[1][1])
 
     # -- the Host of the control plane: what the web view, commands and updates see ------------
     @property
