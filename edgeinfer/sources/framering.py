@@ -7,8 +7,10 @@ free slot, marks it held and sends the slot's number over the socket; the reader
 in an array (no copy) whose last view, when garbage collected, marks it free again. So a frame
 stays valid as long as anything (a queue, ``Pipeline.latest()``, a clip's pre-roll) holds it,
 and the writer never writes over a frame in use: with no free slot it drops the new frame
-(counted: ``full``). The reader copies a frame out and frees its slot at once when fewer than
-``LOW_FREE`` slots would be left, so a consumer holding many frames never starves the camera.
+(counted: ``full``). The writer takes the lowest free slot, so slots a reader that keeps up
+never needs are never written: their pages cost no memory. The reader copies a frame out and
+frees its slot at once when fewer than ``LOW_FREE`` slots would be left, so a consumer holding
+many frames never starves the camera.
 
 A new frame size (the camera changed its mode) starts a new region; while frames of the old one
 are held the new region goes after it, so the file only grows by what is still in use, up to
@@ -76,7 +78,6 @@ class RingWriter:
         self._size = 0
         self.layout: Layout | None = None
         self._older: list[Layout] = []  # regions whose frames may still be held
-        self._next = 0
 
     def put(self, data: np.ndarray, reserve: int = 1) -> tuple[int, bool] | None:
         """Copy ``data`` into a free slot and mark it held: ``(slot, new_layout)``, where
@@ -97,13 +98,13 @@ class RingWriter:
         base = layout.offset
         if reserve > 1 and layout.slots - sum(mm[base:base + layout.slots]) < reserve:
             return None
-        for step in range(layout.slots):
-            slot = (self._next + step) % layout.slots
-            if mm[base + slot] == 0:
-                break
-        else:
+        # The lowest free slot, not the next in turn: a reader that keeps up frees each frame
+        # before the next, so the same one or two slots are used over and over. The others'
+        # pages are never touched: they cost no memory (the daemon's PSS) and stay out of the
+        # caches.
+        slot = mm.find(b"\0", base, base + layout.slots) - base
+        if slot < 0:
             return None
-        self._next = slot + 1
         dst = np.frombuffer(mm, np.uint8, count=nbytes, offset=layout.slot_offset(slot))
         np.copyto(dst.reshape(data.shape), data, casting="no")
         del dst
@@ -129,7 +130,6 @@ class RingWriter:
         mm[layout.offset:layout.offset + layout.slots] = bytes(layout.slots)
         self._older = regions
         self.layout = layout
-        self._next = 0
         return layout
 
     def _grow(self, size: int) -> None:
