@@ -139,6 +139,7 @@ def time_interleaved(sessions: Sequence[tuple[Row, Session]], feeds: Mapping[str
 
     Raises:
         EdgeInferError: a run failed (the rows keep their earlier numbers).
+        Cancelled: ``cancel`` was set (the rows keep their earlier numbers).
     """
     for _, session in sessions:
         session.run(feeds)  # caches, lazy allocations: before any timed round
@@ -148,8 +149,9 @@ def time_interleaved(sessions: Sequence[tuple[Row, Session]], feeds: Mapping[str
     leader: Choice | None = None
     last_round = 0.0  # a round that would end past the deadline is not started
     while n_rounds * BLOCK < MAX_RUNS and \
-            (n_rounds < min_rounds or time.perf_counter() + last_round < deadline) \
-            and not (cancel is not None and cancel.is_set()):
+            (n_rounds < min_rounds or time.perf_counter() + last_round < deadline):
+        if cancel is not None and cancel.is_set():  # a closing model: no ranking to give
+            raise Cancelled("interleaved timing was cancelled")
         started = time.perf_counter()
         k = n_rounds % len(sessions)
         for i in [*range(k, len(sessions)), *range(k)]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -23,7 +24,7 @@ from edgeinfer.runtime.decision import Decision, Row
 from edgeinfer.runtime.memory import process_budget
 from edgeinfer.runtime.recheck import RecheckPolicy, Watch
 from edgeinfer.runtime.remeasure import recheck_choices, remeasure
-from edgeinfer.runtime.timing import pick, time_interleaved
+from edgeinfer.runtime.timing import Cancelled, pick, time_interleaved
 from edgeinfer.testing import onnx_models as om
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -238,6 +239,21 @@ def test_interleaved_rounds_rotate_and_stop_when_the_pick_is_stable() -> None:
     assert all(r.final and r.runs == len(log[3:]) // 3 * 5 // 6 for r in rows)
     assert pick(rows) is rows[1]
     assert len(log) < 3 + 3 * 6 * 20  # stopped once stable, long before the deadline
+
+
+def test_interleaved_timing_cancelled_before_a_round_raises_cancelled_and_keeps_the_rows(
+        ) -> None:
+    # A model closed while its re-check was starting: not a StatisticsError ("no median for
+    # empty data", logged as a failed re-check), and the rows keep their earlier numbers.
+    log: list[str] = []
+    rows = [Row(Choice("onnxruntime", CPU, threads=t), "ok", ms) for t, ms in ((1, 6.0), (2, 1.0))]
+    sessions = [(r, SleepySession(r.p50_ms or 0.0, log, n)) for r, n in zip(rows, "AB")]
+    cancel = threading.Event()
+    cancel.set()
+    with pytest.raises(Cancelled):
+        time_interleaved(sessions, {"x": np.zeros(1, np.float32)}, time.perf_counter() + 60,
+                         cancel)
+    assert [r.p50_ms for r in rows] == [6.0, 1.0] and not any(r.final for r in rows)
 
 
 def test_the_recheck_times_the_pick_and_the_best_of_each_thread_count() -> None:
