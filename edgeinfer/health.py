@@ -7,7 +7,8 @@ States::
     starting ──► running ◄──► paused
         │           │ ▲
         │           ▼ │ first good frame again
-        │       reconnecting   (the source worked, then was lost: retrying with backoff)
+        │       reconnecting   (the source worked, then was lost: retrying with backoff;
+        │                       or its capture process or model worker crashed: restarting it)
         ▼
     no_source                  (the source never opened: retrying with backoff)
     failed                     (a stage or the source gave up: the pipeline ended)

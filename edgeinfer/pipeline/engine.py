@@ -57,6 +57,11 @@ logger = logging.getLogger("edgeinfer.pipeline")  # the name before the move
 
 ResultCallback = Callable[[Result], None]
 _MAX_HELD_EVENTS = 1000  # events waiting for a result to carry them (emit: min_interval_s)
+# A model worker that crashed again within WORKER_SETTLED_S of its last crash is restarted after
+# WORKER_BACKOFF_S, doubling up to WORKER_MAX_BACKOFF_S; the first crash restarts it at once.
+WORKER_BACKOFF_S = 0.5
+WORKER_MAX_BACKOFF_S = 10.0
+WORKER_SETTLED_S = 30.0
 
 
 class Pipeline:
@@ -110,6 +115,10 @@ class Pipeline:
         self._swap_lock = threading.Lock()
         self._running = threading.Event()  # cleared while paused
         self._running.set()
+        self._stopping = threading.Event()  # set by stop(): a backoff's wait ends
+        self._worker_down: tuple[str, float | None] | None = None  # why, when it is retried
+        self._worker_crashed_at = -WORKER_SETTLED_S
+        self._worker_crashes = 0  # in a row: each within WORKER_SETTLED_S of the one before
         self._limiter: RateLimiter | None = None
         self._policy = Emission(self.emit)
         self._last: tuple[Frame, TaskResult] | None = None
@@ -165,6 +174,7 @@ class Pipeline:
 
     def stop(self) -> None:
         """Ask the source to stop; frames already read are still processed. Idempotent."""
+        self._stopping.set()
         self.source.stop()
 
     def join(self, timeout: float | None = None) -> bool:
@@ -441,10 +451,38 @@ class Pipeline:
             self._inferred.close()
 
     def _restart_worker(self, model: Model, exc: WorkerCrashedError) -> None:
-        logger.warning("pipeline %s: %s; restarting the worker", self.name, exc)
+        """Start a fresh model worker after ``exc``: at once after the first crash, after a
+        doubling wait when it crashes again soon after, and again with that wait while it does
+        not start; the pipeline is ``reconnecting`` with the reason meanwhile. Frames of a live
+        source go on being read, and dropped (counted) while the model is down."""
         self.stats.last_error = str(exc)
         self.stats.worker_restarts += 1
-        model.restart()
+        now = time.monotonic()
+        if now - self._worker_crashed_at > WORKER_SETTLED_S:
+            self._worker_crashes = 0
+        self._worker_crashed_at = now
+        what = str(exc).removesuffix("; call restart()")  # what this method does next
+        reason = f"its model worker crashed ({what})"
+        try:
+            while True:
+                n = self._worker_crashes
+                self._worker_crashes += 1
+                delay = 0.0 if n == 0 else min(WORKER_MAX_BACKOFF_S,
+                                                WORKER_BACKOFF_S * 2 ** (n - 1))
+                logger.warning("pipeline %s: %s; restarting it%s", self.name, reason,
+                               f" in {delay:.1f} s" if delay else "")
+                self._worker_down = (f"{reason}; restarting it", time.time() + delay
+                                     if delay else None)
+                if delay and self._stopping.wait(delay):
+                    return  # stopped meanwhile: nothing to restart for
+                try:
+                    model.restart()
+                    return
+                except (EdgeInferError, OSError) as failed:  # it does not start again
+                    reason = f"its model worker crashed ({what}) and did not start again: {failed}"
+                    self.stats.last_error = reason
+        finally:
+            self._worker_down = None
 
     def _emit(self) -> None:
         stats = self.stats
@@ -564,11 +602,15 @@ class Pipeline:
 
     def health(self) -> Health:
         """The pipeline's state (``edgeinfer.health``), what every surface shows: ``failed``
-        with the error; ``no_source`` / ``reconnecting`` while its live source is out (also
-        after the pipeline ended, so the exit summary names why it never ran); ``done``;
+        with the error; ``reconnecting`` while its model worker is restarted after a crash;
+        ``no_source`` / ``reconnecting`` while its live source is out (also after the pipeline
+        ended, so the exit summary names why it never ran); ``done``;
         ``paused``; ``starting`` before ``start()``; else ``running``."""
         if self.error is not None:
             return Health("failed", f"{self.error}", self.source.stats.retries)
+        worker = self._worker_down
+        if worker is not None and not self._done.is_set():
+            return Health("reconnecting", worker[0], self.source.stats.retries, worker[1])
         source = self.source.health()
         if source is not None and not source.ok:
             return source
