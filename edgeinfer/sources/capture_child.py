@@ -26,7 +26,7 @@ from typing import Any
 
 import msgspec
 
-from .._child import Forward, die_with_parent
+from .._child import Forward, die_with_parent, keep_frames_in_the_heap
 from .._importer import resolve
 from ..errors import EdgeInferError
 from . import open_source
@@ -65,6 +65,7 @@ class _ForwardRing(PacketRing):
 
 def _child(fd: int, memfd: int) -> int:
     die_with_parent()
+    keep_frames_in_the_heap()
     conn = Connection(fd)
     for entry in pickle.loads(conn.recv_bytes()):  # the parent's path: plug-in sources import
         if entry not in sys.path:
