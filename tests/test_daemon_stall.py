@@ -10,10 +10,12 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import paho.mqtt.publish as publish
 
 from edgeinfer.daemon import RESTART_BUDGET, stall_policy
+from edgeinfer.daemon.health import StallWatch
 from edgeinfer.testing.onnx_models import add_model
 from tests.test_daemon_lifecycle import (  # noqa: F401
     Manager, face_config, manager, start, stop, until, video)
@@ -127,3 +129,31 @@ def test_reload_of_no_daemon_says_so(tmp_path: Path) -> None:
     dead.wait()
     proc = _reload(dead.pid, tmp_path)
     assert proc.returncode == 70 and f"no daemon with pid {dead.pid}" in proc.stderr
+
+
+def _pipeline(**stats: int) -> SimpleNamespace:
+    counts = {"processed": 0, "worker_restarts": 0, "dropped_by_task": 0, "dropped_queue": 0,
+              "errors": 0, "paused": 0, **stats}
+    return SimpleNamespace(
+        name="cam", source=SimpleNamespace(live=True, waiting=False,
+                                           stats=SimpleNamespace(frames=0)),
+        stats=SimpleNamespace(**counts), paused=False, model_waiting=False,
+        join=lambda timeout: False, sinks=[])
+
+
+def test_a_pipeline_whose_model_worker_keeps_crashing_is_not_stalled() -> None:
+    # Every frame crashes the worker: nothing is processed, but each crash is progress and the
+    # backoff before the next restart is a wait, as a camera's reconnect: the daemon neither
+    # rebuilds the pipeline nor stops the watchdog (the same model would crash again).
+    watch = StallWatch(10.0, 100.0, 3)
+    p = _pipeline(processed=7)
+    assert not watch.stalled(p, 0.0)
+    for t in range(1, 60):
+        if t % 9 == 0:  # a crash, then the backoff (up to 10 s) before the next restart
+            p.stats.worker_restarts += 1
+        p.model_waiting = t % 9 < 8
+        assert not watch.stalled(p, float(t)), t
+    # the same pipeline with nothing moving and no worker to wait for: stalled
+    p.model_waiting = False
+    assert not watch.stalled(p, 60.0)
+    assert watch.stalled(p, 71.0)

@@ -95,16 +95,20 @@ class StallWatch:
         (unplugged: it retries with backoff and shows on stats; restarting the service would
         not bring it back), nor a quiet sensor: a source `paced_by_data` owes progress only
         while a frame it yielded is in flight, and any handling of a frame (processed, dropped
-        by the task or the queue, skipped, failed) is progress."""
+        by the task or the queue, skipped, failed) is progress. Nor a pipeline whose model
+        worker crashes (``model_waiting``: a fresh worker is started with backoff, and its
+        reason shown; rebuilding the pipeline or restarting the service would load the same
+        model that crashes): each crash counts as progress, and the wait before a restart is
+        no stall."""
         src, stats = p.source, p.stats
-        n = stats.processed
+        n = stats.processed + stats.worker_restarts
         idle = False
         if getattr(src, "paced_by_data", False):
             n += stats.dropped_by_task + stats.dropped_queue + stats.errors + stats.paused
             idle = src.stats.frames <= n  # nothing yielded waits: a quiet sensor
         mark = self._progress.get(p.name)
-        if not src.live or p.paused or p.join(0) or src.waiting or idle or mark is None \
-                or mark[0] is not p or mark[1] != n:
+        if not src.live or p.paused or p.join(0) or src.waiting or p.model_waiting or idle \
+                or mark is None or mark[0] is not p or mark[1] != n:
             self._progress[p.name] = (p, n, now)
             return False
         return now - mark[2] > self.stall_s

@@ -600,6 +600,11 @@ class Pipeline:
                 stats.last_error = f"sink {type(sink).__name__}: {exc}"
                 sink.failed(exc, self.name)
 
+    @property
+    def model_waiting(self) -> bool:
+        """Whether its model worker crashed and is being restarted (``health()`` says why)."""
+        return self._worker_down is not None
+
     def health(self) -> Health:
         """The pipeline's state (``edgeinfer.health``), what every surface shows: ``failed``
         with the error; ``reconnecting`` while its model worker is restarted after a crash;
