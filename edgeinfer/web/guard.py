@@ -3,9 +3,10 @@
 A connection past ``http.max_connections_per_client`` from one address is reset at once (its
 descriptor is released in the same loop turn). At ``http.max_connections`` in total the oldest
 connection that is waiting for a request (an idle keep-alive one, or one still sending its
-headers) is closed to make room; when every connection is busy with a request the new one is
-reset. A connection that has not sent a complete request head within ``http.header_timeout_s``
-(slowloris, or just idle) is closed. Each of these is counted (`ConnectionGuard.stats`).
+headers) is closed to make room, of an address holding several if there is one; when every
+connection is busy with a request the new one is reset. A connection that has not sent a
+complete request head within ``http.header_timeout_s`` (slowloris, or just idle) is closed.
+Each of these is counted (`ConnectionGuard.stats`).
 
 Request heads are bounded by bytes, as the parser holds them (a few copies of every byte): one
 head to ``http.max_header_bytes`` (431, closed), the half-sent heads of one address together to
@@ -196,9 +197,15 @@ class ConnectionGuard:
             if not self._waiting:
                 self.counts["refused_total"] += 1
                 return False
-            oldest = next(iter(self._waiting))
+            # The oldest waiting connection of an address that holds several, else the oldest:
+            # a flood from a few hundred addresses makes room with its own connections, not
+            # with a client's one connection whose request is not read yet (CI: a legitimate
+            # request reset under 1,100 idle connections).
+            per = self._per_client
+            victim = next((h for h in self._waiting if per.get(h.client, 0) > 1),
+                          next(iter(self._waiting)))
             self.counts["evicted_idle"] += 1
-            oldest.drop()
+            victim.drop()
         self.counts["accepted"] += 1
         self._open[handler] = None
         self._waiting[handler] = None
