@@ -17,7 +17,7 @@ from typing import Any
 from ..config import Config
 from ..config.sources import CameraSource as CameraConfig
 from ..errors import EdgeInferError
-from ..sources import Source, open_source
+from ..sources import Source, discard, open_source
 from ..sources.cameras import capture_in_process
 
 __all__ = ["Early", "release", "start_captures"]
@@ -47,8 +47,4 @@ def start_captures(config: Config) -> Early:
 def release(early: Early) -> None:
     """End the capture processes of ``early`` (a start refused before the daemon took them)."""
     while early:
-        source = early.popitem()[1][1]
-        try:
-            source.__exit__(None, None, None)
-        except Exception as exc:  # the error that stopped the start matters more
-            logger.debug("releasing an unused source failed: %s", exc)
+        discard(early.popitem()[1][1])

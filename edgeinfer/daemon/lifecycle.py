@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any
 from .. import systemd
 from ..pipeline.build import (
     assemble,
-    discard,
     early_source,
     load_pipeline_model,
     pipeline_path,
@@ -47,9 +46,10 @@ from ..errors import ConfigError, EdgeInferError, PipelineBuildError
 from ..ota.agent import OtaAgent
 from ..pipeline import Pipeline
 from ..runtime.memory import return_frames_to_the_os, set_memory_budget
+from ..sources import discard
 from ..model.pool import model_pool
 from ..statelock import LOCK_NAME, StateLock
-from .early import Early
+from .early import Early, release
 from .health import RESTART_BUDGET, RESTART_CLOSE_S, StallWatch, stall_policy
 from .reload import result_path, write_result
 from .startable import pipeline_problems
@@ -164,7 +164,7 @@ class Daemon:
                     raise
                 self.failed[pc.name] = str(exc)
                 logger.error("pipeline %s not started: %s", pc.name, exc)
-        self._discard_early()
+        release(self._early)
         if not self.pipelines:
             reasons = "; ".join(f"{k}: {v}" for k, v in self.failed.items()) or "none configured"
             raise ConfigError(f"no pipeline could start ({reasons})")
@@ -283,7 +283,7 @@ class Daemon:
         """Stop the sources, let queued frames finish, then flush the outbox to the broker (up
         to ``flush_timeout_s``) and publish the retained ``stopped`` status."""
         systemd.stopping()
-        self._discard_early()  # a startup that failed before every pipeline was built
+        release(self._early)  # a startup that failed before every pipeline was built
         if self.ota is not None:  # an update in its health gate stays uncommitted: undone at boot
             self.ota.stop()
         if self.web is not None:
@@ -298,10 +298,6 @@ class Daemon:
             self.link.stop(self.flush_timeout_s)
         if self._state_lock is not None:
             self._state_lock.release()
-
-    def _discard_early(self) -> None:
-        while self._early:
-            discard(self._early.popitem()[1][1])
 
     # -- the Host of the control plane: what the web view, commands and updates see ------------
     @property

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ..config.analytics import LineConfig, ZoneConfig, check_frame_size
 from ..errors import ConfigError
 from ..runtime.batching import batch_policy
-from ..sources import Source, open_source
+from ..sources import Source, discard, open_source
 from ..tasks import make_task, task_class
 from .gate import make_gate
 
@@ -74,14 +74,6 @@ def early_source(pc: PipelineConfig, **context: Any) -> Source:
     process starts its interpreter and imports meanwhile (``sources/isolated.py``). Hand it
     to ``assemble``; ``discard`` it if the pipeline is not built."""
     return open_source(_sample_video(pc.source), **context)
-
-
-def discard(source: Source) -> None:
-    """Release a source built for a pipeline that was not built or never started."""
-    try:
-        source.__exit__(None, None, None)
-    except Exception as exc:  # the error that stopped the build matters more
-        logger.debug("releasing an unused source failed: %s", exc)
 
 
 def load_pipeline_model(pc: PipelineConfig, runtime: RuntimeConfig) -> Model:

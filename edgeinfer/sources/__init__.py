@@ -3,6 +3,7 @@ OpenCV, PyAV, picamera2 or pyserial are imported only by the pipelines that use 
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from .._importer import resolve
@@ -19,7 +20,9 @@ SOURCES = {
     "mqtt": "edgeinfer.sources.mqtt:MqttSource",
 }
 
-__all__ = ["SOURCES", "Backoff", "RateLimiter", "Source", "SourceStats", "open_source"]
+__all__ = ["SOURCES", "Backoff", "RateLimiter", "Source", "SourceStats", "discard", "open_source"]
+
+logger = logging.getLogger(__name__)
 
 
 def open_source(config: Any, **context: Any) -> Source:
@@ -32,3 +35,11 @@ def open_source(config: Any, **context: Any) -> Source:
     cls = resolve(SOURCES, tag, "source type")
     source: Source = cls(config, **context)
     return source
+
+
+def discard(source: Source) -> None:
+    """Release a source built for a pipeline that was not built or never started."""
+    try:
+        source.__exit__(None, None, None)
+    except Exception as exc:  # the error that stopped the build matters more
+        logger.debug("releasing an unused source failed: %s", exc)
